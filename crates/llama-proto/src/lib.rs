@@ -1,0 +1,4 @@
+//! llama-proto (placeholder until its issue lands).
+#![no_std]
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]

@@ -1,0 +1,4 @@
+fn main() {
+    eprintln!("loopd: not built yet");
+    std::process::exit(2);
+}
