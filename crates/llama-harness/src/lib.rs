@@ -1,0 +1,305 @@
+//! Test support: a real local `llama-server` router, and an `inferproxy` in front of it.
+//!
+//! Every test that talks to the real server gets it through [`LocalServer::start`], which runs
+//! `scripts/serve.sh` (the same command line as `make serve`) on a free port and waits until the
+//! model is loaded. Processes are stopped when the handle drops, also when a test panics; if the
+//! test process dies without unwinding, a watchdog in the server's process group sees its stdin
+//! close and stops the group.
+//!
+//! The server and model come from the cache that `scripts/llama-server.sh` fills; `make test`
+//! fills it before any test runs, and the script is a no-op once it is full.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+/// How long a model load may take before `start` gives up (a cold CPU load takes seconds).
+const READY_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long a stopped process group gets between SIGTERM and SIGKILL.
+const STOP_GRACE: Duration = Duration::from_secs(5);
+
+/// The model id the preset in `scripts/serve.sh` defines.
+pub const MODEL_ID: &str = "smollm2";
+
+/// The workspace root (two levels above this crate).
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .nth(2)
+        .expect("crate lives in crates/<name>")
+        .to_path_buf()
+}
+
+/// A fresh, empty directory under the system temp dir, unique to this process and call.
+pub fn temp_dir(tag: &str) -> PathBuf {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("boxmaker-{tag}-{}-{n}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("create temp dir");
+    dir
+}
+
+/// A process group started with a watchdog that ends it when this process goes away.
+struct Group {
+    child: Child,
+}
+
+impl Group {
+    /// Runs `program args` in a new process group headed by a small shell that waits for its stdin
+    /// (a pipe from this process) to close and then sends SIGTERM to the whole group.
+    fn spawn(program: &Path, args: &[String], log: &Path) -> Group {
+        let log = std::fs::File::create(log).expect("create log file");
+        let child = Command::new("bash")
+            .arg("-c")
+            .arg(r#""$@" </dev/null & cat >/dev/null; kill -TERM 0"#)
+            .arg("watchdog")
+            .arg(program)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(log.try_clone().expect("dup log"))
+            .stderr(log)
+            .process_group(0)
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {}: {e}", program.display()));
+        Group { child }
+    }
+
+    fn pgid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn alive(&self) -> bool {
+        // `kill -0 -PGID` succeeds while any process of the group exists.
+        Command::new("kill")
+            .args(["-0", "--", &format!("-{}", self.pgid())])
+            .stderr(Stdio::null())
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false)
+    }
+
+    fn signal(&self, sig: &str) {
+        let _ = Command::new("kill")
+            .args([sig, "--", &format!("-{}", self.pgid())])
+            .stderr(Stdio::null())
+            .status();
+    }
+
+    /// SIGTERM to the group, then SIGKILL if anything is left after the grace period.
+    fn stop(&mut self) {
+        drop(self.child.stdin.take());
+        self.signal("-TERM");
+        let deadline = Instant::now() + STOP_GRACE;
+        while self.alive() && Instant::now() < deadline {
+            let _ = self.child.try_wait();
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        if self.alive() {
+            self.signal("-KILL");
+        }
+        let _ = self.child.wait();
+    }
+}
+
+/// A local llama-server router serving [`MODEL_ID`] on 127.0.0.1.
+pub struct LocalServer {
+    group: Group,
+    addr: SocketAddr,
+    log: PathBuf,
+}
+
+impl LocalServer {
+    /// Starts the router on a free port and waits until the model is loaded.
+    ///
+    /// Panics with the server's log path when it cannot start: this is test support.
+    pub fn start() -> LocalServer {
+        let dir = temp_dir("llama");
+        let port = free_port();
+        let log = dir.join("server.log");
+        let serve = workspace_root().join("scripts/serve.sh");
+        let group = Group::spawn(&serve, &["--port".into(), port.to_string()], &log);
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let server = LocalServer { group, addr, log };
+        server.wait_loaded();
+        server
+    }
+
+    /// The router's address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The model id to put in requests.
+    pub fn model(&self) -> &str {
+        MODEL_ID
+    }
+
+    /// The file the server's stdout and stderr go to.
+    pub fn log(&self) -> &Path {
+        &self.log
+    }
+
+    /// The process group id of the server (the watchdog shell leads it).
+    pub fn pgid(&self) -> u32 {
+        self.group.pgid()
+    }
+
+    fn wait_loaded(&self) {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        let path = format!("/props?model={MODEL_ID}");
+        loop {
+            if let Ok((200, _)) = http_get(self.addr, &path) {
+                return;
+            }
+            if !self.group.alive() || Instant::now() > deadline {
+                let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+                let tail: String = log.lines().rev().take(30).collect::<Vec<_>>().join("\n");
+                panic!("llama-server did not load {MODEL_ID} on {}; log (last lines, newest first):\n{tail}", self.addr);
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+}
+
+impl Drop for LocalServer {
+    fn drop(&mut self) {
+        self.group.stop();
+    }
+}
+
+/// An `inferproxy` forwarding a Unix socket in a temp dir to a TCP upstream.
+pub struct Proxy {
+    group: Option<Group>,
+    upstream: SocketAddr,
+    socket: PathBuf,
+    dir: PathBuf,
+}
+
+impl Proxy {
+    /// Starts `inferproxy --listen <temp>/infer.sock --upstream <upstream>` and waits for the socket.
+    pub fn start(upstream: SocketAddr) -> Proxy {
+        let dir = temp_dir("proxy");
+        let socket = dir.join("infer.sock");
+        let mut proxy = Proxy {
+            group: None,
+            upstream,
+            socket,
+            dir,
+        };
+        proxy.restart();
+        proxy
+    }
+
+    /// The socket path clients connect to.
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    /// Kills the proxy with SIGKILL (leaving its stale socket file behind, as a crash would).
+    pub fn kill(&mut self) {
+        if let Some(mut g) = self.group.take() {
+            g.signal("-KILL");
+            let _ = g.child.wait();
+        }
+    }
+
+    /// Starts the proxy again on the same socket path (killing a running one first).
+    pub fn restart(&mut self) {
+        self.kill();
+        let args = vec![
+            "--listen".to_string(),
+            self.socket.display().to_string(),
+            "--upstream".to_string(),
+            self.upstream.to_string(),
+        ];
+        let group = Group::spawn(&inferproxy_bin(), &args, &self.dir.join("proxy.log"));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::os::unix::net::UnixStream::connect(&self.socket).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "inferproxy did not listen on {}",
+                self.socket.display()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.group = Some(group);
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        if let Some(mut g) = self.group.take() {
+            g.stop();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The `inferproxy` binary: `$INFERPROXY_BIN`, or the workspace's, built on first use.
+pub fn inferproxy_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("INFERPROXY_BIN") {
+        return PathBuf::from(p);
+    }
+    let root = workspace_root();
+    let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .args(["build", "-q", "-p", "inferproxy"])
+        .current_dir(&root)
+        .status()
+        .expect("run cargo build -p inferproxy");
+    assert!(status.success(), "cargo build -p inferproxy failed");
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("target"));
+    target.join("debug/inferproxy")
+}
+
+/// A port on 127.0.0.1 that was free a moment ago.
+pub fn free_port() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+    l.local_addr().expect("local addr").port()
+}
+
+/// One `GET` with `Connection: close`; returns the status and the raw body (not de-chunked).
+pub fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, Vec<u8>)> {
+    http_request(addr, "GET", path, None)
+}
+
+/// One request with an optional JSON body and `Connection: close`; returns the status and the
+/// raw body bytes after the head (chunked bodies are returned still chunked).
+pub fn http_request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    json: Option<&[u8]>,
+) -> std::io::Result<(u16, Vec<u8>)> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+    s.set_read_timeout(Some(Duration::from_secs(300)))?;
+    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    if let Some(body) = json {
+        req.push_str(&format!(
+            "Content-Type: application/json\r\nContent-Length: {}\r\n",
+            body.len()
+        ));
+    }
+    req.push_str("\r\n");
+    s.write_all(req.as_bytes())?;
+    if let Some(body) = json {
+        s.write_all(body)?;
+    }
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw)?;
+    let mut headers = [httparse::EMPTY_HEADER; 64];
+    let mut resp = httparse::Response::new(&mut headers);
+    match resp.parse(&raw) {
+        Ok(httparse::Status::Complete(n)) => Ok((resp.code.unwrap_or(0), raw[n..].to_vec())),
+        _ => Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "bad HTTP response head",
+        )),
+    }
+}

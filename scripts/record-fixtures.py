@@ -1,0 +1,196 @@
+#!/usr/bin/env python3
+"""Records fixtures/ from the local llama-server (make fixtures).
+
+Starts scripts/serve.sh on a free port, sends each request below, and writes for each NAME:
+  fixtures/NAME.request.json   the request body sent
+  fixtures/NAME.sse            the response body as the server sent it (HTTP framing removed)
+  fixtures/NAME.response.json  for pairs: the non-streamed response to the same request
+and fixtures/chunked_response.http, one raw HTTP response (head and chunked body) as received.
+Nothing here is edited by hand afterwards; fixtures/README.md describes each one.
+Standard library only.
+"""
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FIX = os.path.join(ROOT, "fixtures")
+MODEL = "smollm2"
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather for a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "description": "The city name"}},
+            "required": ["city"],
+        },
+    },
+}
+
+
+def base(messages, thinking, max_tokens, stream=True, **extra):
+    body = {
+        "model": MODEL,
+        "messages": messages,
+        "stream": stream,
+        "temperature": 0,
+        "max_tokens": max_tokens,
+        "cache_prompt": False,
+        "chat_template_kwargs": {"enable_thinking": thinking},
+    }
+    if stream:
+        body.update({"return_progress": True, "timings_per_token": True})
+    body.update(extra)
+    return body
+
+
+def long_prompt():
+    # About 3,000 tokens: longer than one 512-token micro-batch several times over, so the server
+    # reports prompt progress more than once.
+    para = ("The lighthouse keeper wrote in the log every evening: the wind, the tide, the ships "
+            "that passed, and the colour of the sky over the harbour before the lamp was lit. ")
+    return para * 90 + "\nIn one sentence, what did the keeper write about?"
+
+
+PAIRS = {
+    "plain": base([{"role": "user", "content": "Name three colours."}], False, 48),
+    "thinking": base([{"role": "user", "content": "What is 2 + 3? Think first."}], True, 96),
+    "tool_call": base(
+        [{"role": "user", "content": "What is the weather in Paris? Use the tool."}],
+        False, 96, tools=[WEATHER_TOOL], tool_choice="required"),
+}
+STREAMS = {
+    "progress": base([{"role": "user", "content": long_prompt()}], False, 16),
+}
+
+
+class Server:
+    def __init__(self):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        self.port = s.getsockname()[1]
+        s.close()
+        self.proc = subprocess.Popen(
+            [os.path.join(ROOT, "scripts/serve.sh"), "--port", str(self.port)],
+            stdout=subprocess.DEVNULL, stderr=open("/tmp/record-fixtures-server.log", "w"),
+            start_new_session=True)
+        deadline = time.time() + 180
+        while time.time() < deadline:
+            try:
+                status, _ = self.request("GET", f"/props?model={MODEL}")
+                if status == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.3)
+        self.stop()
+        sys.exit("server did not come up; see /tmp/record-fixtures-server.log")
+
+    def conn(self):
+        return http.client.HTTPConnection("127.0.0.1", self.port, timeout=600)
+
+    def request(self, method, path, body=None):
+        c = self.conn()
+        data = json.dumps(body).encode() if body is not None else None
+        c.request(method, path, body=data, headers={"Content-Type": "application/json"} if data else {})
+        r = c.getresponse()
+        out = r.read()
+        c.close()
+        return r.status, out
+
+    def stop(self):
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=15)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+
+
+def write(name, data):
+    with open(os.path.join(FIX, name), "wb") as f:
+        f.write(data)
+    print(f"  wrote fixtures/{name} ({len(data)} bytes)")
+
+
+def record_body(srv, name, body):
+    write(f"{name}.request.json", (json.dumps(body, indent=2) + "\n").encode())
+    status, out = srv.request("POST", "/v1/chat/completions", body)
+    assert status == 200, (name, status, out[:300])
+    write(f"{name}.sse" if body["stream"] else f"{name}.response.json", out)
+
+
+def record_reasoning_end(srv):
+    """Streams a thinking answer and, after the third reasoning chunk, posts reasoning_end."""
+    body = base([{"role": "user", "content": "Explain why the sky is blue."}], True, 160,
+                reasoning_control=True)
+    write("reasoning_end.request.json", (json.dumps(body, indent=2) + "\n").encode())
+    c = srv.conn()
+    c.request("POST", "/v1/chat/completions", body=json.dumps(body).encode(),
+              headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    assert r.status == 200, r.status
+    raw, reasoning_chunks, control = b"", 0, None
+    while True:
+        line = r.readline()
+        if not line:
+            break
+        raw += line
+        if line.startswith(b"data: {") and control is None:
+            chunk = json.loads(line[6:])
+            delta = (chunk.get("choices") or [{}])[0].get("delta", {})
+            if delta.get("reasoning_content"):
+                reasoning_chunks += 1
+                if reasoning_chunks == 3:
+                    req = {"id": chunk["id"], "action": "reasoning_end", "model": MODEL}
+                    control = (req, srv.request("POST", "/v1/chat/completions/control", req))
+    c.close()
+    write("reasoning_end.sse", raw)
+    req, (status, answer) = control
+    write("reasoning_end.control.json",
+          (json.dumps({"request": req, "status": status, "response": json.loads(answer)}, indent=2)
+           + "\n").encode())
+
+
+def record_raw_chunked(srv):
+    body = json.dumps(PAIRS["plain"]).encode()
+    s = socket.create_connection(("127.0.0.1", srv.port))
+    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+              b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    raw = b""
+    while True:
+        d = s.recv(65536)
+        if not d:
+            break
+        raw += d
+    s.close()
+    write("chunked_response.http", raw)
+
+
+def main():
+    srv = Server()
+    try:
+        for name, body in PAIRS.items():
+            record_body(srv, name, body)
+            status, out = srv.request("POST", "/v1/chat/completions", dict(body, stream=False,
+                                       return_progress=False, timings_per_token=False))
+            assert status == 200, (name, status, out[:300])
+            write(f"{name}.response.json", out)
+        for name, body in STREAMS.items():
+            record_body(srv, name, body)
+        record_reasoning_end(srv)
+        record_raw_chunked(srv)
+    finally:
+        srv.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Runs the local llama-server in router mode, in the foreground, as the production router runs:
+# a --models-preset INI over the cached model, 127.0.0.1, 2 slots, /slots on, jinja on.
+#
+#   scripts/serve.sh [--port N]      (default: a free port)
+#
+# The preset names one model, $MODEL_ID, with the project's chat template
+# (fixtures/templates/smollm2-tools-thinking.jinja); docs/inference-contract.md says why.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+MODEL_ID=${MODEL_ID:-smollm2}
+CTX=${CTX:-8192}   # total; each of the 2 slots gets CTX/2
+port=
+while [ $# -gt 0 ]; do
+  case $1 in
+    --port) port=$2; shift 2 ;;
+    -h | --help) sed -n '2,9p' "$0"; exit 0 ;;
+    *) echo "serve.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+server=$("$root/scripts/llama-server.sh" build)
+model_dir=$("$root/scripts/llama-server.sh" model)
+if [ -z "$port" ]; then
+  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+fi
+cache=${BOXMAKER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/boxmaker}
+mkdir -p "$cache/run"
+preset=$cache/run/preset-$port.ini
+cat >"$preset" <<INI
+version = 1
+
+[$MODEL_ID]
+model = $model_dir/SmolLM2-135M-Instruct.Q4_1.gguf
+chat-template-file = $root/fixtures/templates/smollm2-tools-thinking.jinja
+jinja = true
+c = $CTX
+np = 2
+load-on-startup = true
+INI
+echo "serve.sh: llama-server router on 127.0.0.1:$port, model id $MODEL_ID (preset $preset)" >&2
+exec "$server" --models-preset "$preset" --models-max 1 --host 127.0.0.1 --port "$port" --slots --jinja
