@@ -1,0 +1,5 @@
+//! Keeps one local `llama-server` alive.
+#![deny(missing_docs)]
+
+pub mod policy;
+pub mod stat;

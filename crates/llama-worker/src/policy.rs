@@ -1,0 +1,781 @@
+//! The restart policy as a sans-IO state machine: lifecycle states, restart triggers,
+//! crash-loop window, backoff, readiness threshold and stall verdicts.
+//!
+//! All time is input (`now`, a [`Duration`] since any fixed origin); nothing here reads a
+//! clock, touches a process or opens a socket. The shell ([`crate::worker`]) feeds it events
+//! (`handle_*`), drains what it must do with [`Policy::poll_action`], and calls
+//! [`Policy::handle_timeout`] no later than [`Policy::poll_timeout`]. Tests drive it on a fake
+//! clock and check every transition exactly.
+
+use core::fmt;
+use std::collections::VecDeque;
+use std::time::Duration;
+
+/// The worker's lifecycle state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum State {
+    /// Not running, and not meant to be (initially, and after `stop`).
+    Stopped,
+    /// First start: spawned or spawning, waiting for readiness.
+    Starting,
+    /// The server answers readiness probes; requests may be sent.
+    Ready,
+    /// A restart is under way: killing, backing off, spawning or waiting for readiness.
+    Restarting,
+    /// Too many restarts inside the window, stays so until `start` is called again.
+    Failed,
+}
+
+impl State {
+    /// The lower-case name used in status JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Stopped => "stopped",
+            Self::Starting => "starting",
+            Self::Ready => "ready",
+            Self::Restarting => "restarting",
+            Self::Failed => "failed",
+        }
+    }
+}
+
+/// Why registered in-flight work was failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FailReason {
+    /// The worker restarted a live server (readiness lost, stall, startup deadline).
+    WorkerRestarted,
+    /// The server process died on its own.
+    ServerDied,
+    /// The worker was stopped.
+    WorkerStopped,
+}
+
+impl FailReason {
+    /// The wire name (`worker_restarted`, `server_died`, `worker_stopped`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::WorkerRestarted => "worker_restarted",
+            Self::ServerDied => "server_died",
+            Self::WorkerStopped => "worker_stopped",
+        }
+    }
+}
+
+/// What triggered a restart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RestartCause {
+    /// The process exited (or could not be spawned) while it was meant to run.
+    Exited,
+    /// Not ready by the startup deadline.
+    StartupTimeout,
+    /// Readiness probes failed while ready, with flat CPU time, beyond the threshold.
+    Unready,
+    /// A stall was reported and there was no progress within `stall_timeout`.
+    Stall,
+}
+
+impl RestartCause {
+    /// The lower-case name used in status JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Exited => "exited",
+            Self::StartupTimeout => "startup_timeout",
+            Self::Unready => "unready",
+            Self::Stall => "stall",
+        }
+    }
+}
+
+/// Why new work is refused. Answered at once, never by waiting.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Refusal {
+    /// Starting or restarting (`WORKER_NOT_READY`).
+    NotReady,
+    /// Crash-loop protection tripped (`WORKER_FAILED`).
+    Failed,
+    /// The worker is stopped (`WORKER_STOPPED`).
+    Stopped,
+}
+
+impl Refusal {
+    /// The error code (`WORKER_NOT_READY`, `WORKER_FAILED`, `WORKER_STOPPED`).
+    pub fn code(self) -> &'static str {
+        match self {
+            Self::NotReady => "WORKER_NOT_READY",
+            Self::Failed => "WORKER_FAILED",
+            Self::Stopped => "WORKER_STOPPED",
+        }
+    }
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.code())
+    }
+}
+
+impl core::error::Error for Refusal {}
+
+/// Something the shell must do now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Fail every registered in-flight request with this reason.
+    NotifyInflight(FailReason),
+    /// SIGTERM the child's process group, wait up to the grace period, SIGKILL it, reap.
+    /// Then report [`Policy::handle_killed`].
+    KillGroup,
+    /// Spawn the server; then report [`Policy::handle_spawned`] or [`Policy::handle_spawn_failed`].
+    Spawn,
+}
+
+/// One readiness probe's answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Readiness {
+    /// Every readiness path answered 200 within the probe timeout.
+    Ok,
+    /// It did not (refused, too slow, not 200); the detail stays with the shell.
+    Failed,
+}
+
+/// Answer to [`Policy::report_stall`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StallVerdict {
+    /// No progress within `stall_timeout`: a restart has begun.
+    Restarting,
+    /// There was progress this long ago (less than `stall_timeout`): no restart.
+    NotStalled {
+        /// Time since the last progress (CPU-time increase, stream byte or readiness).
+        since_progress: Duration,
+    },
+    /// The server is not in the ready state; nothing to do.
+    NotReady,
+}
+
+/// The numbers the policy runs on (the time-related part of [`crate::Config`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PolicyConfig {
+    /// From spawn to the first good readiness probe, at most.
+    pub startup_deadline: Duration,
+    /// While ready: failed readiness for this long, with no CPU-time increase, restarts.
+    pub unready_restart_after: Duration,
+    /// A reported stall restarts only when there was no progress for this long.
+    pub stall_timeout: Duration,
+    /// The rolling window of the crash-loop protection.
+    pub restart_window: Duration,
+    /// More restarts than this inside `restart_window` makes the state failed.
+    pub max_restarts_per_window: u32,
+    /// Wait between killing the old server and spawning the new one.
+    pub restart_backoff: Duration,
+}
+
+/// Where inside starting/restarting the worker is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    /// Nothing scheduled (stopped, failed, or waiting for the shell to report a spawn).
+    Idle,
+    /// Waiting before the next spawn.
+    Backoff { until: Duration },
+    /// Spawned; waiting for the first good readiness probe.
+    AwaitReady { deadline: Duration },
+    /// Ready and being watched.
+    Running,
+}
+
+/// The policy state machine. See the module docs for how it is driven.
+#[derive(Debug)]
+pub struct Policy {
+    cfg: PolicyConfig,
+    state: State,
+    phase: Phase,
+    child_alive: bool,
+    restarts: VecDeque<Duration>,
+    actions: VecDeque<Action>,
+    failing_since: Option<Duration>,
+    last_cpu_ticks: Option<u64>,
+    last_cpu_increase_at: Option<Duration>,
+    last_stream_byte_at: Option<Duration>,
+    spawned_at: Option<Duration>,
+    last_cause: Option<RestartCause>,
+    total_restarts: u64,
+}
+
+impl Policy {
+    /// A stopped policy.
+    pub fn new(cfg: PolicyConfig) -> Self {
+        Self {
+            cfg,
+            state: State::Stopped,
+            phase: Phase::Idle,
+            child_alive: false,
+            restarts: VecDeque::new(),
+            actions: VecDeque::new(),
+            failing_since: None,
+            last_cpu_ticks: None,
+            last_cpu_increase_at: None,
+            last_stream_byte_at: None,
+            spawned_at: None,
+            last_cause: None,
+            total_restarts: 0,
+        }
+    }
+
+    /// The current state.
+    pub fn state(&self) -> State {
+        self.state
+    }
+
+    /// Admission: `Ok` only while ready; otherwise the refusal to answer at once.
+    pub fn admit(&self) -> Result<(), Refusal> {
+        match self.state {
+            State::Ready => Ok(()),
+            State::Starting | State::Restarting => Err(Refusal::NotReady),
+            State::Failed => Err(Refusal::Failed),
+            State::Stopped => Err(Refusal::Stopped),
+        }
+    }
+
+    /// Restarts inside the window ending at `now`.
+    pub fn restarts_in_window(&self, now: Duration) -> usize {
+        self.restarts
+            .iter()
+            .filter(|&&t| now.saturating_sub(t) < self.cfg.restart_window)
+            .count()
+    }
+
+    /// Restarts since the policy was created (never reset).
+    pub fn total_restarts(&self) -> u64 {
+        self.total_restarts
+    }
+
+    /// What triggered the latest restart (or failure), if any.
+    pub fn last_cause(&self) -> Option<RestartCause> {
+        self.last_cause
+    }
+
+    /// When the group's CPU time last rose.
+    pub fn last_cpu_increase_at(&self) -> Option<Duration> {
+        self.last_cpu_increase_at
+    }
+
+    /// The latest CPU-time sample (ticks summed over the process group).
+    pub fn last_cpu_ticks(&self) -> Option<u64> {
+        self.last_cpu_ticks
+    }
+
+    /// `max(last CPU-time increase, last stream byte, spawn)`: the last evidence of progress.
+    pub fn last_progress_at(&self) -> Option<Duration> {
+        [
+            self.last_cpu_increase_at,
+            self.last_stream_byte_at,
+            self.spawned_at,
+        ]
+        .into_iter()
+        .flatten()
+        .max()
+    }
+
+    /// Whether the policy believes a child process is running.
+    pub fn child_alive(&self) -> bool {
+        self.child_alive
+    }
+
+    /// The next action for the shell, in order.
+    pub fn poll_action(&mut self) -> Option<Action> {
+        self.actions.pop_front()
+    }
+
+    /// The next instant at which [`Policy::handle_timeout`] has something to do.
+    pub fn poll_timeout(&self) -> Option<Duration> {
+        match self.phase {
+            Phase::Backoff { until } => Some(until),
+            Phase::AwaitReady { deadline } => Some(deadline),
+            Phase::Idle | Phase::Running => None,
+        }
+    }
+
+    /// Start from stopped or failed (clearing the restart window). Ignored in other states.
+    pub fn start(&mut self, _now: Duration) {
+        if !matches!(self.state, State::Stopped | State::Failed) {
+            return;
+        }
+        self.restarts.clear();
+        self.state = State::Starting;
+        if self.child_alive {
+            self.actions.push_back(Action::KillGroup);
+        }
+        self.phase = Phase::Idle;
+        self.actions.push_back(Action::Spawn);
+    }
+
+    /// Stop: fail in-flight work, kill the group, no further spawns. Never waits on backoff.
+    pub fn stop(&mut self, _now: Duration) {
+        if self.state != State::Stopped {
+            self.actions.clear();
+            self.actions
+                .push_back(Action::NotifyInflight(FailReason::WorkerStopped));
+        }
+        if self.child_alive {
+            self.actions.push_back(Action::KillGroup);
+        }
+        self.state = State::Stopped;
+        self.phase = Phase::Idle;
+    }
+
+    /// The shell spawned the server.
+    pub fn handle_spawned(&mut self, now: Duration) {
+        self.child_alive = true;
+        self.spawned_at = Some(now);
+        self.last_cpu_ticks = None;
+        self.last_cpu_increase_at = None;
+        self.last_stream_byte_at = None;
+        self.failing_since = None;
+        if matches!(self.state, State::Starting | State::Restarting) {
+            self.phase = Phase::AwaitReady {
+                deadline: now + self.cfg.startup_deadline,
+            };
+        }
+    }
+
+    /// The shell could not spawn the server: counts as a restart trigger.
+    pub fn handle_spawn_failed(&mut self, now: Duration) {
+        self.child_alive = false;
+        if matches!(self.state, State::Starting | State::Restarting) {
+            self.restart(now, RestartCause::Exited);
+        }
+    }
+
+    /// The shell killed and reaped the group after a [`Action::KillGroup`].
+    pub fn handle_killed(&mut self, _now: Duration) {
+        self.child_alive = false;
+    }
+
+    /// The child exited on its own (seen by the shell's reaper).
+    pub fn handle_exit(&mut self, now: Duration) {
+        let was_alive = core::mem::replace(&mut self.child_alive, false);
+        if was_alive
+            && matches!(
+                self.state,
+                State::Starting | State::Ready | State::Restarting
+            )
+        {
+            self.restart(now, RestartCause::Exited);
+        }
+    }
+
+    /// One readiness probe's answer.
+    pub fn handle_readiness(&mut self, now: Duration, answer: Readiness) {
+        match (self.phase, answer) {
+            (Phase::AwaitReady { .. }, Readiness::Ok) => {
+                self.state = State::Ready;
+                self.phase = Phase::Running;
+                self.failing_since = None;
+            }
+            (Phase::Running, Readiness::Ok) => self.failing_since = None,
+            (Phase::Running, Readiness::Failed) => {
+                let since = *self.failing_since.get_or_insert(now);
+                // Failures while the CPU time rises do not count: the server is busy.
+                let unhealthy_since = since.max(self.last_cpu_increase_at.unwrap_or(since));
+                if now.saturating_sub(unhealthy_since) >= self.cfg.unready_restart_after {
+                    self.restart(now, RestartCause::Unready);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// One CPU-time sample summed over the group; `None` is a failed read (no update).
+    pub fn handle_cpu_sample(&mut self, now: Duration, ticks: Option<u64>) {
+        let Some(ticks) = ticks else { return };
+        match self.last_cpu_ticks {
+            Some(last) if ticks > last => self.last_cpu_increase_at = Some(now),
+            // First sample is a baseline; a fall (a process left the group) is a new baseline.
+            _ => {}
+        }
+        self.last_cpu_ticks = Some(ticks);
+    }
+
+    /// Bytes of a streamed response arrived.
+    pub fn handle_stream_bytes(&mut self, now: Duration) {
+        self.last_stream_byte_at = Some(now);
+    }
+
+    /// A request runner saw no stream bytes for its stall timeout. Restart only if the worker
+    /// also saw no progress (CPU time, stream bytes) for `stall_timeout`.
+    pub fn report_stall(&mut self, now: Duration) -> StallVerdict {
+        if self.state != State::Ready {
+            return StallVerdict::NotReady;
+        }
+        let since_progress = now.saturating_sub(self.last_progress_at().unwrap_or(now));
+        if since_progress >= self.cfg.stall_timeout {
+            self.restart(now, RestartCause::Stall);
+            StallVerdict::Restarting
+        } else {
+            StallVerdict::NotStalled { since_progress }
+        }
+    }
+
+    /// Deadlines: the end of a backoff (spawn) or of the startup deadline (restart).
+    pub fn handle_timeout(&mut self, now: Duration) {
+        match self.phase {
+            Phase::Backoff { until } if now >= until => {
+                self.phase = Phase::Idle;
+                self.actions.push_back(Action::Spawn);
+            }
+            Phase::AwaitReady { deadline } if now >= deadline => {
+                self.restart(now, RestartCause::StartupTimeout);
+            }
+            _ => {}
+        }
+    }
+
+    /// Nuke and repave, or fail when the window is full.
+    fn restart(&mut self, now: Duration, cause: RestartCause) {
+        self.last_cause = Some(cause);
+        let reason = if cause == RestartCause::Exited {
+            FailReason::ServerDied
+        } else {
+            FailReason::WorkerRestarted
+        };
+        self.actions.push_back(Action::NotifyInflight(reason));
+        if self.child_alive {
+            self.actions.push_back(Action::KillGroup);
+        }
+        let window = self.cfg.restart_window;
+        while self
+            .restarts
+            .front()
+            .is_some_and(|&t| now.saturating_sub(t) >= window)
+        {
+            self.restarts.pop_front();
+        }
+        if self.restarts.len() >= self.cfg.max_restarts_per_window as usize {
+            self.state = State::Failed;
+            self.phase = Phase::Idle;
+            return;
+        }
+        self.restarts.push_back(now);
+        self.total_restarts += 1;
+        self.state = State::Restarting;
+        self.phase = Phase::Backoff {
+            until: now + self.cfg.restart_backoff,
+        };
+        if self.cfg.restart_backoff.is_zero() {
+            self.handle_timeout(now);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const fn s(secs: u64) -> Duration {
+        Duration::from_secs(secs)
+    }
+
+    const CFG: PolicyConfig = PolicyConfig {
+        startup_deadline: s(60),
+        unready_restart_after: s(30),
+        stall_timeout: s(120),
+        restart_window: s(600),
+        max_restarts_per_window: 3,
+        restart_backoff: s(2),
+    };
+
+    fn drain(p: &mut Policy) -> Vec<Action> {
+        core::iter::from_fn(|| p.poll_action()).collect()
+    }
+
+    /// Starts and gets to ready at `t`, acting as the shell would.
+    fn ready_at(t: Duration) -> Policy {
+        let mut p = Policy::new(CFG);
+        p.start(t);
+        assert_eq!(drain(&mut p), [Action::Spawn]);
+        p.handle_spawned(t);
+        assert_eq!(p.state(), State::Starting);
+        assert_eq!(p.admit(), Err(Refusal::NotReady));
+        p.handle_readiness(t, Readiness::Ok);
+        assert_eq!(p.state(), State::Ready);
+        assert_eq!(p.admit(), Ok(()));
+        p
+    }
+
+    #[test]
+    fn crash_loop_fails_after_max_restarts_with_backoff_between() {
+        let mut p = Policy::new(CFG);
+        assert_eq!(p.admit(), Err(Refusal::Stopped));
+        p.start(s(0));
+        let mut now = s(0);
+        let mut spawns = Vec::new();
+        loop {
+            match p.poll_action() {
+                Some(Action::Spawn) => {
+                    spawns.push(now);
+                    p.handle_spawned(now);
+                    // The command exits at once.
+                    p.handle_exit(now);
+                }
+                Some(Action::NotifyInflight(r)) => assert_eq!(r, FailReason::ServerDied),
+                Some(Action::KillGroup) => panic!("a dead child is not killed"),
+                None => match p.poll_timeout() {
+                    Some(t) => {
+                        // One tick before the backoff ends: nothing happens.
+                        p.handle_timeout(t - Duration::from_millis(1));
+                        assert_eq!(p.poll_action(), None);
+                        assert_eq!(p.admit(), Err(Refusal::NotReady));
+                        now = t;
+                        p.handle_timeout(now);
+                    }
+                    None => break,
+                },
+            }
+        }
+        // 1 start + 3 restarts; the 4th exit inside the window fails.
+        assert_eq!(spawns, [s(0), s(2), s(4), s(6)]);
+        assert_eq!(p.state(), State::Failed);
+        assert_eq!(p.admit(), Err(Refusal::Failed));
+        assert_eq!(p.restarts_in_window(now), 3);
+        assert_eq!(p.last_cause(), Some(RestartCause::Exited));
+        // Stays failed: time passing does nothing.
+        p.handle_timeout(s(10_000));
+        assert_eq!(p.poll_action(), None);
+        assert_eq!(p.state(), State::Failed);
+        // Until started again, with a fresh window.
+        p.start(s(10_000));
+        assert_eq!(drain(&mut p), [Action::Spawn]);
+        assert_eq!(p.state(), State::Starting);
+        assert_eq!(p.restarts_in_window(s(10_000)), 0);
+    }
+
+    #[test]
+    fn readiness_never_answering_fails_after_startup_deadlines() {
+        let mut p = Policy::new(CFG);
+        p.start(s(0));
+        let mut now = s(0);
+        let mut log = Vec::new();
+        loop {
+            match p.poll_action() {
+                Some(Action::Spawn) => {
+                    log.push(("spawn", now));
+                    p.handle_spawned(now);
+                }
+                Some(Action::KillGroup) => {
+                    log.push(("kill", now));
+                    p.handle_killed(now);
+                }
+                Some(Action::NotifyInflight(r)) => assert_eq!(r, FailReason::WorkerRestarted),
+                None if p.state() == State::Failed => break,
+                None => {
+                    let t = p.poll_timeout().unwrap();
+                    p.handle_readiness(t - Duration::from_millis(1), Readiness::Failed);
+                    now = t;
+                    p.handle_timeout(now);
+                }
+            }
+        }
+        assert_eq!(
+            log,
+            [
+                ("spawn", s(0)),
+                ("kill", s(60)),
+                ("spawn", s(62)),
+                ("kill", s(122)),
+                ("spawn", s(124)),
+                ("kill", s(184)),
+                ("spawn", s(186)),
+                ("kill", s(246)),
+            ]
+        );
+        assert_eq!(p.last_cause(), Some(RestartCause::StartupTimeout));
+        assert!(!p.child_alive());
+    }
+
+    #[test]
+    fn window_rolls_old_restarts_out() {
+        let cfg = PolicyConfig {
+            max_restarts_per_window: 1,
+            restart_window: s(100),
+            restart_backoff: Duration::ZERO,
+            ..CFG
+        };
+        let mut p = Policy::new(cfg);
+        p.start(s(0));
+        drain(&mut p);
+        p.handle_spawned(s(0));
+        p.handle_exit(s(10));
+        // Zero backoff: spawn at once.
+        assert_eq!(
+            drain(&mut p),
+            [
+                Action::NotifyInflight(FailReason::ServerDied),
+                Action::Spawn
+            ]
+        );
+        p.handle_spawned(s(10));
+        // 99.999 s after the first restart it still counts: the limit is exceeded.
+        let mut q = Policy::new(cfg);
+        q.start(s(0));
+        drain(&mut q);
+        q.handle_spawned(s(0));
+        q.handle_exit(s(10));
+        drain(&mut q);
+        q.handle_spawned(s(10));
+        q.handle_exit(s(110) - Duration::from_millis(1));
+        assert_eq!(q.state(), State::Failed);
+        // Exactly 100 s later it has left the window.
+        p.handle_exit(s(110));
+        assert_eq!(p.state(), State::Restarting);
+        assert_eq!(p.restarts_in_window(s(110)), 1);
+        assert_eq!(p.total_restarts(), 2);
+    }
+
+    #[test]
+    fn unready_with_flat_cpu_restarts_at_threshold() {
+        let mut p = ready_at(s(0));
+        p.handle_cpu_sample(s(0), Some(100));
+        p.handle_readiness(s(5), Readiness::Failed);
+        p.handle_cpu_sample(s(5), Some(100));
+        p.handle_readiness(s(34), Readiness::Failed);
+        assert_eq!(p.state(), State::Ready);
+        p.handle_readiness(s(35), Readiness::Failed);
+        assert_eq!(p.state(), State::Restarting);
+        assert_eq!(p.last_cause(), Some(RestartCause::Unready));
+        assert_eq!(
+            drain(&mut p),
+            [
+                Action::NotifyInflight(FailReason::WorkerRestarted),
+                Action::KillGroup
+            ]
+        );
+    }
+
+    #[test]
+    fn unready_while_cpu_rises_does_not_count() {
+        let mut p = ready_at(s(0));
+        p.handle_cpu_sample(s(0), Some(100));
+        for t in (5..=600).step_by(5) {
+            p.handle_readiness(s(t), Readiness::Failed);
+            p.handle_cpu_sample(s(t), Some(100 + t));
+            assert_eq!(p.state(), State::Ready, "at {t}");
+        }
+        // CPU goes flat: 30 s after the last rise it restarts.
+        p.handle_cpu_sample(s(620), Some(700));
+        p.handle_readiness(s(629), Readiness::Failed);
+        assert_eq!(p.state(), State::Ready);
+        p.handle_readiness(s(630), Readiness::Failed);
+        assert_eq!(p.state(), State::Restarting);
+    }
+
+    #[test]
+    fn a_good_probe_resets_the_failure_streak() {
+        let mut p = ready_at(s(0));
+        p.handle_readiness(s(1), Readiness::Failed);
+        p.handle_readiness(s(30), Readiness::Ok);
+        p.handle_readiness(s(31), Readiness::Failed);
+        p.handle_readiness(s(60), Readiness::Failed);
+        assert_eq!(p.state(), State::Ready);
+        p.handle_readiness(s(61), Readiness::Failed);
+        assert_eq!(p.state(), State::Restarting);
+    }
+
+    #[test]
+    fn cpu_samples_missing_or_falling_are_not_progress() {
+        let mut p = ready_at(s(0));
+        p.handle_cpu_sample(s(1), Some(50));
+        assert_eq!(p.last_cpu_increase_at(), None, "first sample is a baseline");
+        p.handle_cpu_sample(s(2), None);
+        p.handle_cpu_sample(s(3), Some(40));
+        assert_eq!(p.last_cpu_increase_at(), None);
+        assert_eq!(p.last_cpu_ticks(), Some(40));
+        p.handle_cpu_sample(s(4), Some(41));
+        assert_eq!(p.last_cpu_increase_at(), Some(s(4)));
+        p.handle_cpu_sample(s(5), Some(41));
+        assert_eq!(p.last_cpu_increase_at(), Some(s(4)));
+    }
+
+    #[test]
+    fn stall_restarts_only_without_progress() {
+        let mut p = ready_at(s(0));
+        p.handle_cpu_sample(s(0), Some(1));
+        p.handle_cpu_sample(s(100), Some(2));
+        assert_eq!(
+            p.report_stall(s(150)),
+            StallVerdict::NotStalled {
+                since_progress: s(50)
+            }
+        );
+        p.handle_stream_bytes(s(200));
+        assert_eq!(
+            p.report_stall(s(319)),
+            StallVerdict::NotStalled {
+                since_progress: s(119)
+            }
+        );
+        assert_eq!(p.state(), State::Ready);
+        assert_eq!(p.report_stall(s(320)), StallVerdict::Restarting);
+        assert_eq!(p.state(), State::Restarting);
+        assert_eq!(p.last_cause(), Some(RestartCause::Stall));
+        assert_eq!(
+            drain(&mut p),
+            [
+                Action::NotifyInflight(FailReason::WorkerRestarted),
+                Action::KillGroup
+            ]
+        );
+        assert_eq!(p.report_stall(s(400)), StallVerdict::NotReady);
+    }
+
+    #[test]
+    fn stop_during_backoff_is_immediate_and_spawns_nothing() {
+        let mut p = ready_at(s(0));
+        p.handle_exit(s(10));
+        drain(&mut p);
+        assert_eq!(p.poll_timeout(), Some(s(12)));
+        p.stop(s(10));
+        assert_eq!(
+            drain(&mut p),
+            [Action::NotifyInflight(FailReason::WorkerStopped)]
+        );
+        assert_eq!(p.state(), State::Stopped);
+        assert_eq!(p.poll_timeout(), None);
+        p.handle_timeout(s(12));
+        assert_eq!(p.poll_action(), None);
+    }
+
+    #[test]
+    fn stop_while_ready_kills_and_exit_afterwards_is_expected() {
+        let mut p = ready_at(s(0));
+        p.stop(s(1));
+        assert_eq!(
+            drain(&mut p),
+            [
+                Action::NotifyInflight(FailReason::WorkerStopped),
+                Action::KillGroup
+            ]
+        );
+        p.handle_killed(s(1));
+        p.handle_exit(s(1));
+        assert_eq!(p.state(), State::Stopped);
+        assert_eq!(p.poll_action(), None);
+        assert_eq!(p.total_restarts(), 0);
+    }
+
+    #[test]
+    fn start_is_ignored_unless_stopped_or_failed() {
+        let mut p = ready_at(s(0));
+        p.start(s(1));
+        assert_eq!(p.poll_action(), None);
+        assert_eq!(p.state(), State::Ready);
+    }
+
+    #[test]
+    fn spawn_failure_counts_as_a_restart() {
+        let mut p = Policy::new(CFG);
+        p.start(s(0));
+        drain(&mut p);
+        p.handle_spawn_failed(s(0));
+        assert_eq!(p.state(), State::Restarting);
+        assert_eq!(p.poll_timeout(), Some(s(2)));
+    }
+}
