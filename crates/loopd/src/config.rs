@@ -1,0 +1,447 @@
+//! `config.toml` into a typed [`Config`].
+//!
+//! Unknown keys are errors. Every limit of the design's section 4 is a field with the default
+//! given there, so a config file names only what it changes. A [`ConfigError`] names the file,
+//! the line and the dotted key that was wrong.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+/// The whole of `config.toml`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// The Unix socket inferproxy listens on; loopd reaches the model only through it.
+    pub socket: PathBuf,
+    /// The model id the router serves (sent as `model` in every request and query).
+    pub model: String,
+    /// The timers and caps of one request.
+    #[serde(default)]
+    pub limits: Limits,
+    /// The retry schedule of `chat_with_retry`.
+    #[serde(default)]
+    pub retry: Retry,
+    /// Sampling settings; an unset one is left to the server's default.
+    #[serde(default)]
+    pub sampling: Sampling,
+    /// What the startup self-test expects of the server.
+    pub expect: Option<Expect>,
+}
+
+/// The limits of section 4, in milliseconds or tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    /// Read timeout while waiting for the first byte; each expiry polls `/slots` (5 s).
+    pub poll_ms: u64,
+    /// How long the slot may stay busy before the first byte: then `WaitTimeout` (10 min).
+    pub busy_wait_ms: u64,
+    /// How long `/slots` may fail or answer 503 before the first byte: then `LoadTimeout` (3 min).
+    pub load_wait_ms: u64,
+    /// How long an idle slot may send no byte: then `Stalled` (30 s).
+    pub idle_grace_ms: u64,
+    /// Read timeout after the first byte: silence past it is `Stalled` (30 s).
+    pub liveness_ms: u64,
+    /// Reasoning tokens before the client posts `reasoning_end` (4,096).
+    pub thinking_cap: u64,
+    /// Reasoning tokens tolerated after the cap before `ThinkingOverrun` (256).
+    pub thinking_overrun: u64,
+    /// `max_tokens` of every request, the backstop (8,192).
+    pub max_tokens: u64,
+    /// Requests that may queue at loopd's slot gate per slot before `Busy` (8).
+    pub queue: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            poll_ms: 5_000,
+            busy_wait_ms: 600_000,
+            load_wait_ms: 180_000,
+            idle_grace_ms: 30_000,
+            liveness_ms: 30_000,
+            thinking_cap: 4_096,
+            thinking_overrun: 256,
+            max_tokens: 8_192,
+            queue: 8,
+        }
+    }
+}
+
+/// The retry schedule: `attempts` in all, waiting `delays_ms` between them with jitter.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Retry {
+    /// Attempts in all, the first included (4).
+    pub attempts: u32,
+    /// The wait before attempt 2, 3, ... (2 s, 8 s, 30 s); one fewer than `attempts`.
+    pub delays_ms: Vec<u64>,
+    /// Each wait varies by up to this percentage either way (25).
+    pub jitter_percent: u64,
+    /// No retry is started whose wait would end past this time since the first attempt (5 min).
+    pub total_ms: u64,
+}
+
+impl Default for Retry {
+    fn default() -> Self {
+        Retry {
+            attempts: 4,
+            delays_ms: vec![2_000, 8_000, 30_000],
+            jitter_percent: 25,
+            total_ms: 300_000,
+        }
+    }
+}
+
+/// Sampling settings sent with every request; `None` leaves the server's default.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Sampling {
+    /// `temperature`.
+    pub temperature: Option<f64>,
+    /// `top_p`.
+    pub top_p: Option<f64>,
+    /// `top_k`.
+    pub top_k: Option<u32>,
+    /// `min_p`.
+    pub min_p: Option<f64>,
+    /// `presence_penalty`.
+    pub presence_penalty: Option<f64>,
+    /// `repeat_penalty`.
+    pub repeat_penalty: Option<f64>,
+    /// `seed`.
+    pub seed: Option<u64>,
+}
+
+/// What `/props` must say for the self-test to pass.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Expect {
+    /// Lowercase hex SHA-256 of `chat_template`.
+    pub chat_template_sha256: String,
+    /// Per-slot context size.
+    pub n_ctx: u64,
+    /// `total_slots`.
+    pub total_slots: u32,
+}
+
+/// Why a config file was refused: the file, the 1-based line and the dotted key.
+#[derive(Debug)]
+pub struct ConfigError {
+    /// The file that was read.
+    pub path: PathBuf,
+    /// 1-based line of the offending key (1 when the file could not be read).
+    pub line: usize,
+    /// The dotted key (`limits.poll_ms`), or empty when no key is to blame.
+    pub key: String,
+    /// What was wrong.
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}: ", self.path.display(), self.line)?;
+        if !self.key.is_empty() {
+            write!(f, "key `{}`: ", self.key)?;
+        }
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+impl Config {
+    /// A config with every default, for tests and tools that build one in code.
+    pub fn new(socket: impl Into<PathBuf>, model: impl Into<String>) -> Config {
+        Config {
+            socket: socket.into(),
+            model: model.into(),
+            limits: Limits::default(),
+            retry: Retry::default(),
+            sampling: Sampling::default(),
+            expect: None,
+        }
+    }
+
+    /// Reads and parses `path`.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+            path: path.to_owned(),
+            line: 1,
+            key: String::new(),
+            message: format!("cannot read: {e}"),
+        })?;
+        Config::parse(path, &text)
+    }
+
+    /// Parses `text`, naming `path` in any error.
+    pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
+        let config: Config = toml::from_str(text).map_err(|e| {
+            let offset = e.span().map_or(0, |s| s.start);
+            let (line, mut key) = key_at(text, offset);
+            let message = e.message().to_owned();
+            // serde names the key in the message when the span covers a whole table: an
+            // unknown table sits in the one before it, a missing key in the one spanned.
+            if let Some(named) = backticked_after(&message, "unknown field ") {
+                key = join(&table_before(text, offset), &named);
+            } else if let Some(named) = backticked_after(&message, "missing field ") {
+                let on_header = text[line_start(text, offset)..]
+                    .trim_start()
+                    .starts_with('[');
+                let table = if on_header {
+                    key.clone()
+                } else {
+                    table_before(text, offset)
+                };
+                key = join(&table, &named);
+            }
+            ConfigError {
+                path: path.to_owned(),
+                line,
+                key,
+                message,
+            }
+        })?;
+        config
+            .validate()
+            .map_err(|(table, field, message)| ConfigError {
+                path: path.to_owned(),
+                line: line_of(text, table, field),
+                key: join(table, field),
+                message: message.to_owned(),
+            })?;
+        Ok(config)
+    }
+
+    /// Checks what the types cannot: `(table, key, message)` of the first bad value.
+    fn validate(&self) -> Result<(), (&'static str, &'static str, &'static str)> {
+        let l = &self.limits;
+        let ms = [
+            ("poll_ms", l.poll_ms),
+            ("busy_wait_ms", l.busy_wait_ms),
+            ("load_wait_ms", l.load_wait_ms),
+            ("idle_grace_ms", l.idle_grace_ms),
+            ("liveness_ms", l.liveness_ms),
+        ];
+        // A zero read timeout means "block forever" to std, the opposite of what was asked.
+        if let Some((key, _)) = ms.iter().find(|(_, v)| *v == 0) {
+            return Err(("limits", key, "must be at least 1 ms"));
+        }
+        if l.thinking_cap == 0 {
+            return Err(("limits", "thinking_cap", "must be at least 1 token"));
+        }
+        if l.max_tokens == 0 {
+            return Err(("limits", "max_tokens", "must be at least 1 token"));
+        }
+        let r = &self.retry;
+        if r.attempts == 0 {
+            return Err(("retry", "attempts", "must be at least 1"));
+        }
+        if r.delays_ms.len() + 1 != r.attempts as usize {
+            return Err((
+                "retry",
+                "delays_ms",
+                "must have one entry fewer than attempts",
+            ));
+        }
+        if r.jitter_percent > 100 {
+            return Err(("retry", "jitter_percent", "must be at most 100"));
+        }
+        if self.model.is_empty() {
+            return Err(("", "model", "must not be empty"));
+        }
+        Ok(())
+    }
+}
+
+/// `table.key`, or `key` at the top level.
+fn join(table: &str, key: &str) -> String {
+    if table.is_empty() {
+        key.to_owned()
+    } else {
+        format!("{table}.{key}")
+    }
+}
+
+/// The text between the backticks that follow `prefix` in `message`.
+fn backticked_after(message: &str, prefix: &str) -> Option<String> {
+    let rest = &message[message.find(prefix)? + prefix.len()..];
+    let rest = rest.strip_prefix('`')?;
+    Some(rest[..rest.find('`')?].to_owned())
+}
+
+/// The line (1-based) holding `offset` and the dotted key written on it.
+fn key_at(text: &str, offset: usize) -> (usize, String) {
+    let offset = offset.min(text.len());
+    let line = text[..offset].matches('\n').count() + 1;
+    let line_text = text.lines().nth(line - 1).unwrap_or("");
+    let trimmed = line_text.trim();
+    let key = if let Some(header) = trimmed.strip_prefix('[') {
+        header.trim_end_matches(']').trim().to_owned()
+    } else {
+        let name = trimmed
+            .split('=')
+            .next()
+            .unwrap_or("")
+            .trim()
+            .trim_matches('"');
+        join(&table_before(text, offset), name)
+    };
+    (line, key)
+}
+
+/// Byte offset where the line holding `offset` starts.
+fn line_start(text: &str, offset: usize) -> usize {
+    text[..offset.min(text.len())]
+        .rfind('\n')
+        .map_or(0, |i| i + 1)
+}
+
+/// The `[table]` header in force on the line before the one holding `offset`.
+fn table_before(text: &str, offset: usize) -> String {
+    let head = &text[..line_start(text, offset)];
+    head.lines()
+        .filter_map(|l| l.trim().strip_prefix('['))
+        .next_back()
+        .map_or_else(String::new, |h| h.trim_end_matches(']').trim().to_owned())
+}
+
+/// The line (1-based) where `key` is set inside `[table]`; 1 if it is not written (a default).
+fn line_of(text: &str, table: &str, key: &str) -> usize {
+    let mut current = String::new();
+    for (i, line) in text.lines().enumerate() {
+        let t = line.trim();
+        if let Some(h) = t.strip_prefix('[') {
+            current = h.trim_end_matches(']').trim().to_owned();
+        } else if current == table && t.split('=').next().map(str::trim) == Some(key) {
+            return i + 1;
+        }
+    }
+    1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::parse(Path::new("/etc/loopd/config.toml"), text)
+    }
+
+    const MINIMAL: &str = "socket = \"/run/infer.sock\"\nmodel = \"m\"\n";
+
+    #[test]
+    fn defaults_are_the_numbers_of_section_4() {
+        let c = parse(MINIMAL).unwrap();
+        assert_eq!(c, Config::new("/run/infer.sock", "m"));
+        let l = c.limits;
+        assert_eq!(
+            [
+                l.poll_ms,
+                l.busy_wait_ms,
+                l.load_wait_ms,
+                l.idle_grace_ms,
+                l.liveness_ms
+            ],
+            [5_000, 600_000, 180_000, 30_000, 30_000]
+        );
+        assert_eq!(
+            [l.thinking_cap, l.thinking_overrun, l.max_tokens],
+            [4_096, 256, 8_192]
+        );
+        assert_eq!(l.queue, 8);
+        assert_eq!(c.retry.attempts, 4);
+        assert_eq!(c.retry.delays_ms, [2_000, 8_000, 30_000]);
+        assert_eq!((c.retry.jitter_percent, c.retry.total_ms), (25, 300_000));
+    }
+
+    #[test]
+    fn every_section_parses() {
+        let text = format!(
+            "{MINIMAL}[limits]\npoll_ms = 50\nqueue = 2\n[retry]\nattempts = 2\ndelays_ms = [10]\n\
+             [sampling]\ntemperature = 0.5\ntop_k = 40\nseed = 7\n\
+             [expect]\nchat_template_sha256 = \"ab\"\nn_ctx = 4096\ntotal_slots = 2\n"
+        );
+        let c = parse(&text).unwrap();
+        assert_eq!(
+            (c.limits.poll_ms, c.limits.queue, c.limits.liveness_ms),
+            (50, 2, 30_000)
+        );
+        assert_eq!(
+            (c.retry.attempts, c.retry.delays_ms.as_slice()),
+            (2, &[10][..])
+        );
+        assert_eq!(c.sampling.temperature, Some(0.5));
+        assert_eq!(
+            (c.sampling.top_k, c.sampling.seed, c.sampling.top_p),
+            (Some(40), Some(7), None)
+        );
+        let e = c.expect.unwrap();
+        assert_eq!(
+            (e.chat_template_sha256.as_str(), e.n_ctx, e.total_slots),
+            ("ab", 4096, 2)
+        );
+    }
+
+    #[test]
+    fn unknown_key_names_file_line_and_key() {
+        let e = parse(&format!("{MINIMAL}[limits]\npoll_ms = 5\npoll_msec = 5\n")).unwrap_err();
+        assert_eq!((e.line, e.key.as_str()), (5, "limits.poll_msec"));
+        assert!(e
+            .to_string()
+            .starts_with("/etc/loopd/config.toml:5: key `limits.poll_msec`: "));
+        let e = parse(&format!("{MINIMAL}sockets = \"x\"\n")).unwrap_err();
+        assert_eq!((e.line, e.key.as_str()), (3, "sockets"));
+    }
+
+    #[test]
+    fn unknown_table_is_an_error() {
+        let e = parse(&format!("{MINIMAL}[limit]\npoll_ms = 5\n")).unwrap_err();
+        assert_eq!(e.key, "limit");
+        assert_eq!(e.line, 3);
+    }
+
+    #[test]
+    fn wrong_type_names_the_key() {
+        let e = parse(&format!("{MINIMAL}\n[limits]\nliveness_ms = \"30s\"\n")).unwrap_err();
+        assert_eq!((e.line, e.key.as_str()), (5, "limits.liveness_ms"));
+    }
+
+    #[test]
+    fn missing_required_key_is_named() {
+        let e = parse("model = \"m\"\n").unwrap_err();
+        assert_eq!(e.key, "socket");
+        let e = parse(&format!("{MINIMAL}[expect]\nn_ctx = 1\ntotal_slots = 1\n")).unwrap_err();
+        assert_eq!(e.key, "expect.chat_template_sha256");
+    }
+
+    #[test]
+    fn zero_timer_is_refused_with_its_line() {
+        let e = parse(&format!(
+            "{MINIMAL}[limits]\nqueue = 3\nidle_grace_ms = 0\n"
+        ))
+        .unwrap_err();
+        assert_eq!((e.line, e.key.as_str()), (5, "limits.idle_grace_ms"));
+        assert_eq!(e.message, "must be at least 1 ms");
+    }
+
+    #[test]
+    fn retry_schedule_must_match_attempts() {
+        let e = parse(&format!("{MINIMAL}[retry]\nattempts = 3\n")).unwrap_err();
+        assert_eq!(e.key, "retry.delays_ms");
+        assert_eq!(e.line, 1, "delays_ms is not written, so no line holds it");
+        let e = parse(&format!("{MINIMAL}[retry]\njitter_percent = 101\n")).unwrap_err();
+        assert_eq!((e.line, e.key.as_str()), (4, "retry.jitter_percent"));
+        assert!(parse(&format!("{MINIMAL}[retry]\njitter_percent = 100\n")).is_ok());
+    }
+
+    #[test]
+    fn unreadable_file_names_the_path() {
+        let e = Config::load(Path::new("/nonexistent/loopd.toml")).unwrap_err();
+        assert!(e
+            .to_string()
+            .starts_with("/nonexistent/loopd.toml:1: cannot read: "));
+    }
+}

@@ -1,0 +1,279 @@
+//! The slot gate: one request in flight per slot inside loopd, first come first served, with a
+//! bounded queue.
+//!
+//! [`SlotGate::acquire`] returns a [`SlotPermit`] whose drop lets the next waiter in, so the
+//! slot is released on every path: success, error, and a panic unwinding through the caller.
+//! A full queue answers [`InferError::Busy`] at once.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Condvar, Mutex, MutexGuard};
+
+use super::{ChatEvent, InferError};
+
+/// One slot's state: whether a request holds it, and the tickets waiting, oldest first.
+#[derive(Debug, Default)]
+struct Slot {
+    held: bool,
+    queue: VecDeque<u64>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    slots: HashMap<u32, Slot>,
+    next_ticket: u64,
+}
+
+/// The gate shared by every request of one client.
+#[derive(Debug)]
+pub struct SlotGate {
+    queue_cap: usize,
+    state: Mutex<State>,
+    changed: Condvar,
+}
+
+/// Holds one slot; dropping it lets the next queued request in.
+#[derive(Debug)]
+pub struct SlotPermit<'a> {
+    gate: &'a SlotGate,
+    slot: u32,
+}
+
+impl SlotGate {
+    /// A gate letting at most `queue_cap` requests per slot wait behind the one in flight.
+    pub fn new(queue_cap: usize) -> Self {
+        SlotGate {
+            queue_cap,
+            state: Mutex::new(State::default()),
+            changed: Condvar::new(),
+        }
+    }
+
+    // A panic elsewhere while the lock was held leaves the state consistent (every change is
+    // one statement), so a poisoned lock is used as is rather than wedging every slot.
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Takes `slot`, waiting behind earlier requests. While waiting, emits
+    /// `Queued { ahead }` (the requests in front, the one in flight included) each time that
+    /// number changes. `Busy` if `queue_cap` requests already wait.
+    pub fn acquire(
+        &self,
+        slot: u32,
+        on_event: &mut dyn FnMut(&ChatEvent),
+    ) -> Result<SlotPermit<'_>, InferError> {
+        let mut state = self.lock();
+        let ticket = state.next_ticket;
+        state.next_ticket += 1;
+        let s = state.slots.entry(slot).or_default();
+        if !s.held && s.queue.is_empty() {
+            s.held = true;
+            return Ok(SlotPermit { gate: self, slot });
+        }
+        if s.queue.len() >= self.queue_cap {
+            return Err(InferError::Busy);
+        }
+        s.queue.push_back(ticket);
+        let mut reported = None;
+        loop {
+            let s = state
+                .slots
+                .get_mut(&slot)
+                .expect("a queued slot is never removed");
+            let position = s
+                .queue
+                .iter()
+                .position(|&t| t == ticket)
+                .expect("own ticket");
+            if position == 0 && !s.held {
+                s.queue.pop_front();
+                s.held = true;
+                return Ok(SlotPermit { gate: self, slot });
+            }
+            let ahead = position + usize::from(s.held);
+            if reported != Some(ahead) {
+                reported = Some(ahead);
+                // The callback may take its time or even panic; it must not do so under the lock.
+                drop(state);
+                let guard = TicketGuard {
+                    gate: self,
+                    slot,
+                    ticket,
+                };
+                on_event(&ChatEvent::Queued { ahead });
+                std::mem::forget(guard);
+                state = self.lock();
+                continue;
+            }
+            state = self.changed.wait(state).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// How many requests wait for `slot` (not counting the one in flight).
+    pub fn queued(&self, slot: u32) -> usize {
+        self.lock().slots.get(&slot).map_or(0, |s| s.queue.len())
+    }
+
+    /// Whether a request holds `slot`.
+    pub fn is_held(&self, slot: u32) -> bool {
+        self.lock().slots.get(&slot).is_some_and(|s| s.held)
+    }
+}
+
+impl SlotPermit<'_> {
+    /// The slot this permit holds.
+    pub fn slot(&self) -> u32 {
+        self.slot
+    }
+}
+
+impl Drop for SlotPermit<'_> {
+    fn drop(&mut self) {
+        let mut state = self.gate.lock();
+        if let Some(s) = state.slots.get_mut(&self.slot) {
+            s.held = false;
+        }
+        drop(state);
+        self.gate.changed.notify_all();
+    }
+}
+
+/// Removes a waiting ticket if the `Queued` callback panics, so the queue does not wedge.
+struct TicketGuard<'a> {
+    gate: &'a SlotGate,
+    slot: u32,
+    ticket: u64,
+}
+
+impl Drop for TicketGuard<'_> {
+    fn drop(&mut self) {
+        let mut state = self.gate.lock();
+        if let Some(s) = state.slots.get_mut(&self.slot) {
+            s.queue.retain(|&t| t != self.ticket);
+        }
+        drop(state);
+        self.gate.changed.notify_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+    use std::thread;
+    use std::time::Duration;
+
+    fn no_events(e: &ChatEvent) {
+        panic!("unexpected event {e:?}");
+    }
+
+    #[test]
+    fn free_slot_is_taken_at_once_and_released_on_drop() {
+        let gate = SlotGate::new(8);
+        let p = gate.acquire(0, &mut no_events).unwrap();
+        assert!(gate.is_held(0));
+        assert!(!gate.is_held(1));
+        let other = gate.acquire(1, &mut no_events).unwrap();
+        assert_eq!((p.slot(), other.slot()), (0, 1));
+        drop(p);
+        assert!(!gate.is_held(0));
+        drop(gate.acquire(0, &mut no_events).unwrap());
+    }
+
+    /// Starts a thread that queues for `slot` and reports its events and when it got in.
+    fn waiter(
+        gate: &'static SlotGate,
+        slot: u32,
+        tag: usize,
+        done: mpsc::Sender<(usize, Vec<usize>)>,
+    ) -> thread::JoinHandle<()> {
+        thread::spawn(move || {
+            let mut seen = Vec::new();
+            let r = gate.acquire(slot, &mut |e| match e {
+                ChatEvent::Queued { ahead } => seen.push(*ahead),
+                other => panic!("{other:?}"),
+            });
+            let permit = r.unwrap();
+            done.send((tag, seen)).unwrap();
+            thread::sleep(Duration::from_millis(5));
+            drop(permit);
+        })
+    }
+
+    fn wait_until(f: impl Fn() -> bool) {
+        for _ in 0..2_000 {
+            if f() {
+                return;
+            }
+            thread::sleep(Duration::from_millis(1));
+        }
+        panic!("condition never held");
+    }
+
+    #[test]
+    fn queue_is_fifo_up_to_the_cap_then_busy() {
+        let gate: &'static SlotGate = Box::leak(Box::new(SlotGate::new(8)));
+        let first = gate.acquire(3, &mut no_events).unwrap();
+        let (tx, rx) = mpsc::channel();
+        let mut threads = Vec::new();
+        for tag in 0..8 {
+            threads.push(waiter(gate, 3, tag, tx.clone()));
+            wait_until(|| gate.queued(3) == tag + 1);
+        }
+        // At the cap: the ninth is refused at once, without an event.
+        assert!(matches!(
+            gate.acquire(3, &mut no_events),
+            Err(InferError::Busy)
+        ));
+        drop(first);
+        let order: Vec<(usize, Vec<usize>)> = (0..8).map(|_| rx.recv().unwrap()).collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        for (i, (tag, seen)) in order.iter().enumerate() {
+            assert_eq!(*tag, i, "served in arrival order");
+            // Queued with i + 1 ahead, then each departure counted down to 1.
+            let expected: Vec<usize> = (1..=i + 1).rev().collect();
+            assert_eq!(seen, &expected, "waiter {i}");
+        }
+        assert_eq!(gate.queued(3), 0);
+        assert!(!gate.is_held(3));
+    }
+
+    #[test]
+    fn cap_of_zero_means_busy_whenever_held() {
+        let gate = SlotGate::new(0);
+        let p = gate.acquire(0, &mut no_events).unwrap();
+        assert!(matches!(
+            gate.acquire(0, &mut no_events),
+            Err(InferError::Busy)
+        ));
+        drop(p);
+        assert!(gate.acquire(0, &mut no_events).is_ok());
+    }
+
+    #[test]
+    fn panic_while_holding_releases_the_slot() {
+        let gate = SlotGate::new(8);
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _p = gate.acquire(0, &mut no_events).unwrap();
+            panic!("tool crashed");
+        }));
+        assert!(r.is_err());
+        assert!(!gate.is_held(0));
+        assert!(gate.acquire(0, &mut no_events).is_ok());
+    }
+
+    #[test]
+    fn panic_in_the_queued_callback_leaves_the_queue() {
+        let gate = SlotGate::new(8);
+        let p = gate.acquire(0, &mut no_events).unwrap();
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _ = gate.acquire(0, &mut |_| panic!("ui gone"));
+        }));
+        assert!(r.is_err());
+        assert_eq!(gate.queued(0), 0);
+        drop(p);
+        assert!(gate.acquire(0, &mut no_events).is_ok());
+    }
+}
