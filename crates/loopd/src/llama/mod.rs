@@ -12,6 +12,7 @@ use crate::clock::{Clock, Jitter, SystemClock, SystemJitter};
 use crate::config::Config;
 
 pub mod gate;
+pub mod request;
 pub mod retry;
 
 pub use llama_proto::{
