@@ -1,4 +1,75 @@
-//! http-nostd (placeholder until its issue lands).
+//! Sans-IO reader for one HTTP/1.1 (or 1.0) response: `no_std`, no `alloc`, no panics.
+//!
+//! Feed it bytes as they arrive, split anywhere; it gives back the head and the decoded body.
+//! httparse tokenizes the head and the chunk-size lines; the framing (RFC 9112 6.3), the caps and
+//! the body state machine are this crate's.
+//!
+//! - The head is gathered in a caller-provided buffer of `H` bytes ([`HEAD_CAP`], 16 KiB).
+//! - The body comes out as slices of the caller's input ([`Event::Body`], no copy; for SSE) or is
+//!   collected into a [`BodyBuffer`] of `N` bytes ([`BODY_CAP`], 4 MiB; for JSON).
+//! - Large buffers are always the caller's storage, so none is ever built on the stack.
+//!
+//! ```
+//! use http_nostd::{Event, Framing, ResponseReader, HEAD_CAP};
+//!
+//! let mut head_buf = [0u8; HEAD_CAP];
+//! let mut reader = ResponseReader::new(&mut head_buf);
+//! let input = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n";
+//! let (mut pos, mut body) = (0, [0u8; 5]);
+//! let mut body_len = 0;
+//! loop {
+//!     let (used, event) = reader.feed(&input[pos..]).unwrap();
+//!     pos += used;
+//!     match event {
+//!         Event::Head => assert_eq!(reader.head().unwrap().framing(), Framing::Chunked),
+//!         Event::Body(bytes) => {
+//!             body[body_len..body_len + bytes.len()].copy_from_slice(bytes);
+//!             body_len += bytes.len();
+//!         }
+//!         Event::End => break,
+//!         Event::NeedMore => unreachable!("the whole response was given"),
+//!     }
+//! }
+//! assert_eq!(&body, b"hello");
+//! assert_eq!(reader.finish(), Ok(()));
+//! ```
 #![no_std]
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
+
+#[cfg(test)]
+extern crate std;
+
+mod body;
+mod chunked;
+mod error;
+mod framing;
+mod head;
+mod reader;
+#[cfg(test)]
+mod tests;
+
+pub use body::BodyBuffer;
+pub use chunked::{Chunk, ChunkedDecoder};
+pub use error::HttpError;
+pub use framing::Framing;
+pub use head::{Head, Version};
+pub use reader::{Event, Progress, ResponseReader};
+
+/// The head buffer size the design uses: 16 KiB of status line and headers.
+pub const HEAD_CAP: usize = 16 * 1024;
+
+/// The body buffer size the design uses for bodies that are not streams: 4 MiB.
+pub const BODY_CAP: usize = 4 * 1024 * 1024;
+
+/// At most this many header fields in a head (httparse needs a fixed slot array).
+pub const MAX_HEADERS: usize = 64;
+
+/// At most this many interim (1xx) responses are skipped before the final one.
+pub const MAX_INTERIM_RESPONSES: usize = 16;
+
+/// A chunk-size line, extensions and CRLF included, is at most this long.
+pub const CHUNK_LINE_CAP: usize = 1024;
+
+/// A chunk size has at most this many hex digits (60 bits; leading zeros count).
+pub const MAX_CHUNK_SIZE_DIGITS: usize = 15;

@@ -1,0 +1,226 @@
+//! The chunked transfer coding (RFC 9112 7.1), decoded in place: data comes out as slices of the
+//! caller's input, never copied.
+//!
+//! Strict where a guess could desynchronise the stream: a chunk size is 1 to
+//! [`MAX_CHUNK_SIZE_DIGITS`] hex digits, its line (extensions included) at most [`CHUNK_LINE_CAP`]
+//! bytes and ended by CRLF, and chunk data is followed by CRLF. Extensions are skipped (after
+//! `httparse::parse_chunk_size` checked the line) and trailer fields are checked line by line and
+//! discarded, at most `T` bytes of them.
+
+use crate::framing::is_tchar;
+use crate::{HttpError, CHUNK_LINE_CAP, HEAD_CAP, MAX_CHUNK_SIZE_DIGITS};
+
+/// What [`ChunkedDecoder::decode`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Chunk<'i> {
+    /// All input was consumed and no data is ready: feed more.
+    NeedMore,
+    /// Decoded body bytes, a non-empty slice of the input.
+    Data(&'i [u8]),
+    /// The last chunk and the trailer section were read; the body is complete.
+    End,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    SizeLine,
+    Data(u64),
+    DataCr,
+    DataLf,
+    Trailer(TrailerPhase),
+    Done,
+    Failed(HttpError),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TrailerPhase {
+    LineStart,
+    Name,
+    Value,
+    /// A CR was seen; `true` when it ends the empty line that closes the section.
+    Cr(bool),
+}
+
+/// A push decoder for a chunked body; `T` caps the trailer section (default: the 16 KiB head cap).
+#[derive(Debug, Clone)]
+pub struct ChunkedDecoder<const T: usize = HEAD_CAP> {
+    state: State,
+    // A chunk-size line split across inputs is gathered here; whole lines are parsed in place.
+    line: [u8; CHUNK_LINE_CAP],
+    line_len: usize,
+    trailer_len: usize,
+}
+
+impl<const T: usize> Default for ChunkedDecoder<T> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<const T: usize> ChunkedDecoder<T> {
+    /// A decoder at the start of a chunked body.
+    pub const fn new() -> Self {
+        Self {
+            state: State::SizeLine,
+            line: [0; CHUNK_LINE_CAP],
+            line_len: 0,
+            trailer_len: 0,
+        }
+    }
+
+    /// True once the last chunk and the trailers were read.
+    pub fn is_done(&self) -> bool {
+        self.state == State::Done
+    }
+
+    /// Decodes from `input`; returns how many input bytes were used and what was found.
+    ///
+    /// `Chunk::NeedMore` is returned only when all of `input` was used. After `End`, nothing more
+    /// is used (`(0, End)`): bytes after the body are not part of it. After an error, the same
+    /// error is returned again.
+    pub fn decode<'i>(&mut self, input: &'i [u8]) -> Result<(usize, Chunk<'i>), HttpError> {
+        match self.decode_inner(input) {
+            Ok(r) => Ok(r),
+            Err(e) => {
+                self.state = State::Failed(e);
+                Err(e)
+            }
+        }
+    }
+
+    fn decode_inner<'i>(&mut self, input: &'i [u8]) -> Result<(usize, Chunk<'i>), HttpError> {
+        let mut pos = 0;
+        loop {
+            let rest = &input[pos..];
+            match self.state {
+                State::Failed(e) => return Err(e),
+                State::Done => return Ok((pos, Chunk::End)),
+                State::SizeLine => match self.size_line(rest)? {
+                    Some(used) => pos += used,
+                    None => return Ok((input.len(), Chunk::NeedMore)),
+                },
+                State::Data(left) => {
+                    if rest.is_empty() {
+                        return Ok((pos, Chunk::NeedMore));
+                    }
+                    // `left as usize` would truncate on 32-bit targets; compare in u64 instead.
+                    let take = if left < rest.len() as u64 {
+                        left as usize
+                    } else {
+                        rest.len()
+                    };
+                    let left = left - take as u64;
+                    self.state = if left == 0 {
+                        State::DataCr
+                    } else {
+                        State::Data(left)
+                    };
+                    return Ok((pos + take, Chunk::Data(&rest[..take])));
+                }
+                State::DataCr | State::DataLf => {
+                    let Some(&b) = rest.first() else {
+                        return Ok((pos, Chunk::NeedMore));
+                    };
+                    self.state = match (self.state, b) {
+                        (State::DataCr, b'\r') => State::DataLf,
+                        (State::DataLf, b'\n') => State::SizeLine,
+                        _ => return Err(HttpError::MissingChunkCrlf),
+                    };
+                    pos += 1;
+                }
+                State::Trailer(phase) => {
+                    let (used, phase) = self.trailer(rest, phase)?;
+                    pos += used;
+                    match phase {
+                        Some(phase) => {
+                            self.state = State::Trailer(phase);
+                            return Ok((pos, Chunk::NeedMore));
+                        }
+                        None => self.state = State::Done,
+                    }
+                }
+            }
+        }
+    }
+
+    /// Reads a chunk-size line; `None` when `rest` ended inside it (all of it is then used).
+    fn size_line(&mut self, rest: &[u8]) -> Result<Option<usize>, HttpError> {
+        let lf = rest.iter().position(|&b| b == b'\n');
+        let size = match lf {
+            // The common case: the whole line is in this input, parse it where it lies.
+            Some(i) if self.line_len == 0 => {
+                if i + 1 > CHUNK_LINE_CAP {
+                    return Err(HttpError::ChunkLineTooLong);
+                }
+                parse_size_line(&rest[..=i])?
+            }
+            _ => {
+                let end = lf.map_or(rest.len(), |i| i + 1);
+                if self.line_len + end > CHUNK_LINE_CAP {
+                    return Err(HttpError::ChunkLineTooLong);
+                }
+                self.line[self.line_len..self.line_len + end].copy_from_slice(&rest[..end]);
+                self.line_len += end;
+                if lf.is_none() {
+                    return Ok(None);
+                }
+                let size = parse_size_line(&self.line[..self.line_len])?;
+                self.line_len = 0;
+                size
+            }
+        };
+        self.state = if size == 0 {
+            State::Trailer(TrailerPhase::LineStart)
+        } else {
+            State::Data(size)
+        };
+        Ok(Some(lf.map_or(rest.len(), |i| i + 1)))
+    }
+
+    /// Checks and discards trailer bytes; returns the bytes used and the phase to resume in,
+    /// or `None` for the phase when the empty line closing the section was read.
+    fn trailer(
+        &mut self,
+        rest: &[u8],
+        mut phase: TrailerPhase,
+    ) -> Result<(usize, Option<TrailerPhase>), HttpError> {
+        for (i, &b) in rest.iter().enumerate() {
+            self.trailer_len += 1;
+            if self.trailer_len > T {
+                return Err(HttpError::TrailersTooLarge);
+            }
+            phase = match (phase, b) {
+                (TrailerPhase::LineStart, b'\r') => TrailerPhase::Cr(true),
+                (TrailerPhase::LineStart | TrailerPhase::Name, b) if is_tchar(b) => {
+                    TrailerPhase::Name
+                }
+                (TrailerPhase::Name, b':') => TrailerPhase::Value,
+                (TrailerPhase::Value, b'\r') => TrailerPhase::Cr(false),
+                (TrailerPhase::Value, b) if b == b'\t' || (b >= 0x20 && b != 0x7f) => {
+                    TrailerPhase::Value
+                }
+                (TrailerPhase::Cr(true), b'\n') => return Ok((i + 1, None)),
+                (TrailerPhase::Cr(false), b'\n') => TrailerPhase::LineStart,
+                _ => return Err(HttpError::InvalidTrailer),
+            };
+        }
+        Ok((rest.len(), Some(phase)))
+    }
+}
+
+/// One whole chunk-size line, LF included: `1*15HEXDIG [ext] CRLF`.
+fn parse_size_line(line: &[u8]) -> Result<u64, HttpError> {
+    // httparse allows an empty or space-led size (read as 0) and 16 digits; we do not.
+    let digits = line.iter().take_while(|b| b.is_ascii_hexdigit()).count();
+    if digits == 0 {
+        return Err(HttpError::InvalidChunkSize);
+    }
+    if digits > MAX_CHUNK_SIZE_DIGITS {
+        return Err(HttpError::ChunkSizeTooLong);
+    }
+    match httparse::parse_chunk_size(line) {
+        Ok(httparse::Status::Complete((used, size))) if used == line.len() => Ok(size),
+        // Partial on a whole line means the LF had no CR before it.
+        _ => Err(HttpError::InvalidChunkSize),
+    }
+}

@@ -1,0 +1,213 @@
+//! The response head: parsed by httparse into offsets, read back through [`Head`].
+//!
+//! Offsets (not slices) are kept so the reader owns no borrow of its own buffer.
+
+use core::mem::MaybeUninit;
+
+use crate::framing::{self, Framing};
+use crate::{HttpError, MAX_HEADERS};
+
+/// The HTTP version of the response.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Version {
+    /// `HTTP/1.0`
+    Http10,
+    /// `HTTP/1.1`
+    Http11,
+}
+
+impl Version {
+    /// `"HTTP/1.0"` or `"HTTP/1.1"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Version::Http10 => "HTTP/1.0",
+            Version::Http11 => "HTTP/1.1",
+        }
+    }
+}
+
+/// A byte range of the head buffer. `u32` keeps the span table at 1 KiB; `H` is checked to fit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Span {
+    start: u32,
+    len: u32,
+}
+
+impl Span {
+    /// The span of `part` inside `base`, or an empty span if `part` does not lie inside it
+    /// (httparse returns a static `""` for a reason phrase with obs-text).
+    fn of(base: &[u8], part: &[u8]) -> Span {
+        let start = (part.as_ptr() as usize).wrapping_sub(base.as_ptr() as usize);
+        match start.checked_add(part.len()) {
+            Some(end) if end <= base.len() => Span {
+                start: start as u32,
+                len: part.len() as u32,
+            },
+            _ => Span::default(),
+        }
+    }
+
+    fn get(self, buf: &[u8]) -> &[u8] {
+        let start = self.start as usize;
+        buf.get(start..start + self.len as usize).unwrap_or(&[])
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct HeaderSpan {
+    name: Span,
+    value: Span,
+}
+
+/// Everything the reader remembers about a parsed head, as offsets into the head buffer.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct HeadIndex {
+    pub(crate) version: Version,
+    pub(crate) status: u16,
+    reason: Span,
+    pub(crate) framing: Framing,
+    count: usize,
+    headers: [HeaderSpan; MAX_HEADERS],
+}
+
+/// Parses a response head from the start of `buf` into `index`; `Some((end, folded))` once the
+/// head is complete, `folded` telling whether it held obs-fold. Framing is decided later, after
+/// obs-fold has been rewritten in the copy the reader keeps.
+pub(crate) fn parse(buf: &[u8], index: &mut HeadIndex) -> Result<Option<(usize, bool)>, HttpError> {
+    let mut config = httparse::ParserConfig::default();
+    // Strict first: obs-fold is rare, and the lenient pass must look one byte past each line end.
+    match parse_with(buf, &config, index) {
+        Err(_) => {
+            config.allow_obsolete_multiline_headers_in_responses(true);
+            Ok(parse_with(buf, &config, index)?.map(|end| (end, true)))
+        }
+        Ok(end) => Ok(end.map(|end| (end, false))),
+    }
+}
+
+fn parse_with(
+    buf: &[u8],
+    config: &httparse::ParserConfig,
+    index: &mut HeadIndex,
+) -> Result<Option<usize>, HttpError> {
+    let mut slots = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
+    let mut response = httparse::Response::new(&mut []);
+    let end = match config.parse_response_with_uninit_headers(&mut response, buf, &mut slots)? {
+        httparse::Status::Complete(end) => end,
+        httparse::Status::Partial => return Ok(None),
+    };
+    index.version = match response.version {
+        Some(0) => Version::Http10,
+        _ => Version::Http11,
+    };
+    index.status = response.code.unwrap_or(0);
+    index.reason = Span::of(buf, response.reason.unwrap_or("").as_bytes());
+    index.framing = Framing::Close;
+    index.count = response.headers.len();
+    for (slot, h) in index.headers.iter_mut().zip(response.headers.iter()) {
+        *slot = HeaderSpan {
+            name: Span::of(buf, h.name.as_bytes()),
+            value: Span::of(buf, h.value),
+        };
+    }
+    Ok(Some(end))
+}
+
+impl HeadIndex {
+    pub(crate) const EMPTY: HeadIndex = HeadIndex {
+        version: Version::Http11,
+        status: 0,
+        reason: Span { start: 0, len: 0 },
+        framing: Framing::None,
+        count: 0,
+        headers: [HeaderSpan {
+            name: Span { start: 0, len: 0 },
+            value: Span { start: 0, len: 0 },
+        }; MAX_HEADERS],
+    };
+
+    /// RFC 9112 5.2: a user agent replaces each obs-fold with SP. httparse leaves the CRLFs in
+    /// the value; turning each CR and LF into SP keeps every offset valid.
+    pub(crate) fn unfold(&self, buf: &mut [u8]) {
+        for h in &self.headers[..self.count] {
+            let start = h.value.start as usize;
+            if let Some(value) = buf.get_mut(start..start + h.value.len as usize) {
+                for b in value.iter_mut().filter(|b| **b == b'\r' || **b == b'\n') {
+                    *b = b' ';
+                }
+            }
+        }
+    }
+
+    pub(crate) fn decide_framing(&mut self, buf: &[u8]) -> Result<Framing, HttpError> {
+        let minor = match self.version {
+            Version::Http10 => 0,
+            Version::Http11 => 1,
+        };
+        let view = Head { buf, index: self };
+        self.framing = framing::decide(self.status, minor, view.headers())?;
+        Ok(self.framing)
+    }
+}
+
+/// A parsed response head, borrowed from the reader.
+#[derive(Clone, Copy)]
+pub struct Head<'a> {
+    buf: &'a [u8],
+    index: &'a HeadIndex,
+}
+
+impl<'a> Head<'a> {
+    pub(crate) fn new(buf: &'a [u8], index: &'a HeadIndex) -> Self {
+        Head { buf, index }
+    }
+
+    /// `HTTP/1.0` or `HTTP/1.1`.
+    pub fn version(&self) -> Version {
+        self.index.version
+    }
+
+    /// The status code, 100 to 999.
+    pub fn status(&self) -> u16 {
+        self.index.status
+    }
+
+    /// The reason phrase; empty when absent or when it held non-ASCII bytes.
+    pub fn reason(&self) -> &'a str {
+        core::str::from_utf8(self.index.reason.get(self.buf)).unwrap_or("")
+    }
+
+    /// How the body is delimited.
+    pub fn framing(&self) -> Framing {
+        self.index.framing
+    }
+
+    /// The header fields in order, as (name, value). A value has no leading or trailing
+    /// whitespace, and each obs-fold in it reads as spaces.
+    pub fn headers(&self) -> impl Iterator<Item = (&'a str, &'a [u8])> + 'a {
+        let buf = self.buf;
+        self.index.headers[..self.index.count].iter().map(move |h| {
+            // Names were checked by httparse to be token characters, hence ASCII.
+            let name = core::str::from_utf8(h.name.get(buf)).unwrap_or("");
+            (name, h.value.get(buf))
+        })
+    }
+
+    /// The value of the first header field with this name, compared case-insensitively.
+    pub fn header(&self, name: &str) -> Option<&'a [u8]> {
+        self.headers()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v)
+    }
+}
+
+impl core::fmt::Debug for Head<'_> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Head")
+            .field("version", &self.version())
+            .field("status", &self.status())
+            .field("reason", &self.reason())
+            .field("framing", &self.framing())
+            .finish_non_exhaustive()
+    }
+}

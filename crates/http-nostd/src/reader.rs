@@ -1,0 +1,281 @@
+//! [`ResponseReader`]: bytes of one response in, the head and decoded body slices out.
+
+use core::borrow::BorrowMut;
+
+use crate::body::BodyBuffer;
+use crate::chunked::{Chunk, ChunkedDecoder};
+use crate::head::{self, Head, HeadIndex};
+use crate::{Framing, HttpError, MAX_INTERIM_RESPONSES};
+
+/// What [`ResponseReader::feed`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Event<'i> {
+    /// All input was consumed and nothing is ready: read more (or call `finish` at end of input).
+    NeedMore,
+    /// The final (non-1xx) head is complete; [`ResponseReader::head`] returns it from now on.
+    Head,
+    /// Decoded body bytes: a non-empty slice of the input passed to this call, not a copy.
+    Body(&'i [u8]),
+    /// The body is complete. Nothing more is consumed; bytes after it are not part of the response.
+    End,
+}
+
+/// Progress of [`ResponseReader::feed_into`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Progress {
+    /// All input was consumed and the body is not complete yet.
+    NeedMore,
+    /// The body is complete and collected.
+    Done,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Head,
+    Length(u64),
+    Chunked,
+    Close,
+    Done,
+    Failed(HttpError),
+}
+
+/// A sans-IO reader for one HTTP/1.x response.
+///
+/// `S` is the head buffer, `H` bytes: the status line and header fields must fit in it
+/// ([`HttpError::HeadersTooLarge`] otherwise), and it caps the trailer section too. Pass
+/// `&mut [u8; H]`, a `Box<[u8; H]>`, or (16 KiB being small enough for most stacks) a `[u8; H]`.
+/// The reader itself holds about 2.2 KiB besides `S` (header offsets and a chunk-line buffer).
+///
+/// Interim 1xx responses (such as `100 Continue`) are skipped, as RFC 9110 15.2 asks of a user
+/// agent, up to [`MAX_INTERIM_RESPONSES`]; a `101` is an error since this client never upgrades.
+/// A response to `HEAD` or to `CONNECT` is not supported: its framing depends on the request.
+pub struct ResponseReader<S, const H: usize = { crate::HEAD_CAP }> {
+    buf: S,
+    len: usize,
+    interim: usize,
+    // Valid once `has_head`; kept in place (1 KiB) rather than moved through return values.
+    index: HeadIndex,
+    has_head: bool,
+    state: State,
+    chunked: ChunkedDecoder<H>,
+}
+
+impl<S: BorrowMut<[u8; H]>, const H: usize> ResponseReader<S, H> {
+    // Head offsets are stored as u32; refuse at compile time a head buffer they cannot address.
+    const FITS_U32: () = assert!(H <= u32::MAX as usize, "head buffer must be at most 4 GiB");
+
+    /// A reader that keeps the head in `storage` (its previous contents are ignored).
+    pub fn new(storage: S) -> Self {
+        let () = Self::FITS_U32;
+        Self {
+            buf: storage,
+            len: 0,
+            interim: 0,
+            index: HeadIndex::EMPTY,
+            has_head: false,
+            state: State::Head,
+            chunked: ChunkedDecoder::new(),
+        }
+    }
+
+    /// Gives the head buffer back.
+    pub fn into_storage(self) -> S {
+        self.buf
+    }
+
+    /// The final head, once [`Event::Head`] was returned.
+    pub fn head(&self) -> Option<Head<'_>> {
+        if !self.has_head {
+            return None;
+        }
+        Some(Head::new(&self.buf.borrow()[..self.len], &self.index))
+    }
+
+    /// True once the body is complete ([`Event::End`] was or would be returned).
+    pub fn is_done(&self) -> bool {
+        self.state == State::Done
+    }
+
+    /// Consumes a prefix of `input` and says what it found; returns the bytes consumed.
+    ///
+    /// Call it again with the rest of the input until it returns [`Event::NeedMore`] (then all
+    /// input was consumed) or [`Event::End`]. Body slices borrow `input`. An error is final: every
+    /// later call returns it again.
+    pub fn feed<'i>(&mut self, input: &'i [u8]) -> Result<(usize, Event<'i>), HttpError> {
+        match self.feed_inner(input) {
+            Ok(r) => Ok(r),
+            Err(e) => {
+                self.state = State::Failed(e);
+                Err(e)
+            }
+        }
+    }
+
+    /// Like [`feed`](Self::feed) in a loop, appending the body to `body`; stops when all input is
+    /// consumed or the body is complete. A `Content-Length` over the room left in `body` fails at
+    /// once with [`HttpError::BodyTooLarge`], before any body byte is read.
+    pub fn feed_into<B: BorrowMut<[u8; N]>, const N: usize>(
+        &mut self,
+        input: &[u8],
+        body: &mut BodyBuffer<B, N>,
+    ) -> Result<(usize, Progress), HttpError> {
+        let mut pos = 0;
+        loop {
+            let (used, event) = self.feed(&input[pos..])?;
+            pos += used;
+            match event {
+                Event::NeedMore => return Ok((pos, Progress::NeedMore)),
+                Event::End => return Ok((pos, Progress::Done)),
+                Event::Head => {
+                    if let Some(Framing::Length(n)) = self.head().map(|h| h.framing()) {
+                        if n > body.room() as u64 {
+                            return Err(self.fail(HttpError::BodyTooLarge));
+                        }
+                    }
+                }
+                Event::Body(bytes) => {
+                    if let Err(e) = body.push(bytes) {
+                        return Err(self.fail(e));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Tells the reader that the input ended (the server closed the connection).
+    ///
+    /// `Ok` when the body is complete, which for a read-to-close body is now. Otherwise
+    /// [`HttpError::IncompleteHead`] or [`HttpError::Truncated`]; a previous error is returned again.
+    pub fn finish(&mut self) -> Result<(), HttpError> {
+        match self.state {
+            State::Done => Ok(()),
+            State::Close => {
+                self.state = State::Done;
+                Ok(())
+            }
+            State::Failed(e) => Err(e),
+            State::Head => Err(self.fail(HttpError::IncompleteHead)),
+            State::Length(_) | State::Chunked => Err(self.fail(HttpError::Truncated)),
+        }
+    }
+
+    fn fail(&mut self, e: HttpError) -> HttpError {
+        self.state = State::Failed(e);
+        e
+    }
+
+    fn feed_inner<'i>(&mut self, input: &'i [u8]) -> Result<(usize, Event<'i>), HttpError> {
+        match self.state {
+            State::Failed(e) => Err(e),
+            State::Done => Ok((0, Event::End)),
+            State::Head => self.feed_head(input),
+            State::Length(left) => {
+                if input.is_empty() {
+                    return Ok((0, Event::NeedMore));
+                }
+                let take = if left < input.len() as u64 {
+                    left as usize
+                } else {
+                    input.len()
+                };
+                let left = left - take as u64;
+                self.state = if left == 0 {
+                    State::Done
+                } else {
+                    State::Length(left)
+                };
+                Ok((take, Event::Body(&input[..take])))
+            }
+            State::Chunked => {
+                let (used, chunk) = self.chunked.decode(input)?;
+                Ok(match chunk {
+                    Chunk::NeedMore => (used, Event::NeedMore),
+                    Chunk::Data(d) => (used, Event::Body(d)),
+                    Chunk::End => {
+                        self.state = State::Done;
+                        (used, Event::End)
+                    }
+                })
+            }
+            State::Close if input.is_empty() => Ok((0, Event::NeedMore)),
+            State::Close => Ok((input.len(), Event::Body(input))),
+        }
+    }
+
+    /// Gathers the head; skips interim responses. Returns `Head` with the bytes it used, or
+    /// `NeedMore` with all of `input` used.
+    fn feed_head<'i>(&mut self, input: &'i [u8]) -> Result<(usize, Event<'i>), HttpError> {
+        let mut pos = 0;
+        loop {
+            let rest = &input[pos..];
+            let old = self.len;
+            let take = rest.len().min(H - old);
+            let buf: &mut [u8; H] = self.buf.borrow_mut();
+            let index = &mut self.index;
+            let parsed = if old == 0 {
+                // Parse in place first, so a head that arrives whole is copied only up to its end.
+                head::parse(&rest[..take], index)?
+            } else {
+                buf[old..old + take].copy_from_slice(&rest[..take]);
+                // A head only ends at an LF; a full buffer gets its verdict now.
+                if rest[..take].contains(&b'\n') || old + take == H {
+                    head::parse(&buf[..old + take], index)?
+                } else {
+                    None
+                }
+            };
+            let Some((end, folded)) = parsed else {
+                if old == 0 {
+                    buf[..take].copy_from_slice(&rest[..take]);
+                }
+                self.len = old + take;
+                if self.len == H {
+                    return Err(HttpError::HeadersTooLarge);
+                }
+                return Ok((input.len(), Event::NeedMore));
+            };
+            // The head ended inside this input, at `end` counted from the buffer start.
+            let used = end.saturating_sub(old);
+            if old == 0 {
+                buf[..end].copy_from_slice(&rest[..end]);
+            }
+            pos += used;
+            if index.status < 100 {
+                return Err(HttpError::InvalidStatusLine);
+            }
+            if index.status == 101 {
+                return Err(HttpError::SwitchingProtocols);
+            }
+            if index.status < 200 {
+                self.interim += 1;
+                if self.interim > MAX_INTERIM_RESPONSES {
+                    return Err(HttpError::TooManyInterimResponses);
+                }
+                self.len = 0;
+                continue;
+            }
+            if folded {
+                index.unfold(&mut buf[..end]);
+            }
+            let framing = index.decide_framing(&buf[..end])?;
+            self.len = end;
+            self.has_head = true;
+            self.state = match framing {
+                Framing::None | Framing::Length(0) => State::Done,
+                Framing::Length(n) => State::Length(n),
+                Framing::Chunked => State::Chunked,
+                Framing::Close => State::Close,
+            };
+            return Ok((pos, Event::Head));
+        }
+    }
+}
+
+impl<S, const H: usize> core::fmt::Debug for ResponseReader<S, H> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("ResponseReader")
+            .field("head_len", &self.len)
+            .field("state", &self.state)
+            .finish_non_exhaustive()
+    }
+}
