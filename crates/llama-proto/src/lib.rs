@@ -1,9 +1,14 @@
 //! llama-server chat protocol, sans IO.
 //!
-//! The core is `no_std` without an allocator: [`Timings`], [`FinishReason`],
-//! [`cache_outcome`] and [`hash`]. The `alloc` feature adds the owned types
-//! `loopd` builds requests from and returns at the end of a request
-//! ([`ChatMessage`], [`ToolCall`], [`ToolSchema`], [`Completion`]).
+//! The core is `no_std` without an allocator:
+//! - [`decode_chunk`]: one `data:` payload of a chat stream into a borrowed [`Chunk`]
+//!   (or a [`ServerError`]), strings unescaped into a buffer the caller owns;
+//! - [`Assembler`]: folds chunks into one [`Message`], capacities as const generics,
+//!   storage supplied by the caller;
+//! - [`cache_outcome`] and [`hash`].
+//!
+//! The `alloc` feature adds the owned types `loopd` builds requests from and returns at the
+//! end of a request ([`ChatMessage`], [`ToolCall`], [`ToolSchema`], [`Completion`]).
 #![no_std]
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
@@ -13,13 +18,25 @@ extern crate alloc;
 #[cfg(test)]
 extern crate std;
 
+mod assemble;
 pub mod cache;
+mod decode;
 pub mod hash;
 #[cfg(feature = "alloc")]
 mod owned;
+mod raw;
 mod types;
+mod unescape;
 
+pub use assemble::{
+    AssembleError, Assembler, Message, ToolCallRef, ToolCalls, MAX_COMPLETION_ID, MAX_TOOL_CALL_ID,
+    MAX_TOOL_NAME,
+};
 pub use cache::{cache_outcome, CacheOutcome, CACHE_LOSS_TOLERANCE};
+pub use decode::{
+    decode_chunk, decode_error_event, Chunk, DecodeError, Payload, PromptProgress, ServerError,
+    ToolCallDelta, MAX_TOOL_CALL_DELTAS,
+};
 #[cfg(feature = "alloc")]
 pub use owned::{ChatMessage, Completion, ToolCall, ToolSchema};
 pub use types::{FinishReason, Timings};

@@ -78,3 +78,27 @@ pub struct Completion {
     /// Whether the client ended reasoning early (set by `loopd`, never by the assembler).
     pub thinking_capped: bool,
 }
+
+impl From<&crate::Message<'_>> for Completion {
+    /// Copies a finished message; `thinking_capped` is `false` (the caller sets it).
+    fn from(m: &crate::Message<'_>) -> Self {
+        Completion {
+            id: m.id.into(),
+            content: m.content.map(Into::into),
+            reasoning_content: m.reasoning_content.map(Into::into),
+            tool_calls: m
+                .tool_calls
+                .iter()
+                .map(|t| ToolCall {
+                    id: t.id.into(),
+                    name: t.name.into(),
+                    arguments: t.arguments.into(),
+                })
+                .collect(),
+            finish_reason: m.finish_reason,
+            timings: m.timings,
+            reasoning_tokens: m.reasoning_tokens,
+            thinking_capped: false,
+        }
+    }
+}
