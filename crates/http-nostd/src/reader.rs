@@ -154,7 +154,15 @@ impl<S: BorrowMut<[u8; H]>, const H: usize> ResponseReader<S, H> {
                 Ok(())
             }
             State::Failed(e) => Err(e),
-            State::Head => Err(self.fail(HttpError::IncompleteHead)),
+            State::Head => {
+                // Heads are only parsed at LFs; a malformed unfinished line still names its fault.
+                // `index` is unused while no final head was parsed.
+                let e = match head::parse(&self.buf.borrow()[..self.len], &mut self.index) {
+                    Err(e) => e,
+                    Ok(_) => HttpError::IncompleteHead,
+                };
+                Err(self.fail(e))
+            }
             State::Length(_) | State::Chunked => Err(self.fail(HttpError::Truncated)),
         }
     }

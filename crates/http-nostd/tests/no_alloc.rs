@@ -1,0 +1,76 @@
+//! The reader and the body buffer never touch the heap: a counting global allocator sees zero
+//! allocations while a chunked and a length-framed response are read (storage is made before).
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use http_nostd::{BodyBuffer, Event, Progress, ResponseReader, HEAD_CAP};
+
+struct Counting;
+
+static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: defers to the system allocator and only counts calls.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::SeqCst);
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::SeqCst);
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+const CHUNKED: &[u8] =
+    b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\
+    X-Folded: a\r\n b\r\nTransfer-Encoding: chunked\r\n\r\n\
+    f;x=y\r\ndata: {\"a\":1}\n\n\r\n6\r\ndata: \r\n0\r\nT: v\r\n\r\n";
+const LENGTH: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 11\r\n\r\n{\"ok\":true}";
+
+#[test]
+fn reading_responses_allocates_nothing() {
+    let mut head = vec![0u8; HEAD_CAP];
+    let head: &mut [u8; HEAD_CAP] = (&mut head[..]).try_into().unwrap();
+    let mut body_storage = [0u8; 64];
+
+    let before = ALLOCATIONS.load(Ordering::SeqCst);
+    let mut streamed = 0usize;
+    {
+        let mut reader = ResponseReader::new(&mut *head);
+        for piece in CHUNKED.chunks(5) {
+            let mut pos = 0;
+            loop {
+                let (used, event) = reader.feed(&piece[pos..]).unwrap();
+                pos += used;
+                match event {
+                    Event::Body(b) => streamed += b.len(),
+                    Event::NeedMore | Event::End => break,
+                    Event::Head => {}
+                }
+            }
+        }
+        reader.finish().unwrap();
+        assert_eq!(
+            reader.head().unwrap().header("x-folded"),
+            Some(&b"a   b"[..])
+        );
+    }
+    let collected_ok = {
+        let mut reader = ResponseReader::new(&mut *head);
+        let mut body = BodyBuffer::new(&mut body_storage);
+        let (_, progress) = reader.feed_into(LENGTH, &mut body).unwrap();
+        progress == Progress::Done && body.as_bytes() == b"{\"ok\":true}"
+    };
+    let after = ALLOCATIONS.load(Ordering::SeqCst);
+
+    assert_eq!(after - before, 0, "heap allocations while reading");
+    assert_eq!(streamed, 21);
+    assert!(collected_ok);
+}
