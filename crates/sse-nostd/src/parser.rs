@@ -24,7 +24,8 @@ const BOM_DONE: u8 = 3;
 /// At any moment the buffer holds the last event ID, the current event type, the current
 /// event's data (lines joined with `\n`) and the line being read. A line longer than `N`
 /// bytes is [`SseError::LineTooLong`]; a line that fits alone but not next to the rest is
-/// [`SseError::EventTooLarge`]. Both depend only on the bytes, never on how they were split.
+/// [`SseError::EventTooLarge`] (reported at its end, or at the end of the stream). Both depend
+/// only on the bytes, never on how they were split.
 ///
 /// # Example: a heap buffer of [`LOOPD_CAP`](crate::LOOPD_CAP) bytes, never on the stack
 /// ```
@@ -78,6 +79,8 @@ pub struct Parser<S, const N: usize> {
     line_len: usize,
     event_len: usize,
     id_len: usize,
+    // The line being read no longer fits next to the event: it is only counted.
+    overflow: bool,
     // A field line was seen since the last empty line: the stream is inside an event.
     open: bool,
     // The previous input ended in a CR line end; an LF starting the next input belongs to it.
@@ -122,6 +125,7 @@ impl<S: BorrowMut<[u8; N]>, const N: usize> Parser<S, N> {
             line_len: 0,
             event_len: 0,
             id_len: 0,
+            overflow: false,
             open: false,
             pending_cr: false,
             bom: 0,
@@ -149,6 +153,10 @@ impl<S: BorrowMut<[u8; N]>, const N: usize> Parser<S, N> {
         if let Some(e) = self.failed {
             return Err(e);
         }
+        if self.overflow {
+            // The line being read had already outgrown the event's room.
+            return Err(self.fail(SseError::EventTooLarge));
+        }
         let partial_bom = self.bom > 0 && self.bom < BOM_DONE;
         if self.open || self.line_len > 0 || partial_bom {
             return Err(SseError::Unterminated);
@@ -164,6 +172,7 @@ impl<S: BorrowMut<[u8; N]>, const N: usize> Parser<S, N> {
         self.line_len = 0;
         self.event_len = 0;
         self.id_len = 0;
+        self.overflow = false;
         self.open = false;
         self.pending_cr = false;
         self.bom = 0;
@@ -220,9 +229,20 @@ impl<S: BorrowMut<[u8; N]>, const N: usize> Parser<S, N> {
     }
 
     /// Appends bytes of a line whose end has not been seen yet.
+    ///
+    /// A line that outgrows the room next to the event but not `N` is only counted from then
+    /// on: whether it ends as `EventTooLarge` or grows into `LineTooLong` must not depend on
+    /// where the reads were cut.
     fn append_line(&mut self, bytes: &[u8]) -> Result<(), SseError> {
         let new_len = self.line_len + bytes.len();
-        self.check_line(new_len)?;
+        if new_len > N {
+            return Err(SseError::LineTooLong);
+        }
+        if self.overflow || self.data_len + new_len > self.tail_start() {
+            self.overflow = true;
+            self.line_len = new_len;
+            return Ok(());
+        }
         if self.data_end() + new_len > self.tail_start() {
             self.compact();
         }
@@ -288,6 +308,9 @@ impl<S: BorrowMut<[u8; N]>, const N: usize> Parser<S, N> {
                 Span::Input(pos, pos + i)
             } else {
                 self.append_line(&rest[..i])?;
+                if self.overflow {
+                    return Err(SseError::EventTooLarge);
+                }
                 let start = self.data_end();
                 let line = Span::Buffer(start, start + self.line_len);
                 self.line_len = 0;

@@ -148,3 +148,84 @@ impl<E: embedded_io::Error + 'static> embedded_io::Error for ReadError<E> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Message;
+
+    /// Hands out its script one step at a time: bytes, or an error kind.
+    struct Script<'a>(&'a [Result<&'a [u8], ErrorKind>]);
+
+    impl embedded_io::ErrorType for Script<'_> {
+        type Error = ErrorKind;
+    }
+
+    impl Read for Script<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> Result<usize, ErrorKind> {
+            let Some((step, rest)) = self.0.split_first() else {
+                return Ok(0);
+            };
+            self.0 = rest;
+            let bytes = (*step)?;
+            buf[..bytes.len()].copy_from_slice(bytes);
+            Ok(bytes.len())
+        }
+    }
+
+    fn data(event: Option<Event<'_>>) -> &[u8] {
+        match event {
+            Some(Event::Message(Message { data, .. })) => data,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn events_across_reads_and_a_clean_end() {
+        let script = [Ok(&b"data: a\r"[..]), Ok(b"\n\ndata: b\n"), Ok(b"\n")];
+        let mut r = EventReader::new(Script(&script), Parser::new([0u8; 32]), [0u8; 16]);
+        assert_eq!(data(r.next_event().unwrap()), b"a");
+        assert_eq!(data(r.next_event().unwrap()), b"b");
+        assert_eq!(r.next_event().unwrap(), None);
+        assert_eq!(r.next_event().unwrap(), None);
+    }
+
+    #[test]
+    fn interrupted_is_retried_and_other_errors_are_returned() {
+        let script = [
+            Err(ErrorKind::Interrupted),
+            Ok(&b"data: a\n"[..]),
+            Err(ErrorKind::TimedOut),
+            Ok(b"\n"),
+        ];
+        let mut r = EventReader::new(Script(&script), Parser::new([0u8; 32]), [0u8; 16]);
+        assert_eq!(
+            r.next_event().unwrap_err(),
+            ReadError::Read(ErrorKind::TimedOut)
+        );
+        // The caller may go on after a read error: nothing was lost.
+        assert_eq!(data(r.next_event().unwrap()), b"a");
+    }
+
+    #[test]
+    fn an_end_inside_an_event_is_unterminated_once() {
+        let stream: &[u8] = b"data: a\n\ndata: b\n";
+        let mut r = EventReader::new(stream, Parser::new([0u8; 32]), [0u8; 4]);
+        assert_eq!(data(r.next_event().unwrap()), b"a");
+        let err = r.next_event().unwrap_err();
+        assert!(
+            matches!(err, ReadError::Parse(SseError::Unterminated)),
+            "{err:?}"
+        );
+        assert_eq!(r.next_event().unwrap(), None);
+    }
+
+    #[test]
+    fn parse_errors_pass_through() {
+        let script = [Ok(&b"data: 0123456789"[..])];
+        let mut r = EventReader::new(Script(&script), Parser::new([0u8; 8]), [0u8; 16]);
+        let err = r.next_event().unwrap_err();
+        assert_eq!(err, ReadError::Parse(SseError::LineTooLong));
+        assert_eq!(embedded_io::Error::kind(&err), ErrorKind::InvalidData);
+    }
+}

@@ -394,3 +394,19 @@ fn an_event_in_one_read_borrows_the_input() {
     };
     assert!(core::ptr::eq(m.data.as_ptr(), input[6..].as_ptr()));
 }
+
+#[test]
+fn a_line_outgrowing_the_event_is_judged_at_its_end() {
+    // 8 bytes of data held; the next line outgrows the 8 bytes left, then N itself.
+    let pieces: &[&[u8]] = &[b"data: 01234567\ndata:", b"abcdefghijkl"];
+    assert_eq!(run::<16>(pieces), [Ev::Err(SseError::LineTooLong)]);
+    assert_eq!(
+        run::<16>(&[pieces.concat().as_slice()]),
+        [Ev::Err(SseError::LineTooLong)]
+    );
+    // It ends at 16 bytes or less: too large for the event, at its end or the stream's.
+    let pieces: &[&[u8]] = &[b"data: 01234567\ndata:", b"abcdefghijk", b"\n"];
+    assert_eq!(run::<16>(pieces), [Ev::Err(SseError::EventTooLarge)]);
+    let pieces: &[&[u8]] = &[b"data: 01234567\ndata:", b"abcdefghijk"];
+    assert_eq!(run::<16>(pieces), [Ev::Err(SseError::EventTooLarge)]);
+}
