@@ -1,9 +1,9 @@
 //! The llama-server client: what goes in ([`ChatRequest`]), what comes back while it runs
 //! ([`ChatEvent`]) and at the end ([`Completion`] or [`InferError`]), and the [`Client`].
 //!
-//! `Client::chat` (in `chat`) runs one request from the slot gate to the completion;
+//! `Client::chat` (in [`chat`]) runs one request from the slot gate to the completion;
 //! `Client::chat_with_retry` (in [`retry`]) wraps it in the backoff schedule; the calls of
-//! `info` read `/props`, `/slots` and `/tokenize`.
+//! [`info`] read `/props`, `/slots` and `/tokenize`.
 
 use std::fmt;
 use std::sync::Arc;
@@ -11,7 +11,10 @@ use std::sync::Arc;
 use crate::clock::{Clock, Jitter, SystemClock, SystemJitter};
 use crate::config::Config;
 
+pub mod assemble;
+pub mod chat;
 pub mod gate;
+pub mod info;
 pub mod request;
 pub mod retry;
 

@@ -13,7 +13,7 @@ use std::time::Duration;
 use crate::clock::{Clock, Jitter};
 use crate::config::Retry;
 
-use super::{ChatEvent, InferError};
+use super::{ChatEvent, ChatRequest, Client, Completion, InferError};
 
 /// Whether `e` is worth another attempt.
 pub fn is_retryable(e: &InferError) -> bool {
@@ -73,6 +73,25 @@ pub fn run<T>(
             error: error.to_string(),
         });
         clock.sleep(wait);
+    }
+}
+
+impl Client {
+    /// [`Client::chat`] under the retry schedule of the config; emits `Retrying` before each
+    /// retry. Returns the first completion, the first error that is not retryable, or the last
+    /// error once attempts or time run out.
+    pub fn chat_with_retry(
+        &self,
+        req: &ChatRequest,
+        on_event: &mut dyn FnMut(&ChatEvent),
+    ) -> Result<Completion, InferError> {
+        run(
+            &self.config.retry,
+            &*self.clock,
+            &*self.jitter,
+            on_event,
+            |ev| self.chat(req, ev),
+        )
     }
 }
 

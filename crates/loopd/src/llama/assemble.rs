@@ -1,0 +1,338 @@
+//! The std face of `llama-proto`'s assembler: `data:` payloads in, [`ChatEvent`]s out as they
+//! arrive, and the [`Completion`] at the end.
+//!
+//! Each payload is decoded, folded into the assembler (which checks it whole before changing
+//! anything), and only then reported, so an event is never emitted for a chunk the
+//! completion does not contain. The capacities below are the caps of one message; going past
+//! one is [`InferError::Protocol`].
+
+use llama_proto::{decode_chunk, decode_error_event, Payload, ServerError};
+
+use super::{ChatEvent, Completion, InferError, Timings};
+
+/// Bytes of answer text one message may carry.
+pub const CONTENT_CAP: usize = 1024 * 1024;
+/// Bytes of reasoning text one message may carry.
+pub const REASONING_CAP: usize = 1024 * 1024;
+/// Tool calls one message may carry.
+pub const TOOL_CALLS_CAP: usize = 16;
+/// Bytes of arguments one tool call may carry.
+pub const ARGUMENTS_CAP: usize = 64 * 1024;
+/// Bytes of unescaped strings one payload may need: a payload is at most an SSE line.
+pub const TEXT_CAP: usize = crate::sse::SSE_CAP;
+
+type Inner<'s> =
+    llama_proto::Assembler<'s, CONTENT_CAP, REASONING_CAP, TOOL_CALLS_CAP, ARGUMENTS_CAP>;
+
+/// The heap storage of one [`Folder`]; allocate once, reuse for every request.
+pub struct Buffers {
+    content: Box<[u8; CONTENT_CAP]>,
+    reasoning: Box<[u8; REASONING_CAP]>,
+    args: Box<[[u8; ARGUMENTS_CAP]; TOOL_CALLS_CAP]>,
+    text: Box<[u8]>,
+}
+
+impl std::fmt::Debug for Buffers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Buffers").finish_non_exhaustive()
+    }
+}
+
+impl Default for Buffers {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Buffers {
+    /// Zeroed buffers straight on the heap (the allocator hands out untouched pages).
+    pub fn new() -> Self {
+        Buffers {
+            content: crate::http::heap_array::<CONTENT_CAP>(),
+            reasoning: crate::http::heap_array::<REASONING_CAP>(),
+            args: vec![[0u8; ARGUMENTS_CAP]; TOOL_CALLS_CAP]
+                .into_boxed_slice()
+                .try_into()
+                .expect("exactly TOOL_CALLS_CAP rows"),
+            text: vec![0u8; TEXT_CAP].into_boxed_slice(),
+        }
+    }
+
+    /// A folder at the start of a message, writing into these buffers.
+    pub fn folder(&mut self) -> Folder<'_> {
+        Folder {
+            inner: Inner::new(&mut self.content, &mut self.reasoning, &mut self.args),
+            text: &mut self.text,
+        }
+    }
+}
+
+/// What a payload meant for the request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Folded in; read on.
+    More,
+    /// The chunk carried the `finish_reason`.
+    Finished,
+}
+
+/// Folds one message's payloads, emitting events as they come.
+pub struct Folder<'s> {
+    inner: Inner<'s>,
+    text: &'s mut [u8],
+}
+
+impl std::fmt::Debug for Folder<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Folder")
+            .field("id", &self.inner.id())
+            .finish_non_exhaustive()
+    }
+}
+
+fn protocol(what: &str, e: impl std::fmt::Display) -> InferError {
+    InferError::Protocol(format!("{what}: {e}"))
+}
+
+/// A server's in-stream error: `Http` with its code and message, or `Protocol` without a code.
+pub fn server_error(e: &ServerError<'_>) -> InferError {
+    match e
+        .code
+        .and_then(|c| u16::try_from(c).ok())
+        .filter(|c| (100..1000).contains(c))
+    {
+        Some(status) => InferError::Http {
+            status,
+            body: super::capped_body(e.message.as_bytes()),
+        },
+        None => InferError::Protocol(format!("server error in stream: {}", e.message)),
+    }
+}
+
+impl Folder<'_> {
+    /// Decodes one `data:` payload, folds it in and emits its events.
+    pub fn push(
+        &mut self,
+        data: &[u8],
+        on_event: &mut dyn FnMut(&ChatEvent),
+    ) -> Result<Step, InferError> {
+        let chunk = match decode_chunk(data, self.text).map_err(|e| protocol("chunk", e))? {
+            Payload::Error(e) => return Err(server_error(&e)),
+            Payload::Chunk(c) => c,
+        };
+        self.inner.push(&chunk).map_err(|e| protocol("stream", e))?;
+        if let Some(p) = chunk.prompt_progress {
+            on_event(&ChatEvent::Progress {
+                total: p.total,
+                cache: p.cache,
+                processed: p.processed,
+            });
+        }
+        if let Some(r) = chunk.reasoning_content.filter(|r| !r.is_empty()) {
+            on_event(&ChatEvent::Reasoning(r.to_owned()));
+        }
+        if let Some(c) = chunk.content.filter(|c| !c.is_empty()) {
+            on_event(&ChatEvent::Content(c.to_owned()));
+        }
+        for d in chunk.tool_calls() {
+            on_event(&ChatEvent::ToolCallDelta {
+                index: d.index,
+                id: d.id.map(str::to_owned),
+                name: d.name.map(str::to_owned),
+                arguments: d.arguments.unwrap_or_default().to_owned(),
+            });
+        }
+        Ok(if chunk.finish_reason.is_some() {
+            Step::Finished
+        } else {
+            Step::More
+        })
+    }
+
+    /// Decodes the data of an `event: error` event into the error it reports.
+    pub fn error_event(&mut self, data: &[u8]) -> InferError {
+        match decode_error_event(data, self.text) {
+            Ok(e) => server_error(&e),
+            Err(_) => InferError::Protocol(format!(
+                "server error in stream: {}",
+                super::capped_body(data)
+            )),
+        }
+    }
+
+    /// The completion id, once a chunk carried it.
+    pub fn id(&self) -> Option<&str> {
+        self.inner.id()
+    }
+
+    /// Reasoning tokens so far, from the per-chunk `predicted_n`.
+    pub fn reasoning_tokens(&self) -> u64 {
+        self.inner.reasoning_tokens()
+    }
+
+    /// Whether the final chunk arrived.
+    pub fn is_finished(&self) -> bool {
+        self.inner.finish_reason().is_some()
+    }
+
+    /// The latest timings, zeros if none came.
+    pub fn timings(&self) -> Timings {
+        self.inner.timings().unwrap_or_default()
+    }
+
+    /// The finished message. Without a `finish_reason` the stream ended early.
+    pub fn completion(&self, thinking_capped: bool) -> Result<Completion, InferError> {
+        let message = self.inner.finish().map_err(|e| match e {
+            llama_proto::AssembleError::NoFinishReason => InferError::StreamClosedEarly,
+            other => protocol("stream", other),
+        })?;
+        let mut done = Completion::from(&message);
+        done.thinking_capped = thinking_capped;
+        Ok(done)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use llama_proto::{FinishReason, ToolCall};
+
+    fn fold(payloads: &[&str]) -> (Result<Completion, InferError>, Vec<ChatEvent>) {
+        let mut bufs = Buffers::new();
+        let mut f = bufs.folder();
+        let mut events = Vec::new();
+        for p in payloads {
+            if let Err(e) = f.push(p.as_bytes(), &mut |e| events.push(e.clone())) {
+                return (Err(e), events);
+            }
+        }
+        (f.completion(false), events)
+    }
+
+    #[test]
+    fn deltas_become_events_and_one_completion() {
+        let (done, events) = fold(&[
+            r#"{"id":"chatcmpl-a","choices":[],"prompt_progress":{"total":10,"cache":2,"processed":10,"time_ms":5}}"#,
+            r#"{"id":"chatcmpl-a","choices":[{"index":0,"delta":{"reasoning_content":"hm"}}],"timings":{"cache_n":2,"prompt_n":8,"predicted_n":1}}"#,
+            r#"{"id":"chatcmpl-a","choices":[{"index":0,"delta":{"content":"Hi"}}],"timings":{"cache_n":2,"prompt_n":8,"predicted_n":2}}"#,
+            r#"{"id":"chatcmpl-a","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"c1","type":"function","function":{"name":"f","arguments":"{\""}}]}}]}"#,
+            r#"{"id":"chatcmpl-a","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"a\":1}"}}]}}]}"#,
+            r#"{"id":"chatcmpl-a","choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}],"timings":{"cache_n":2,"prompt_n":8,"predicted_n":9}}"#,
+        ]);
+        assert_eq!(
+            events,
+            [
+                ChatEvent::Progress {
+                    total: 10,
+                    cache: 2,
+                    processed: 10
+                },
+                ChatEvent::Reasoning("hm".into()),
+                ChatEvent::Content("Hi".into()),
+                ChatEvent::ToolCallDelta {
+                    index: 0,
+                    id: Some("c1".into()),
+                    name: Some("f".into()),
+                    arguments: "{\"".into()
+                },
+                ChatEvent::ToolCallDelta {
+                    index: 0,
+                    id: None,
+                    name: None,
+                    arguments: "a\":1}".into()
+                },
+            ]
+        );
+        let done = done.unwrap();
+        assert_eq!(done.id, "chatcmpl-a");
+        assert_eq!(
+            (done.content.as_deref(), done.reasoning_content.as_deref()),
+            (Some("Hi"), Some("hm"))
+        );
+        assert_eq!(
+            done.tool_calls,
+            [ToolCall {
+                id: "c1".into(),
+                name: "f".into(),
+                arguments: "{\"a\":1}".into()
+            }]
+        );
+        assert_eq!(done.finish_reason, FinishReason::ToolCalls);
+        assert_eq!(
+            done.timings,
+            Timings {
+                cache_n: 2,
+                prompt_n: 8,
+                predicted_n: 9
+            }
+        );
+        assert_eq!((done.reasoning_tokens, done.thinking_capped), (1, false));
+    }
+
+    #[test]
+    fn no_finish_reason_is_stream_closed_early() {
+        let (r, _) = fold(&[r#"{"id":"x","choices":[{"index":0,"delta":{"content":"a"}}]}"#]);
+        assert!(matches!(r, Err(InferError::StreamClosedEarly)));
+    }
+
+    #[test]
+    fn server_error_payload_keeps_code_and_message() {
+        let (r, events) =
+            fold(&[r#"{"error":{"code":500,"message":"boom","type":"server_error"}}"#]);
+        assert!(matches!(r, Err(InferError::Http { status: 500, ref body }) if body == "boom"));
+        assert!(events.is_empty());
+        let (r, _) = fold(&[r#"{"error":{"message":"no code"}}"#]);
+        assert!(
+            matches!(r, Err(InferError::Protocol(ref m)) if m.ends_with("no code")),
+            "{r:?}"
+        );
+    }
+
+    #[test]
+    fn bad_json_and_broken_rules_are_protocol_errors() {
+        let (r, _) = fold(&["{not json"]);
+        assert!(
+            matches!(r, Err(InferError::Protocol(ref m)) if m.starts_with("chunk: ")),
+            "{r:?}"
+        );
+        let (r, _) = fold(&[
+            r#"{"id":"a","choices":[{"index":0,"delta":{"content":"x"}}]}"#,
+            r#"{"id":"b","choices":[{"index":0,"delta":{"content":"y"}}]}"#,
+        ]);
+        assert!(
+            matches!(r, Err(InferError::Protocol(ref m)) if m.starts_with("stream: ")),
+            "{r:?}"
+        );
+    }
+
+    #[test]
+    fn tool_call_cap_is_16() {
+        let call = |i: u32| {
+            format!(
+                r#"{{"id":"x","choices":[{{"index":0,"delta":{{"tool_calls":[{{"index":{i},"id":"c{i}","function":{{"name":"f","arguments":"{{}}"}}}}]}}}}]}}"#
+            )
+        };
+        let mut bufs = Buffers::new();
+        let mut f = bufs.folder();
+        for i in 0..TOOL_CALLS_CAP as u32 {
+            f.push(call(i).as_bytes(), &mut |_| {}).unwrap();
+        }
+        let mut events = 0;
+        let e = f
+            .push(call(TOOL_CALLS_CAP as u32).as_bytes(), &mut |_| events += 1)
+            .unwrap_err();
+        assert!(matches!(e, InferError::Protocol(_)));
+        assert_eq!(events, 0, "nothing is reported for a refused chunk");
+    }
+
+    #[test]
+    fn error_event_forms() {
+        let mut bufs = Buffers::new();
+        let mut f = bufs.folder();
+        let e =
+            f.error_event(br#"{"code":503,"message":"Loading model","type":"unavailable_error"}"#);
+        assert!(matches!(e, InferError::Http { status: 503, ref body } if body == "Loading model"));
+        let e = f.error_event(b"gibberish");
+        assert!(matches!(e, InferError::Protocol(ref m) if m.ends_with("gibberish")));
+    }
+}
