@@ -1,0 +1,411 @@
+//! The fake llama-server: a Unix socket in a temporary directory, each connection served from
+//! a script, every request recorded.
+//!
+//! A [`Reply`] is a status, headers, and body pieces each sent after a delay, ending in a clean
+//! close, a cut connection or silence. Replies are routed by path (`/v1/chat/completions`,
+//! `/slots`, ...): each route hands out its replies in order and repeats the last. Test code
+//! may start threads; loopd may not.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+/// How the body is framed on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Framing {
+    /// `Transfer-Encoding: chunked`, one chunk per piece (what llama-server sends for streams).
+    Chunked,
+    /// `Content-Length` of all pieces together.
+    Length,
+    /// Neither: the body ends when the connection closes.
+    Close,
+    /// No head is added: the pieces are the whole response, bytes as given.
+    Raw,
+}
+
+/// How a reply ends after its last piece.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum End {
+    /// The body is completed (last chunk for chunked) and the connection closed.
+    Clean,
+    /// The connection is closed without completing the body.
+    Cut,
+    /// Nothing more is sent; the connection stays open until the client goes or the server stops.
+    Silence,
+}
+
+/// One scripted response.
+#[derive(Debug, Clone)]
+pub struct Reply {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub framing: Framing,
+    /// Each piece is written after its delay.
+    pub pieces: Vec<(Duration, Vec<u8>)>,
+    pub end: End,
+}
+
+impl Reply {
+    /// A `200` SSE stream of `pieces`, each sent at once, ending clean.
+    pub fn sse(pieces: Vec<Vec<u8>>) -> Reply {
+        Reply {
+            status: 200,
+            headers: vec![("Content-Type".into(), "text/event-stream".into())],
+            framing: Framing::Chunked,
+            pieces: pieces.into_iter().map(|p| (Duration::ZERO, p)).collect(),
+            end: End::Clean,
+        }
+    }
+
+    /// A JSON body with `status`.
+    pub fn json(status: u16, body: &str) -> Reply {
+        Reply {
+            status,
+            headers: vec![("Content-Type".into(), "application/json".into())],
+            framing: Framing::Length,
+            pieces: vec![(Duration::ZERO, body.as_bytes().to_vec())],
+            end: End::Clean,
+        }
+    }
+
+    /// Bytes sent exactly as given, then a clean close.
+    pub fn raw(bytes: Vec<u8>) -> Reply {
+        Reply {
+            status: 0,
+            headers: vec![],
+            framing: Framing::Raw,
+            pieces: vec![(Duration::ZERO, bytes)],
+            end: End::Clean,
+        }
+    }
+
+    /// Accepts the request and says nothing at all.
+    pub fn silence() -> Reply {
+        Reply {
+            status: 0,
+            headers: vec![],
+            framing: Framing::Raw,
+            pieces: vec![],
+            end: End::Silence,
+        }
+    }
+
+    /// The same reply ending another way.
+    pub fn ending(mut self, end: End) -> Reply {
+        self.end = end;
+        self
+    }
+
+    /// The same reply with `delay` before the first piece.
+    pub fn first_after(mut self, delay: Duration) -> Reply {
+        if let Some(p) = self.pieces.first_mut() {
+            p.0 = delay;
+        }
+        self
+    }
+
+    /// The same reply with `delay` before every piece.
+    pub fn each_after(mut self, delay: Duration) -> Reply {
+        for p in &mut self.pieces {
+            p.0 = delay;
+        }
+        self
+    }
+}
+
+/// A request as the fake server received it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Recorded {
+    pub method: String,
+    pub target: String,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl Recorded {
+    pub fn path(&self) -> &str {
+        self.target.split('?').next().unwrap_or("")
+    }
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+struct Shared {
+    routes: Mutex<HashMap<String, (Vec<Reply>, usize)>>,
+    recorded: Mutex<Vec<Recorded>>,
+    stop: AtomicBool,
+}
+
+/// The fake server; stops and removes its directory on drop.
+pub struct FakeServer {
+    dir: PathBuf,
+    socket: PathBuf,
+    shared: Arc<Shared>,
+    accept: Option<JoinHandle<()>>,
+}
+
+impl FakeServer {
+    /// Serves `routes`: `(path, replies)`; an unknown path gets a 404.
+    pub fn start(routes: Vec<(&str, Vec<Reply>)>) -> FakeServer {
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("loopd-fake-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let socket = dir.join("infer.sock");
+        let listener = UnixListener::bind(&socket).unwrap();
+        let shared = Arc::new(Shared {
+            routes: Mutex::new(
+                routes
+                    .into_iter()
+                    .map(|(p, r)| (p.to_owned(), (r, 0)))
+                    .collect(),
+            ),
+            recorded: Mutex::new(Vec::new()),
+            stop: AtomicBool::new(false),
+        });
+        let s = shared.clone();
+        let accept = thread::spawn(move || {
+            for conn in listener.incoming() {
+                if s.stop.load(Ordering::SeqCst) {
+                    break;
+                }
+                let Ok(conn) = conn else { continue };
+                let s = s.clone();
+                thread::spawn(move || serve(conn, &s));
+            }
+        });
+        FakeServer {
+            dir,
+            socket,
+            shared,
+            accept: Some(accept),
+        }
+    }
+
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    /// Every request so far, in arrival order.
+    pub fn requests(&self) -> Vec<Recorded> {
+        self.shared.recorded.lock().unwrap().clone()
+    }
+
+    /// The requests to `path`.
+    pub fn requests_to(&self, path: &str) -> Vec<Recorded> {
+        self.requests()
+            .into_iter()
+            .filter(|r| r.path() == path)
+            .collect()
+    }
+}
+
+impl Drop for FakeServer {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        let _ = UnixStream::connect(&self.socket);
+        if let Some(t) = self.accept.take() {
+            let _ = t.join();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Reads one request: head, then a `Content-Length` body.
+fn read_request(conn: &mut UnixStream) -> Option<Recorded> {
+    let mut buf = Vec::new();
+    let mut tmp = [0u8; 4096];
+    let head_end = loop {
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+        let n = conn.read(&mut tmp).ok()?;
+        if n == 0 {
+            return None;
+        }
+        buf.extend_from_slice(&tmp[..n]);
+    };
+    let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
+    let mut lines = head.split("\r\n");
+    let mut first = lines.next()?.split(' ');
+    let (method, target) = (first.next()?.to_owned(), first.next()?.to_owned());
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(n, v)| (n.trim().to_owned(), v.trim().to_owned()))
+        .collect();
+    let len = headers
+        .iter()
+        .find(|(n, _)| n.eq_ignore_ascii_case("content-length"))
+        .and_then(|(_, v)| v.parse::<usize>().ok())
+        .unwrap_or(0);
+    let mut body = buf[head_end..].to_vec();
+    while body.len() < len {
+        let n = conn.read(&mut tmp).ok()?;
+        if n == 0 {
+            return None;
+        }
+        body.extend_from_slice(&tmp[..n]);
+    }
+    Some(Recorded {
+        method,
+        target,
+        headers,
+        body,
+    })
+}
+
+fn next_reply(s: &Shared, path: &str) -> Reply {
+    let mut routes = s.routes.lock().unwrap();
+    match routes.get_mut(path) {
+        Some((replies, next)) if !replies.is_empty() => {
+            let r = replies[(*next).min(replies.len() - 1)].clone();
+            *next += 1;
+            r
+        }
+        _ => Reply::json(404, r#"{"error":{"code":404,"message":"no such route"}}"#),
+    }
+}
+
+/// Sleeps `d` unless the server stops first.
+fn pause(s: &Shared, d: Duration) {
+    let until = Instant::now() + d;
+    while Instant::now() < until && !s.stop.load(Ordering::SeqCst) {
+        thread::sleep(Duration::from_millis(2).min(until - Instant::now()));
+    }
+}
+
+fn serve(mut conn: UnixStream, s: &Shared) {
+    let Some(req) = read_request(&mut conn) else {
+        return;
+    };
+    let reply = next_reply(s, req.path());
+    s.recorded.lock().unwrap().push(req);
+    let _ = write_reply(&mut conn, s, &reply);
+    match reply.end {
+        End::Clean | End::Cut => {}
+        End::Silence => {
+            // Hold the connection until the client closes it or the server stops.
+            let _ = conn.set_read_timeout(Some(Duration::from_millis(5)));
+            let mut b = [0u8; 64];
+            while !s.stop.load(Ordering::SeqCst) {
+                match conn.read(&mut b) {
+                    Ok(0) => break,
+                    Ok(_) => {}
+                    Err(e)
+                        if matches!(
+                            e.kind(),
+                            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                        ) => {}
+                    Err(_) => break,
+                }
+            }
+        }
+    }
+}
+
+fn write_reply(conn: &mut UnixStream, s: &Shared, r: &Reply) -> std::io::Result<()> {
+    if r.framing != Framing::Raw {
+        let mut head = format!("HTTP/1.1 {} {}\r\n", r.status, reason(r.status));
+        for (n, v) in &r.headers {
+            head.push_str(&format!("{n}: {v}\r\n"));
+        }
+        match r.framing {
+            Framing::Chunked => head.push_str("Transfer-Encoding: chunked\r\n"),
+            Framing::Length => {
+                let len: usize = r.pieces.iter().map(|p| p.1.len()).sum();
+                head.push_str(&format!("Content-Length: {len}\r\n"));
+            }
+            Framing::Close | Framing::Raw => {}
+        }
+        head.push_str("Connection: close\r\n\r\n");
+        // The head goes with the first piece, as a server sends it when its first chunk is ready.
+        if r.pieces.first().is_none_or(|p| p.0.is_zero()) {
+            conn.write_all(head.as_bytes())?;
+        } else {
+            pause(s, r.pieces[0].0);
+            conn.write_all(head.as_bytes())?;
+        }
+    }
+    for (i, (delay, piece)) in r.pieces.iter().enumerate() {
+        if i > 0 || r.framing == Framing::Raw {
+            pause(s, *delay);
+        }
+        if s.stop.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        if r.framing == Framing::Chunked {
+            if piece.is_empty() {
+                continue;
+            }
+            conn.write_all(format!("{:x}\r\n", piece.len()).as_bytes())?;
+            conn.write_all(piece)?;
+            conn.write_all(b"\r\n")?;
+        } else {
+            conn.write_all(piece)?;
+        }
+    }
+    if r.end == End::Clean && r.framing == Framing::Chunked {
+        conn.write_all(b"0\r\n\r\n")?;
+    }
+    if r.end == End::Cut {
+        let _ = conn.shutdown(std::net::Shutdown::Both);
+    }
+    Ok(())
+}
+
+fn reason(status: u16) -> &'static str {
+    match status {
+        200 => "OK",
+        400 => "Bad Request",
+        404 => "Not Found",
+        500 => "Internal Server Error",
+        503 => "Service Unavailable",
+        _ => "Status",
+    }
+}
+
+/// The bytes of `fixtures/<name>` (recorded from the real server).
+pub fn fixture(name: &str) -> Vec<u8> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures")
+        .join(name);
+    std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// A recorded SSE body cut into one piece per event (`\n\n`-terminated), as it streamed.
+pub fn events_of(body: &[u8]) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    for i in 0..body.len().saturating_sub(1) {
+        if &body[i..i + 2] == b"\n\n" && i + 2 > start {
+            out.push(body[start..i + 2].to_vec());
+            start = i + 2;
+        }
+    }
+    if start < body.len() {
+        out.push(body[start..].to_vec());
+    }
+    out
+}
+
+/// `/slots` JSON for two slots with slot `busy` processing (or none).
+pub fn slots_json(busy: Option<u32>) -> String {
+    let slot = |id: u32| {
+        format!(
+            r#"{{"id":{id},"id_task":-1,"n_ctx":4096,"is_processing":{}}}"#,
+            busy == Some(id)
+        )
+    };
+    format!("[{},{}]", slot(0), slot(1))
+}

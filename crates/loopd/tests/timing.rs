@@ -1,0 +1,530 @@
+//! Timing tests against the fake server: every limit between 50 and 200 ms, so nothing sleeps
+//! for a second. They cover every `InferError` variant and the events of the waits, the cap
+//! and the retry. Streams that the real server cannot be made to send (cuts, silence, error
+//! payloads, runaway reasoning) are built here from chunks in the recorded format.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use loopd::config::{Config, Limits};
+use loopd::llama::request::render;
+use loopd::llama::{ChatEvent, ChatMessage, ChatRequest, Client, FinishReason, InferError};
+use support::{slots_json, End, FakeServer, Reply};
+
+const CHAT: &str = "/v1/chat/completions";
+const CONTROL: &str = "/v1/chat/completions/control";
+
+fn config(server: &FakeServer) -> Config {
+    let mut c = Config::new(server.socket(), "smollm2");
+    c.limits = Limits {
+        poll_ms: 50,
+        busy_wait_ms: 200,
+        load_wait_ms: 150,
+        idle_grace_ms: 120,
+        liveness_ms: 100,
+        thinking_cap: 3,
+        thinking_overrun: 2,
+        max_tokens: 64,
+        queue: 8,
+    };
+    c.retry.delays_ms = vec![60, 60, 60];
+    c
+}
+
+fn request(slot: u32) -> ChatRequest {
+    ChatRequest {
+        slot,
+        messages: vec![ChatMessage::User {
+            content: "Name three colours.".into(),
+        }],
+        tools: vec![],
+        thinking: false,
+    }
+}
+
+/// One `data:` event in llama-server's chunk format.
+fn chunk(delta: &str, finish: Option<&str>, predicted_n: u64) -> Vec<u8> {
+    let finish = finish.map_or("null".to_owned(), |f| format!("\"{f}\""));
+    format!(
+        "data: {{\"choices\":[{{\"finish_reason\":{finish},\"index\":0,\"delta\":{delta}}}],\"created\":1,\"id\":\"chatcmpl-t\",\"model\":\"smollm2\",\"object\":\"chat.completion.chunk\",\"timings\":{{\"cache_n\":0,\"prompt_n\":12,\"predicted_n\":{predicted_n}}}}}\n\n"
+    )
+    .into_bytes()
+}
+
+fn content(text: &str, n: u64) -> Vec<u8> {
+    chunk(&format!("{{\"content\":\"{text}\"}}"), None, n)
+}
+
+fn reasoning(text: &str, n: u64) -> Vec<u8> {
+    chunk(&format!("{{\"reasoning_content\":\"{text}\"}}"), None, n)
+}
+
+fn finish(n: u64) -> Vec<u8> {
+    chunk("{}", Some("stop"), n)
+}
+
+fn done() -> Vec<u8> {
+    b"data: [DONE]\n\n".to_vec()
+}
+
+fn answer() -> Reply {
+    Reply::sse(vec![
+        content("Red", 1),
+        content(", blue", 2),
+        finish(3),
+        done(),
+    ])
+}
+
+/// Runs `chat` and returns the result, the events and how long it took.
+fn run(
+    client: &Client,
+    req: &ChatRequest,
+) -> (
+    Result<loopd::llama::Completion, InferError>,
+    Vec<ChatEvent>,
+    Duration,
+) {
+    let mut events = Vec::new();
+    let start = Instant::now();
+    let r = client.chat(req, &mut |e| events.push(e.clone()));
+    (r, events, start.elapsed())
+}
+
+fn kind(r: &Result<loopd::llama::Completion, InferError>) -> String {
+    match r {
+        Ok(_) => "Ok".into(),
+        Err(e) => format!("{e:?}")
+            .split(['(', ' '])
+            .next()
+            .unwrap()
+            .to_owned(),
+    }
+}
+
+#[test]
+fn a_plain_answer_sends_the_rendered_request_and_assembles() {
+    let server = FakeServer::start(vec![(CHAT, vec![answer()])]);
+    let client = Client::new(config(&server));
+    let (r, events, _) = run(&client, &request(1));
+    let done = r.unwrap();
+    assert_eq!(
+        events,
+        [
+            ChatEvent::Content("Red".into()),
+            ChatEvent::Content(", blue".into())
+        ]
+    );
+    assert_eq!(
+        (done.content.as_deref(), done.finish_reason),
+        (Some("Red, blue"), FinishReason::Stop)
+    );
+    assert_eq!(done.timings.predicted_n, 3);
+    let sent = server.requests();
+    assert_eq!(sent.len(), 1);
+    assert_eq!(
+        (sent[0].method.as_str(), sent[0].target.as_str()),
+        ("POST", CHAT)
+    );
+    assert_eq!(sent[0].header("connection"), Some("close"));
+    assert_eq!(sent[0].body, render(client.config(), &request(1)));
+}
+
+#[test]
+fn connect_error_when_nothing_listens() {
+    let server = FakeServer::start(vec![]);
+    let mut c = config(&server);
+    c.socket = c.socket.with_file_name("absent.sock");
+    let (r, events, _) = run(&Client::new(c), &request(0));
+    assert!(
+        matches!(r, Err(InferError::Connect(ref e)) if e.kind() == std::io::ErrorKind::NotFound),
+        "{r:?}"
+    );
+    assert!(events.is_empty());
+}
+
+#[test]
+fn busy_when_the_queue_is_full() {
+    let server = FakeServer::start(vec![(CHAT, vec![answer()])]);
+    let mut c = config(&server);
+    c.limits.queue = 0;
+    let client = Client::new(c);
+    let held = client.gate().acquire(0, &mut |_| {}).unwrap();
+    let (r, events, _) = run(&client, &request(0));
+    assert_eq!(kind(&r), "Busy");
+    assert!(events.is_empty() && server.requests().is_empty());
+    drop(held);
+    assert!(run(&client, &request(0)).0.is_ok());
+}
+
+#[test]
+fn queued_behind_a_request_on_the_same_slot() {
+    let slow = answer().first_after(Duration::from_millis(150));
+    let server = FakeServer::start(vec![
+        (CHAT, vec![slow, answer()]),
+        ("/slots", vec![Reply::json(200, &slots_json(Some(0)))]),
+    ]);
+    let client = Arc::new(Client::new(config(&server)));
+    let first = {
+        let client = client.clone();
+        std::thread::spawn(move || run(&client, &request(0)).0.map(|c| c.content))
+    };
+    while !client.gate().is_held(0) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let (r, events, _) = run(&client, &request(0));
+    assert!(r.is_ok());
+    assert_eq!(events[0], ChatEvent::Queued { ahead: 1 });
+    assert_eq!(first.join().unwrap().unwrap().as_deref(), Some("Red, blue"));
+}
+
+#[test]
+fn waiting_on_a_busy_slot_then_the_answer() {
+    let server = FakeServer::start(vec![
+        (CHAT, vec![answer().first_after(Duration::from_millis(130))]),
+        ("/slots", vec![Reply::json(200, &slots_json(Some(1)))]),
+    ]);
+    let (r, events, _) = run(&Client::new(config(&server)), &request(1));
+    assert!(r.is_ok(), "{r:?}");
+    let waits = events
+        .iter()
+        .take_while(|e| **e == ChatEvent::Waiting { slot_busy: true })
+        .count();
+    assert!(waits >= 1, "{events:?}");
+    assert_eq!(
+        events[waits..],
+        [
+            ChatEvent::Content("Red".into()),
+            ChatEvent::Content(", blue".into())
+        ]
+    );
+    let polls = server.requests_to("/slots");
+    assert_eq!(polls.len(), waits, "one Waiting per poll");
+    assert!(polls
+        .iter()
+        .all(|p| p.target == "/slots?model=smollm2" && p.method == "GET"));
+}
+
+#[test]
+fn wait_timeout_when_the_slot_stays_busy() {
+    let server = FakeServer::start(vec![
+        (CHAT, vec![Reply::silence()]),
+        ("/slots", vec![Reply::json(200, &slots_json(Some(0)))]),
+    ]);
+    let (r, events, took) = run(&Client::new(config(&server)), &request(0));
+    assert_eq!(kind(&r), "WaitTimeout");
+    assert!(
+        took >= Duration::from_millis(200) && took < Duration::from_secs(3),
+        "{took:?}"
+    );
+    assert!(
+        events.len() >= 3
+            && events
+                .iter()
+                .all(|e| *e == ChatEvent::Waiting { slot_busy: true }),
+        "{events:?}"
+    );
+}
+
+#[test]
+fn load_timeout_when_slots_answers_503_or_fails() {
+    let loading = Reply::json(
+        503,
+        r#"{"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}"#,
+    );
+    for slots in [vec![loading], vec![Reply::silence().ending(End::Cut)]] {
+        let server = FakeServer::start(vec![(CHAT, vec![Reply::silence()]), ("/slots", slots)]);
+        let (r, events, took) = run(&Client::new(config(&server)), &request(0));
+        assert_eq!(kind(&r), "LoadTimeout");
+        assert!(
+            took >= Duration::from_millis(150) && took < Duration::from_secs(3),
+            "{took:?}"
+        );
+        assert!(
+            events.len() >= 2
+                && events
+                    .iter()
+                    .all(|e| *e == ChatEvent::Waiting { slot_busy: false }),
+            "{events:?}"
+        );
+    }
+}
+
+#[test]
+fn stalled_when_the_slot_is_idle_and_nothing_comes() {
+    let server = FakeServer::start(vec![
+        (CHAT, vec![Reply::silence()]),
+        ("/slots", vec![Reply::json(200, &slots_json(None))]),
+    ]);
+    let (r, events, took) = run(&Client::new(config(&server)), &request(0));
+    assert_eq!(kind(&r), "Stalled");
+    assert!(
+        took >= Duration::from_millis(120) && took < Duration::from_secs(3),
+        "{took:?}"
+    );
+    assert!(
+        events
+            .iter()
+            .all(|e| *e == ChatEvent::Waiting { slot_busy: false }),
+        "{events:?}"
+    );
+}
+
+#[test]
+fn stalled_when_silent_past_liveness_after_the_first_byte() {
+    let reply = Reply::sse(vec![content("Red", 1)]).ending(End::Silence);
+    let server = FakeServer::start(vec![(CHAT, vec![reply])]);
+    let (r, events, took) = run(&Client::new(config(&server)), &request(0));
+    assert_eq!(kind(&r), "Stalled");
+    assert!(
+        took >= Duration::from_millis(100) && took < Duration::from_secs(3),
+        "{took:?}"
+    );
+    assert_eq!(events, [ChatEvent::Content("Red".into())]);
+    assert!(
+        server.requests_to("/slots").is_empty(),
+        "no polls after the first byte"
+    );
+}
+
+#[test]
+fn comments_and_slow_deltas_keep_a_stream_alive() {
+    // 60 ms apart, under the 100 ms liveness limit, for 600 ms in all: no total deadline.
+    let mut pieces = Vec::new();
+    for i in 0..5 {
+        pieces.push(b": keep-alive\n\n".to_vec());
+        pieces.push(content("x", i + 1));
+    }
+    pieces.extend([finish(6), done()]);
+    let server = FakeServer::start(vec![(
+        CHAT,
+        vec![Reply::sse(pieces).each_after(Duration::from_millis(60))],
+    )]);
+    let (r, _, took) = run(&Client::new(config(&server)), &request(0));
+    assert_eq!(r.unwrap().content.as_deref(), Some("xxxxx"));
+    assert!(took >= Duration::from_millis(600), "{took:?}");
+}
+
+#[test]
+fn stream_closed_early_on_a_cut_or_an_end_without_finish_reason() {
+    for end in [End::Cut, End::Clean] {
+        let server = FakeServer::start(vec![(
+            CHAT,
+            vec![Reply::sse(vec![content("Red", 1)]).ending(end)],
+        )]);
+        let (r, events, _) = run(&Client::new(config(&server)), &request(0));
+        assert_eq!(kind(&r), "StreamClosedEarly", "{end:?}");
+        assert_eq!(events, [ChatEvent::Content("Red".into())]);
+    }
+    let server = FakeServer::start(vec![(CHAT, vec![Reply::silence().ending(End::Cut)])]);
+    assert_eq!(
+        kind(&run(&Client::new(config(&server)), &request(0)).0),
+        "StreamClosedEarly"
+    );
+}
+
+#[test]
+fn a_cut_after_the_final_chunk_still_completes() {
+    let server = FakeServer::start(vec![(
+        CHAT,
+        vec![Reply::sse(vec![content("Red", 1), finish(2)]).ending(End::Cut)],
+    )]);
+    let (r, _, _) = run(&Client::new(config(&server)), &request(0));
+    assert_eq!(r.unwrap().content.as_deref(), Some("Red"));
+}
+
+#[test]
+fn http_errors_carry_status_and_a_capped_body() {
+    let fits = r#"{"error":{"code":400,"message":"the prompt does not fit","type":"invalid_request_error"}}"#;
+    let server = FakeServer::start(vec![(
+        CHAT,
+        vec![Reply::json(400, fits), Reply::json(503, &"x".repeat(5000))],
+    )]);
+    let client = Client::new(config(&server));
+    match run(&client, &request(0)).0 {
+        Err(InferError::Http { status: 400, body }) => assert_eq!(body, fits),
+        other => panic!("{other:?}"),
+    }
+    match run(&client, &request(0)).0 {
+        Err(InferError::Http { status: 503, body }) => assert_eq!(body, "x".repeat(4096)),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn an_error_payload_mid_stream_is_an_error_not_a_success() {
+    let err = b"data: {\"error\":{\"code\":500,\"message\":\"Context size has been exceeded.\",\"type\":\"exceed_context_size_error\"}}\n\n".to_vec();
+    let server = FakeServer::start(vec![(CHAT, vec![Reply::sse(vec![content("Red", 1), err])])]);
+    match run(&Client::new(config(&server)), &request(0)) {
+        (Err(InferError::Http { status: 500, body }), events, _) => {
+            assert_eq!(body, "Context size has been exceeded.");
+            assert_eq!(events, [ChatEvent::Content("Red".into())]);
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn protocol_errors_for_bad_json_and_broken_caps() {
+    let bad = Reply::sse(vec![b"data: {\"choices\":[{\"delta\":\n\n".to_vec()]);
+    let huge_head =
+        Reply::raw(format!("HTTP/1.1 200 OK\r\nX: {}\r\n\r\n", "a".repeat(16 * 1024)).into_bytes());
+    let mut long_line = b"data: ".to_vec();
+    long_line.resize(1024 * 1024 + 1, b'x');
+    long_line.extend_from_slice(b"\n\n");
+    let server = FakeServer::start(vec![(
+        CHAT,
+        vec![bad, huge_head, Reply::sse(vec![long_line])],
+    )]);
+    let client = Client::new(config(&server));
+    for what in ["chunk: ", "HTTP response: ", "event stream: "] {
+        match run(&client, &request(0)).0 {
+            Err(InferError::Protocol(m)) => assert!(m.starts_with(what), "{m}"),
+            other => panic!("{what}: {other:?}"),
+        }
+    }
+}
+
+/// Reasoning chunks 1..=n tokens, then (optionally) an answer.
+fn thinking_stream(n: u64, then_answer: bool) -> Reply {
+    let mut pieces: Vec<Vec<u8>> = (1..=n).map(|i| reasoning("hm", i)).collect();
+    if then_answer {
+        pieces.extend([content("5", n + 1), finish(n + 2), done()]);
+    }
+    Reply::sse(pieces)
+        .each_after(Duration::from_millis(5))
+        .ending(if then_answer {
+            End::Clean
+        } else {
+            End::Silence
+        })
+}
+
+#[test]
+fn thinking_cap_posts_reasoning_end_and_reads_on() {
+    let server = FakeServer::start(vec![
+        (CHAT, vec![thinking_stream(4, true)]),
+        (CONTROL, vec![Reply::json(200, r#"{"success":true}"#)]),
+    ]);
+    let (r, events, _) = run(&Client::new(config(&server)), &request(0));
+    let done = r.unwrap();
+    assert!(done.thinking_capped);
+    assert_eq!(
+        (done.content.as_deref(), done.reasoning_tokens),
+        (Some("5"), 4)
+    );
+    let capped = events
+        .iter()
+        .position(|e| *e == ChatEvent::ThinkingCapped { tokens: 3 })
+        .unwrap();
+    assert_eq!(
+        events[..capped],
+        [
+            ChatEvent::Reasoning("hm".into()),
+            ChatEvent::Reasoning("hm".into()),
+            ChatEvent::Reasoning("hm".into())
+        ]
+    );
+    let control = server.requests_to(CONTROL);
+    assert_eq!(control.len(), 1);
+    assert_eq!(
+        control[0].body,
+        br#"{"id":"chatcmpl-t","action":"reasoning_end","model":"smollm2"}"#
+    );
+}
+
+#[test]
+fn thinking_overrun_after_the_grace_tokens() {
+    let server = FakeServer::start(vec![
+        (CHAT, vec![thinking_stream(20, false)]),
+        (CONTROL, vec![Reply::json(200, r#"{"success":true}"#)]),
+    ]);
+    let (r, events, _) = run(&Client::new(config(&server)), &request(0));
+    assert_eq!(kind(&r), "ThinkingOverrun");
+    // Capped at 3, overrun at 3 + 2: five reasoning pieces were seen.
+    assert_eq!(
+        events
+            .iter()
+            .filter(|e| matches!(e, ChatEvent::Reasoning(_)))
+            .count(),
+        5
+    );
+    assert!(events.contains(&ChatEvent::ThinkingCapped { tokens: 3 }));
+}
+
+#[test]
+fn thinking_overrun_when_the_control_call_fails() {
+    let refusals = [
+        Reply::json(200, r#"{"success":false,"message":"no such completion"}"#),
+        Reply::json(404, r#"{"error":{"code":404,"message":"not found"}}"#),
+        Reply::silence(),
+    ];
+    for refusal in refusals {
+        let server = FakeServer::start(vec![
+            (CHAT, vec![thinking_stream(20, false)]),
+            (CONTROL, vec![refusal]),
+        ]);
+        let (r, events, _) = run(&Client::new(config(&server)), &request(0));
+        assert_eq!(kind(&r), "ThinkingOverrun");
+        assert!(
+            !events
+                .iter()
+                .any(|e| matches!(e, ChatEvent::ThinkingCapped { .. })),
+            "{events:?}"
+        );
+    }
+}
+
+#[test]
+fn retry_after_a_cut_goes_through_the_gate_again_with_the_same_bytes() {
+    let server = FakeServer::start(vec![(
+        CHAT,
+        vec![Reply::silence().ending(End::Cut), answer()],
+    )]);
+    let client = Client::new(config(&server));
+    let mut events = Vec::new();
+    let r = client.chat_with_retry(&request(0), &mut |e| events.push(e.clone()));
+    assert_eq!(r.unwrap().content.as_deref(), Some("Red, blue"));
+    match &events[0] {
+        ChatEvent::Retrying {
+            attempt: 2,
+            after_ms,
+            error,
+        } => {
+            assert!((45..=75).contains(after_ms), "60 ms ± 25%: {after_ms}");
+            assert_eq!(error, &InferError::StreamClosedEarly.to_string());
+        }
+        other => panic!("{other:?}"),
+    }
+    let sent = server.requests_to(CHAT);
+    assert_eq!(sent.len(), 2);
+    assert_eq!(sent[0].body, sent[1].body);
+}
+
+#[test]
+fn retry_gives_up_after_four_attempts_and_not_on_400() {
+    let server = FakeServer::start(vec![(CHAT, vec![Reply::json(503, "Loading model")])]);
+    let client = Client::new(config(&server));
+    let mut events = Vec::new();
+    let r = client.chat_with_retry(&request(0), &mut |e| events.push(e.clone()));
+    assert!(matches!(r, Err(InferError::Http { status: 503, .. })));
+    let attempts: Vec<u32> = events
+        .iter()
+        .filter_map(|e| match e {
+            ChatEvent::Retrying { attempt, .. } => Some(*attempt),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(attempts, [2, 3, 4]);
+    assert_eq!(server.requests_to(CHAT).len(), 4);
+    let server = FakeServer::start(vec![(CHAT, vec![Reply::json(400, "bad")])]);
+    let client = Client::new(config(&server));
+    let mut events = Vec::new();
+    assert!(client
+        .chat_with_retry(&request(0), &mut |e| events.push(e.clone()))
+        .is_err());
+    assert!(events.is_empty());
+    assert_eq!(server.requests_to(CHAT).len(), 1);
+}
