@@ -167,3 +167,16 @@ fn bytes_arrive_exactly_in_both_directions() {
     assert!(got[..data.len()] == data[..]);
     assert_eq!(&got[data.len()..], TRAILER);
 }
+
+#[test]
+fn upstream_by_name_tries_each_address() {
+    let _s = serial();
+    let dir = TempDir::new();
+    let path = dir.join("s");
+    let up = Upstream::start(echo);
+    // `localhost` may resolve to ::1 first, where nobody listens; 127.0.0.1 must still be tried.
+    let port = up.addr.rsplit_once(':').unwrap().1;
+    let _proxy = Proxy::start(&path, &format!("localhost:{port}"));
+    assert_eq!(ping(&mut client(&path)), Probe::Forwarded);
+    assert_eq!(up.accepted(), 1);
+}
