@@ -82,6 +82,8 @@ fn serve(mut s: TcpStream) {
 enum Peer {
     Direct,
     Socat,
+    /// socat with a 64 KiB buffer, inferproxy's size: shows how much is buffer size alone.
+    Socat64k,
     Inferproxy,
 }
 
@@ -90,6 +92,7 @@ impl Peer {
         match self {
             Peer::Direct => "direct TCP",
             Peer::Socat => "socat",
+            Peer::Socat64k => "socat -b65536",
             Peer::Inferproxy => "inferproxy",
         }
     }
@@ -104,11 +107,16 @@ struct Forwarder {
 
 impl Forwarder {
     fn start(peer: Peer, dir: &Path, upstream: &str) -> Self {
-        let path = dir.join(format!("{}.sock", peer.name().replace(' ', "-")));
+        let path = dir.join(format!("{}.sock", peer.name().replace([' ', '-'], "")));
         let child = match peer {
             Peer::Direct => None,
-            Peer::Socat => Some(
+            Peer::Socat | Peer::Socat64k => Some(
                 Command::new(SOCAT)
+                    .args(if peer == Peer::Socat64k {
+                        &["-b65536"][..]
+                    } else {
+                        &[]
+                    })
                     .arg(format!("UNIX-LISTEN:{},fork", path.display()))
                     .arg(format!("TCP:{upstream}"))
                     .stderr(Stdio::null())
@@ -266,7 +274,7 @@ fn main() {
     let dir = std::env::temp_dir().join(format!("ipx-bench-{}", std::process::id()));
     fs::create_dir_all(&dir).unwrap();
     let up = upstream();
-    let peers = [Peer::Direct, Peer::Socat, Peer::Inferproxy];
+    let peers = [Peer::Direct, Peer::Socat, Peer::Socat64k, Peer::Inferproxy];
 
     let mut rates = vec![Vec::new(); peers.len()];
     let mut rtts = vec![Vec::new(); peers.len()];
@@ -348,5 +356,18 @@ fn main() {
             .map(|(p, r)| format!("{} {:.0?}", p.name(), r))
             .collect::<Vec<_>>()
             .join("; ")
+    );
+    // Each round ran the peers back to back, so a round's ratio is less exposed to load swings.
+    let ours = rates.len() - 1;
+    let per_round = |base: usize| {
+        (0..BULK_RUNS)
+            .map(|r| format!("{:.2}", rates[ours][r] / rates[base][r]))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    println!(
+        "inferproxy/direct per round: {}; inferproxy/socat per round: {}",
+        per_round(0),
+        per_round(1)
     );
 }
