@@ -1,4 +1,157 @@
-fn main() {
-    eprintln!("llama-worker: not built yet");
-    std::process::exit(2);
+//! `llama-worker`: runs one llama-server under the restart policy, or talks to a running one.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use llama_worker::status::{bind_status_socket, query, spawn_status_server};
+use llama_worker::{Config, State, SystemClock, Worker};
+
+const USAGE: &str = "\
+usage:
+  llama-worker run --config FILE --port PORT [--socket PATH] [--exit-on-failed]
+      run the server from FILE ({port} in its args/env becomes PORT) until SIGTERM/SIGINT;
+      serve status on PATH (or the config's status_socket), mode 0600.
+      --exit-on-failed: exit with status 3 when crash-loop protection trips.
+  llama-worker status|start|stop|stall (--socket PATH | --config FILE)
+      status: print the state as JSON; start: start again (after failed or stop);
+      stop: stop the server (the daemon keeps serving status); stall: report a stall.
+  llama-worker check-config --config FILE [--port PORT]
+      validate FILE and print the command line it would run.
+";
+
+/// Set from the signal handler; read by the run loop.
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_stop_signal(_sig: libc::c_int) {
+    // Only an atomic store: async-signal-safe.
+    STOP.store(true, Ordering::SeqCst);
+}
+
+fn install_stop_signals() {
+    for sig in [libc::SIGTERM, libc::SIGINT] {
+        // SAFETY: installs a handler that only performs an atomic store, which is
+        // async-signal-safe; no Rust state is touched from signal context.
+        unsafe {
+            libc::signal(sig, on_stop_signal as *const () as libc::sighandler_t);
+        }
+    }
+}
+
+#[derive(Default)]
+struct Args {
+    config: Option<PathBuf>,
+    port: Option<u16>,
+    socket: Option<PathBuf>,
+    exit_on_failed: bool,
+}
+
+fn parse_args(rest: &[String]) -> Result<Args, String> {
+    let mut a = Args::default();
+    let mut it = rest.iter();
+    while let Some(flag) = it.next() {
+        let mut value = || {
+            it.next()
+                .cloned()
+                .ok_or_else(|| format!("{flag} needs a value"))
+        };
+        match flag.as_str() {
+            "--config" => a.config = Some(value()?.into()),
+            "--socket" => a.socket = Some(value()?.into()),
+            "--port" => {
+                let v = value()?;
+                a.port = Some(v.parse().map_err(|_| format!("--port {v}: not a port"))?);
+            }
+            "--exit-on-failed" => a.exit_on_failed = true,
+            other => return Err(format!("unknown argument {other}")),
+        }
+    }
+    Ok(a)
+}
+
+fn load(a: &Args) -> Result<Config, String> {
+    let path = a.config.as_ref().ok_or("--config FILE is required")?;
+    Config::from_file(path).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+fn socket_path(a: &Args) -> Result<PathBuf, String> {
+    if let Some(s) = &a.socket {
+        return Ok(s.clone());
+    }
+    load(a)?
+        .status_socket
+        .ok_or_else(|| "no --socket and no status_socket in the config".into())
+}
+
+fn run(a: &Args) -> Result<ExitCode, String> {
+    let cfg = load(a)?;
+    let port = a.port.ok_or("--port PORT is required")?;
+    let socket = a.socket.clone().or_else(|| cfg.status_socket.clone());
+    let mut worker = Worker::new(cfg, port, SystemClock::new()).map_err(|e| e.to_string())?;
+    let handle = worker.handle();
+    install_stop_signals();
+    if let Some(path) = &socket {
+        let l = bind_status_socket(path)
+            .map_err(|e| format!("status socket {}: {e}", path.display()))?;
+        spawn_status_server(l, handle.clone());
+    }
+    handle.start();
+    let mut code = ExitCode::SUCCESS;
+    worker.run_until(|state| {
+        if STOP.load(Ordering::SeqCst) {
+            return true;
+        }
+        if a.exit_on_failed && state == State::Failed {
+            code = ExitCode::from(3);
+            return true;
+        }
+        false
+    });
+    worker.shutdown();
+    if let Some(path) = &socket {
+        let _ = std::fs::remove_file(path);
+    }
+    eprintln!("llama-worker: stopped");
+    Ok(code)
+}
+
+fn main_inner() -> Result<ExitCode, String> {
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    let Some((cmd, rest)) = argv.split_first() else {
+        return Err(USAGE.trim_end().into());
+    };
+    if matches!(cmd.as_str(), "-h" | "--help" | "help") {
+        print!("{USAGE}");
+        return Ok(ExitCode::SUCCESS);
+    }
+    let a = parse_args(rest)?;
+    match cmd.as_str() {
+        "run" => run(&a),
+        "status" | "start" | "stop" | "stall" => {
+            let path = socket_path(&a)?;
+            let reply = query(&path, cmd).map_err(|e| format!("{}: {e}", path.display()))?;
+            println!("{reply}");
+            Ok(ExitCode::SUCCESS)
+        }
+        "check-config" => {
+            let cfg = load(&a)?;
+            let spec = cfg.command_spec(a.port.unwrap_or(0));
+            for (k, v) in &spec.env {
+                print!("{k}={v} ");
+            }
+            println!("{} {}", spec.program, spec.args.join(" "));
+            Ok(ExitCode::SUCCESS)
+        }
+        other => Err(format!("unknown command {other}\n{USAGE}")),
+    }
+}
+
+fn main() -> ExitCode {
+    match main_inner() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("llama-worker: {e}");
+            ExitCode::from(2)
+        }
+    }
 }

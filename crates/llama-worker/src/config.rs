@@ -1,0 +1,369 @@
+//! The worker's TOML configuration: the server command, its environment, and every number the
+//! policy and the probes run on. Unknown keys are an error, so a typo never silently falls back
+//! to a default. Defaults suit a real `llama-server` on a CPU: loads take seconds, long
+//! prefills minutes.
+
+use core::fmt;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::policy::PolicyConfig;
+
+/// The placeholder in `args` and `env` values that is replaced by the assigned port.
+pub const PORT_PLACEHOLDER: &str = "{port}";
+
+/// Longest accepted duration, in seconds (a week): longer is surely a typo.
+pub const MAX_SECONDS: f64 = 7.0 * 24.0 * 3600.0;
+
+/// The configuration as written in the TOML file. Every key but `command` is optional.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// The server executable (path or name on `PATH`).
+    pub command: String,
+    /// Its arguments; [`PORT_PLACEHOLDER`] is replaced by the port.
+    pub args: Vec<String>,
+    /// Extra environment variables (added to the worker's own); `{port}` is replaced in values.
+    pub env: BTreeMap<String, String>,
+    /// Where the child's stdout and stderr are appended; unset: inherited from the worker.
+    pub log_file: Option<PathBuf>,
+    /// The host the readiness probes connect to.
+    pub host: String,
+    /// Every path must answer 200 within `probe_timeout_s` for the server to count as ready.
+    pub readiness_paths: Vec<String>,
+    /// Where the daemon serves its status JSON (mode 0600); `--socket` overrides it.
+    pub status_socket: Option<PathBuf>,
+    /// From spawn to the first good readiness answer, at most (default 120).
+    pub startup_deadline_s: f64,
+    /// Between readiness probes while starting (default 0.5).
+    pub startup_probe_interval_s: f64,
+    /// Between readiness probes while ready (default 5).
+    pub probe_interval_s: f64,
+    /// One readiness probe's deadline, connect to status line; slower is a failure (default 5).
+    pub probe_timeout_s: f64,
+    /// While ready, readiness failing this long with flat CPU time restarts (default 30).
+    pub unready_restart_s: f64,
+    /// Between `/proc` CPU-time samples of the process group (default 5).
+    pub cpu_probe_interval_s: f64,
+    /// A reported stall restarts only after this long without progress (default 120).
+    pub stall_timeout_s: f64,
+    /// The crash-loop window (default 600).
+    pub restart_window_s: f64,
+    /// More restarts than this inside the window makes the worker failed (default 5).
+    pub max_restarts_per_window: u32,
+    /// Wait between killing the old server and spawning the next (default 2).
+    pub restart_backoff_s: f64,
+    /// After SIGTERM to the group, wait this long before SIGKILL (default 5).
+    pub stop_grace_s: f64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            command: String::new(),
+            args: Vec::new(),
+            env: BTreeMap::new(),
+            log_file: None,
+            host: "127.0.0.1".into(),
+            readiness_paths: vec!["/health".into(), "/v1/models".into()],
+            status_socket: None,
+            startup_deadline_s: 120.0,
+            startup_probe_interval_s: 0.5,
+            probe_interval_s: 5.0,
+            probe_timeout_s: 5.0,
+            unready_restart_s: 30.0,
+            cpu_probe_interval_s: 5.0,
+            stall_timeout_s: 120.0,
+            restart_window_s: 600.0,
+            max_restarts_per_window: 5,
+            restart_backoff_s: 2.0,
+            stop_grace_s: 5.0,
+        }
+    }
+}
+
+/// What was wrong with a configuration.
+///
+/// Not `Copy`: the TOML case carries the parser's message (line, column, key), which is what
+/// an operator needs to fix the file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// Not valid TOML, a wrong type, or an unknown key.
+    Toml(String),
+    /// `command` is missing or empty.
+    NoCommand,
+    /// A readiness path does not start with `/` or holds a space or control byte.
+    BadReadinessPath,
+    /// `readiness_paths` is empty.
+    NoReadinessPath,
+    /// The named duration is negative, not finite, or longer than [`MAX_SECONDS`].
+    BadDuration(&'static str),
+    /// The named interval or timeout is zero.
+    ZeroInterval(&'static str),
+    /// Reading the file failed.
+    Read(std::io::ErrorKind),
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Toml(m) => write!(f, "config: {m}"),
+            Self::NoCommand => f.write_str("config: `command` is missing or empty"),
+            Self::BadReadinessPath => {
+                f.write_str("config: a readiness path must start with '/' and hold no spaces")
+            }
+            Self::NoReadinessPath => f.write_str("config: `readiness_paths` is empty"),
+            Self::BadDuration(k) => write!(
+                f,
+                "config: `{k}` must be a finite number of seconds in 0..={MAX_SECONDS}"
+            ),
+            Self::ZeroInterval(k) => write!(f, "config: `{k}` must be greater than 0"),
+            Self::Read(k) => write!(f, "config: cannot read the file: {k}"),
+        }
+    }
+}
+
+impl core::error::Error for ConfigError {}
+
+/// The command line to spawn, with the port substituted.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CommandSpec {
+    /// The executable.
+    pub program: String,
+    /// Its arguments.
+    pub args: Vec<String>,
+    /// Extra environment.
+    pub env: Vec<(String, String)>,
+    /// Where stdout and stderr go (appended), or inherited.
+    pub log_file: Option<PathBuf>,
+}
+
+/// The validated time settings, as [`Duration`]s.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Timings {
+    /// The policy's part.
+    pub policy: PolicyConfig,
+    /// `startup_probe_interval_s`.
+    pub startup_probe_interval: Duration,
+    /// `probe_interval_s`.
+    pub probe_interval: Duration,
+    /// `probe_timeout_s`.
+    pub probe_timeout: Duration,
+    /// `cpu_probe_interval_s`.
+    pub cpu_probe_interval: Duration,
+    /// `stop_grace_s`.
+    pub stop_grace: Duration,
+}
+
+impl Config {
+    /// Parses and validates a TOML document.
+    pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
+        let cfg: Config = toml::from_str(text).map_err(|e| ConfigError::Toml(e.to_string()))?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Reads, parses and validates a TOML file.
+    pub fn from_file(path: &std::path::Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Read(e.kind()))?;
+        Self::from_toml(&text)
+    }
+
+    /// Checks everything [`Config::timings`] and the probes rely on.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.command.trim().is_empty() {
+            return Err(ConfigError::NoCommand);
+        }
+        if self.readiness_paths.is_empty() {
+            return Err(ConfigError::NoReadinessPath);
+        }
+        for p in &self.readiness_paths {
+            if !p.starts_with('/') || p.bytes().any(|b| b <= b' ' || b == 0x7f) {
+                return Err(ConfigError::BadReadinessPath);
+            }
+        }
+        self.timings().map(|_| ())
+    }
+
+    /// The durations, validated.
+    pub fn timings(&self) -> Result<Timings, ConfigError> {
+        let d = |k: &'static str, v: f64| -> Result<Duration, ConfigError> {
+            if !(0.0..=MAX_SECONDS).contains(&v) {
+                return Err(ConfigError::BadDuration(k));
+            }
+            Ok(Duration::from_secs_f64(v))
+        };
+        let nz = |k: &'static str, v: f64| -> Result<Duration, ConfigError> {
+            let x = d(k, v)?;
+            if x.is_zero() {
+                return Err(ConfigError::ZeroInterval(k));
+            }
+            Ok(x)
+        };
+        Ok(Timings {
+            policy: PolicyConfig {
+                startup_deadline: nz("startup_deadline_s", self.startup_deadline_s)?,
+                unready_restart_after: d("unready_restart_s", self.unready_restart_s)?,
+                stall_timeout: d("stall_timeout_s", self.stall_timeout_s)?,
+                restart_window: d("restart_window_s", self.restart_window_s)?,
+                max_restarts_per_window: self.max_restarts_per_window,
+                restart_backoff: d("restart_backoff_s", self.restart_backoff_s)?,
+            },
+            startup_probe_interval: nz("startup_probe_interval_s", self.startup_probe_interval_s)?,
+            probe_interval: nz("probe_interval_s", self.probe_interval_s)?,
+            probe_timeout: nz("probe_timeout_s", self.probe_timeout_s)?,
+            cpu_probe_interval: nz("cpu_probe_interval_s", self.cpu_probe_interval_s)?,
+            stop_grace: d("stop_grace_s", self.stop_grace_s)?,
+        })
+    }
+
+    /// The command line for `port`: [`PORT_PLACEHOLDER`] replaced in args and env values.
+    pub fn command_spec(&self, port: u16) -> CommandSpec {
+        let p = port.to_string();
+        CommandSpec {
+            program: self.command.clone(),
+            args: self
+                .args
+                .iter()
+                .map(|a| a.replace(PORT_PLACEHOLDER, &p))
+                .collect(),
+            env: self
+                .env
+                .iter()
+                .map(|(k, v)| (k.clone(), v.replace(PORT_PLACEHOLDER, &p)))
+                .collect(),
+            log_file: self.log_file.clone(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn minimal_config_takes_the_defaults() {
+        let c = Config::from_toml("command = \"llama-server\"").unwrap();
+        assert_eq!(
+            c,
+            Config {
+                command: "llama-server".into(),
+                ..Config::default()
+            }
+        );
+        let t = c.timings().unwrap();
+        assert_eq!(t.policy.startup_deadline, Duration::from_secs(120));
+        assert_eq!(t.policy.max_restarts_per_window, 5);
+        assert_eq!(t.probe_timeout, Duration::from_secs(5));
+        assert_eq!(t.startup_probe_interval, Duration::from_millis(500));
+    }
+
+    #[test]
+    fn full_config_and_port_substitution() {
+        let c = Config::from_toml(
+            r#"
+command = "/opt/llama-server"
+args = ["--models-preset", "p.ini", "--port", "{port}", "--host", "127.0.0.1"]
+env = { LLAMA_ARG_PORT = "{port}", A = "b" }
+readiness_paths = ["/health"]
+status_socket = "/run/lw.sock"
+max_restarts_per_window = 2
+restart_backoff_s = 0
+stop_grace_s = 0.25
+"#,
+        )
+        .unwrap();
+        let spec = c.command_spec(8081);
+        assert_eq!(spec.program, "/opt/llama-server");
+        assert_eq!(
+            spec.args,
+            [
+                "--models-preset",
+                "p.ini",
+                "--port",
+                "8081",
+                "--host",
+                "127.0.0.1"
+            ]
+        );
+        assert_eq!(
+            spec.env,
+            [
+                ("A".to_string(), "b".to_string()),
+                ("LLAMA_ARG_PORT".to_string(), "8081".to_string())
+            ]
+        );
+        let t = c.timings().unwrap();
+        assert_eq!(t.stop_grace, Duration::from_millis(250));
+        assert_eq!(t.policy.restart_backoff, Duration::ZERO);
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_are_typed_errors() {
+        assert!(matches!(
+            Config::from_toml("command = \"x\"\nrestart_backof_s = 1"),
+            Err(ConfigError::Toml(m)) if m.contains("restart_backof_s")
+        ));
+        assert!(matches!(
+            Config::from_toml("command = \"x\"\nmax_restarts_per_window = -1"),
+            Err(ConfigError::Toml(_))
+        ));
+        let cases: &[(&str, ConfigError)] = &[
+            ("", ConfigError::NoCommand),
+            ("command = \"  \"", ConfigError::NoCommand),
+            (
+                "command = \"x\"\nreadiness_paths = []",
+                ConfigError::NoReadinessPath,
+            ),
+            (
+                "command = \"x\"\nreadiness_paths = [\"health\"]",
+                ConfigError::BadReadinessPath,
+            ),
+            (
+                "command = \"x\"\nreadiness_paths = [\"/a b\"]",
+                ConfigError::BadReadinessPath,
+            ),
+            (
+                "command = \"x\"\nstall_timeout_s = -1",
+                ConfigError::BadDuration("stall_timeout_s"),
+            ),
+            (
+                "command = \"x\"\nstall_timeout_s = nan",
+                ConfigError::BadDuration("stall_timeout_s"),
+            ),
+            (
+                "command = \"x\"\nstall_timeout_s = inf",
+                ConfigError::BadDuration("stall_timeout_s"),
+            ),
+            (
+                "command = \"x\"\nprobe_timeout_s = 0",
+                ConfigError::ZeroInterval("probe_timeout_s"),
+            ),
+            (
+                "command = \"x\"\ncpu_probe_interval_s = 0.0",
+                ConfigError::ZeroInterval("cpu_probe_interval_s"),
+            ),
+        ];
+        for (text, err) in cases {
+            assert_eq!(Config::from_toml(text).as_ref(), Err(err), "{text:?}");
+        }
+    }
+
+    #[test]
+    fn duration_limit_and_one_past() {
+        let at = format!("command = \"x\"\nrestart_window_s = {MAX_SECONDS:.1}");
+        assert!(Config::from_toml(&at).is_ok());
+        let past = format!(
+            "command = \"x\"\nrestart_window_s = {:.1}",
+            MAX_SECONDS + 1.0
+        );
+        assert_eq!(
+            Config::from_toml(&past),
+            Err(ConfigError::BadDuration("restart_window_s"))
+        );
+    }
+}

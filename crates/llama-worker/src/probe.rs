@@ -1,0 +1,216 @@
+//! The readiness probe's IO: one HTTP/1.1 GET with a deadline, answering the status code.
+//!
+//! Deliberately tiny: connect, send a fixed request, read until the response head is complete
+//! (httparse tokenizes the status line), ignore the body. The deadline covers connect to head.
+
+use core::fmt;
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::time::{Duration, Instant};
+
+/// Largest response head read; `/health` and `/v1/models` heads are a few hundred bytes.
+pub const MAX_HEAD_BYTES: usize = 8192;
+
+/// Most response headers accepted.
+const MAX_HEADERS: usize = 32;
+
+/// Why a probe did not get a status code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ProbeError {
+    /// The host name did not resolve.
+    Resolve,
+    /// The connection was refused (nothing listens).
+    Refused,
+    /// No complete response head before the deadline.
+    Timeout,
+    /// The server closed the connection before a complete head.
+    Closed,
+    /// The head is not HTTP.
+    Malformed,
+    /// The head is longer than [`MAX_HEAD_BYTES`].
+    HeadTooLarge,
+    /// Another IO error.
+    Io(io::ErrorKind),
+}
+
+impl ProbeError {
+    /// A short name for status output.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Resolve => "resolve_failed",
+            Self::Refused => "refused",
+            Self::Timeout => "timeout",
+            Self::Closed => "closed",
+            Self::Malformed => "malformed",
+            Self::HeadTooLarge => "head_too_large",
+            Self::Io(_) => "io_error",
+        }
+    }
+}
+
+impl fmt::Display for ProbeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Resolve => f.write_str("probe: host did not resolve"),
+            Self::Refused => f.write_str("probe: connection refused"),
+            Self::Timeout => f.write_str("probe: no response head before the deadline"),
+            Self::Closed => f.write_str("probe: closed before a complete response head"),
+            Self::Malformed => f.write_str("probe: response head is not HTTP"),
+            Self::HeadTooLarge => write!(f, "probe: response head over {MAX_HEAD_BYTES} bytes"),
+            Self::Io(k) => write!(f, "probe: {k}"),
+        }
+    }
+}
+
+impl core::error::Error for ProbeError {}
+
+fn io_err(e: io::Error) -> ProbeError {
+    match e.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => ProbeError::Timeout,
+        io::ErrorKind::ConnectionRefused => ProbeError::Refused,
+        io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe => ProbeError::Closed,
+        k => ProbeError::Io(k),
+    }
+}
+
+/// Parses a response head; `Ok(None)` while incomplete.
+pub fn parse_status(head: &[u8]) -> Result<Option<u16>, ProbeError> {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut resp = httparse::Response::new(&mut headers);
+    match resp.parse(head) {
+        Ok(httparse::Status::Complete(_)) => Ok(resp.code),
+        Ok(httparse::Status::Partial) => Ok(None),
+        Err(_) => Err(ProbeError::Malformed),
+    }
+}
+
+/// GET `path` from `host:port`; the status code of the answer, within `timeout`.
+pub fn http_get_status(
+    host: &str,
+    port: u16,
+    path: &str,
+    timeout: Duration,
+) -> Result<u16, ProbeError> {
+    let deadline = Instant::now() + timeout;
+    let addr: SocketAddr = (host, port)
+        .to_socket_addrs()
+        .map_err(|_| ProbeError::Resolve)?
+        .next()
+        .ok_or(ProbeError::Resolve)?;
+    let mut stream = TcpStream::connect_timeout(&addr, timeout).map_err(io_err)?;
+    let left = |d: Instant| {
+        d.checked_duration_since(Instant::now())
+            .filter(|l| !l.is_zero())
+    };
+    stream
+        .set_write_timeout(Some(left(deadline).ok_or(ProbeError::Timeout)?))
+        .map_err(io_err)?;
+    let req = format!("GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: close\r\n\r\n");
+    stream.write_all(req.as_bytes()).map_err(io_err)?;
+    let mut buf = [0u8; MAX_HEAD_BYTES];
+    let mut len = 0;
+    loop {
+        let l = left(deadline).ok_or(ProbeError::Timeout)?;
+        stream.set_read_timeout(Some(l)).map_err(io_err)?;
+        if len == buf.len() {
+            return Err(ProbeError::HeadTooLarge);
+        }
+        match stream.read(&mut buf[len..]) {
+            Ok(0) => return Err(ProbeError::Closed),
+            Ok(n) => len += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(io_err(e)),
+        }
+        if let Some(code) = parse_status(&buf[..len])? {
+            return Ok(code);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+    use std::thread;
+
+    #[test]
+    fn parse_status_cases() {
+        assert_eq!(parse_status(b"HTTP/1.1 200 OK\r\n\r\n"), Ok(Some(200)));
+        assert_eq!(
+            parse_status(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n"),
+            Ok(Some(503))
+        );
+        assert_eq!(parse_status(b"HTTP/1.1 200 OK\r\n"), Ok(None));
+        assert_eq!(parse_status(b"HTTP/1.1 2"), Ok(None));
+        assert_eq!(
+            parse_status(b"SSH-2.0-x\r\n\r\n"),
+            Err(ProbeError::Malformed)
+        );
+    }
+
+    /// A one-shot server answering `reply` after `delay`; returns its port.
+    fn serve_once(reply: &'static [u8], delay: Duration) -> u16 {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            let mut b = [0u8; 1024];
+            let _ = s.read(&mut b);
+            thread::sleep(delay);
+            let _ = s.write_all(reply);
+        });
+        port
+    }
+
+    #[test]
+    fn get_against_a_local_server() {
+        let t = Duration::from_secs(5);
+        let p = serve_once(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}",
+            Duration::ZERO,
+        );
+        assert_eq!(http_get_status("127.0.0.1", p, "/health", t), Ok(200));
+        let p = serve_once(b"HTTP/1.1 503 Loading\r\n\r\n", Duration::ZERO);
+        assert_eq!(http_get_status("127.0.0.1", p, "/health", t), Ok(503));
+        let p = serve_once(b"HTTP/1.1 200 OK\r\n", Duration::ZERO);
+        assert_eq!(
+            http_get_status("127.0.0.1", p, "/health", t),
+            Err(ProbeError::Closed)
+        );
+        let p = serve_once(b"HTTP/1.1 200 OK\r\n\r\n", Duration::from_secs(3));
+        assert_eq!(
+            http_get_status("127.0.0.1", p, "/health", Duration::from_millis(200)),
+            Err(ProbeError::Timeout)
+        );
+        // A port nobody listens on.
+        let free = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        assert_eq!(
+            http_get_status("127.0.0.1", free, "/health", t),
+            Err(ProbeError::Refused)
+        );
+    }
+
+    #[test]
+    fn head_at_the_limit_and_one_past() {
+        fn head(total: usize) -> &'static [u8] {
+            let start = "HTTP/1.1 200 OK\r\nX: ";
+            let pad = total - start.len() - 4;
+            let s = format!("{start}{}\r\n\r\n", "a".repeat(pad));
+            assert_eq!(s.len(), total);
+            Box::leak(s.into_bytes().into_boxed_slice())
+        }
+        let t = Duration::from_secs(5);
+        let p = serve_once(head(MAX_HEAD_BYTES), Duration::ZERO);
+        assert_eq!(http_get_status("127.0.0.1", p, "/", t), Ok(200));
+        let p = serve_once(head(MAX_HEAD_BYTES + 1), Duration::ZERO);
+        assert_eq!(
+            http_get_status("127.0.0.1", p, "/", t),
+            Err(ProbeError::HeadTooLarge)
+        );
+    }
+}

@@ -1,0 +1,448 @@
+//! The shell around [`Policy`]: owns the server process, runs the probes, executes the
+//! policy's actions, and shares admission, in-flight registration and status with other
+//! threads through a [`WorkerHandle`].
+//!
+//! One thread drives [`Worker::tick`] (or [`Worker::run_until`]); any number of threads hold
+//! handles. A handle never waits on the driving thread: admission, status, stall reports and
+//! stop requests take one short lock. The driving thread holds no lock while it kills, spawns
+//! or probes.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Duration;
+
+use crate::clock::Clock;
+use crate::config::{CommandSpec, Config, ConfigError, Timings};
+use crate::cpu;
+use crate::policy::{Action, FailReason, Policy, Readiness, Refusal, StallVerdict, State};
+use crate::probe::{self, ProbeError};
+use crate::process::ServerProcess;
+use crate::status::{ReadinessRecord, Status};
+
+/// Longest the driving loop sleeps: how late an exit of the server is noticed at worst.
+pub const MAX_IDLE: Duration = Duration::from_millis(100);
+
+/// What one readiness probe of one path got.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProbeOutcome {
+    /// An HTTP answer with this status code (200 is ready).
+    Status(u16),
+    /// No HTTP answer.
+    Error(ProbeError),
+}
+
+#[derive(Debug)]
+struct Inner {
+    policy: Policy,
+    inflight: BTreeMap<u64, Sender<FailReason>>,
+    next_work_id: u64,
+    pid: Option<u32>,
+    spawns: u64,
+    last_readiness: Option<ReadinessRecord>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    inner: Mutex<Inner>,
+    wake: Condvar,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic while holding the lock leaves plain data behind; keep serving it.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A cheap, cloneable, thread-safe view of a [`Worker`]: admission, status, control.
+#[derive(Clone, Debug)]
+pub struct WorkerHandle<C: Clock> {
+    shared: Arc<Shared>,
+    clock: C,
+    port: u16,
+}
+
+impl<C: Clock> WorkerHandle<C> {
+    /// Admits one request: `Ok` with its registration while ready, otherwise the refusal
+    /// (`WORKER_NOT_READY`, `WORKER_FAILED`, `WORKER_STOPPED`) at once.
+    pub fn admit(&self) -> Result<Work<C>, Refusal> {
+        let mut g = self.shared.lock();
+        g.policy.admit()?;
+        let id = g.next_work_id;
+        g.next_work_id += 1;
+        let (tx, rx) = mpsc::channel();
+        g.inflight.insert(id, tx);
+        Ok(Work {
+            id,
+            rx,
+            handle: self.clone(),
+            failed: None,
+        })
+    }
+
+    /// The lifecycle state.
+    pub fn state(&self) -> State {
+        self.shared.lock().policy.state()
+    }
+
+    /// Everything `llama-worker status` shows.
+    pub fn status(&self) -> Status {
+        let now = self.clock.now();
+        let g = self.shared.lock();
+        Status {
+            state: g.policy.state(),
+            pid: g.pid,
+            port: self.port,
+            restarts_in_window: g.policy.restarts_in_window(now),
+            total_restarts: g.policy.total_restarts(),
+            spawns: g.spawns,
+            last_cause: g.policy.last_cause(),
+            cpu_ticks: g.policy.last_cpu_ticks(),
+            cpu_progress_age: g
+                .policy
+                .last_cpu_increase_at()
+                .map(|t| now.saturating_sub(t)),
+            last_readiness: g.last_readiness.clone(),
+            readiness_age: g.last_readiness.as_ref().map(|r| now.saturating_sub(r.at)),
+            inflight: g.inflight.len(),
+        }
+    }
+
+    /// Starts from stopped or failed (clears the crash-loop window); otherwise nothing.
+    pub fn start(&self) {
+        let now = self.clock.now();
+        self.shared.lock().policy.start(now);
+        self.shared.wake.notify_all();
+    }
+
+    /// Stops: in-flight work is told `worker_stopped`, the group is killed by the driving
+    /// thread on its next tick. Never waits on a backoff.
+    pub fn stop(&self) {
+        let now = self.clock.now();
+        self.shared.lock().policy.stop(now);
+        self.shared.wake.notify_all();
+    }
+
+    /// Reports that a request saw no stream bytes for its stall timeout. The worker restarts
+    /// the server only if it, too, saw no progress (CPU time, stream bytes) for `stall_timeout`.
+    pub fn report_stall(&self) -> StallVerdict {
+        let now = self.clock.now();
+        let v = self.shared.lock().policy.report_stall(now);
+        self.shared.wake.notify_all();
+        v
+    }
+
+    /// Reports that stream bytes arrived (progress).
+    pub fn note_stream_bytes(&self) {
+        let now = self.clock.now();
+        self.shared.lock().policy.handle_stream_bytes(now);
+    }
+}
+
+/// One admitted request's registration. Dropping it deregisters the request.
+#[derive(Debug)]
+pub struct Work<C: Clock> {
+    id: u64,
+    rx: Receiver<FailReason>,
+    handle: WorkerHandle<C>,
+    failed: Option<FailReason>,
+}
+
+impl<C: Clock> Work<C> {
+    /// This registration's id (unique per worker).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Why the worker failed this request, if it did (restart, death, stop).
+    pub fn failure(&mut self) -> Option<FailReason> {
+        if self.failed.is_none() {
+            self.failed = self.rx.try_recv().ok();
+        }
+        self.failed
+    }
+
+    /// Like [`Work::failure`], waiting up to `timeout` for one.
+    pub fn wait_failure(&mut self, timeout: Duration) -> Option<FailReason> {
+        if self.failed.is_none() {
+            // Timeout and a dropped worker both mean: no failure reported.
+            self.failed = self.rx.recv_timeout(timeout).ok();
+        }
+        self.failed
+    }
+
+    /// Stream bytes arrived for this request.
+    pub fn note_stream_bytes(&self) {
+        self.handle.note_stream_bytes();
+    }
+
+    /// This request stalled; see [`WorkerHandle::report_stall`].
+    pub fn report_stall(&self) -> StallVerdict {
+        self.handle.report_stall()
+    }
+}
+
+impl<C: Clock> Drop for Work<C> {
+    fn drop(&mut self) {
+        self.handle.shared.lock().inflight.remove(&self.id);
+    }
+}
+
+/// Owns one server process and drives the policy.
+#[derive(Debug)]
+pub struct Worker<C: Clock> {
+    config: Config,
+    timings: Timings,
+    spec: CommandSpec,
+    port: u16,
+    clock: C,
+    shared: Arc<Shared>,
+    process: Option<ServerProcess>,
+    next_readiness_at: Duration,
+    next_cpu_at: Duration,
+    proc_root: PathBuf,
+    logged_state: State,
+}
+
+impl<C: Clock> Worker<C> {
+    /// A stopped worker for `config`, its server on `port`; call [`WorkerHandle::start`].
+    pub fn new(config: Config, port: u16, clock: C) -> Result<Self, ConfigError> {
+        config.validate()?;
+        let timings = config.timings()?;
+        let spec = config.command_spec(port);
+        Ok(Self {
+            shared: Arc::new(Shared {
+                inner: Mutex::new(Inner {
+                    policy: Policy::new(timings.policy),
+                    inflight: BTreeMap::new(),
+                    next_work_id: 1,
+                    pid: None,
+                    spawns: 0,
+                    last_readiness: None,
+                }),
+                wake: Condvar::new(),
+            }),
+            config,
+            timings,
+            spec,
+            port,
+            clock,
+            process: None,
+            next_readiness_at: Duration::ZERO,
+            next_cpu_at: Duration::ZERO,
+            proc_root: PathBuf::from("/proc"),
+            logged_state: State::Stopped,
+        })
+    }
+
+    /// A handle for other threads.
+    pub fn handle(&self) -> WorkerHandle<C> {
+        WorkerHandle {
+            shared: self.shared.clone(),
+            clock: self.clock.clone(),
+            port: self.port,
+        }
+    }
+
+    /// The server's process group id while one runs.
+    pub fn pgid(&self) -> Option<i32> {
+        self.process.as_ref().map(ServerProcess::pgid)
+    }
+
+    /// One step: notice an exit, run due deadlines, probes and actions. Returns the clock time
+    /// by which it wants the next tick.
+    pub fn tick(&mut self) -> Duration {
+        let now = self.clock.now();
+        if let Some(p) = &mut self.process {
+            if let Ok(Some(status)) = p.try_exited() {
+                eprintln!("llama-worker: server pid {} exited: {status}", p.pid());
+                // Its children may outlive it in the group: clean them up too.
+                self.kill();
+                let mut g = self.shared.lock();
+                g.pid = None;
+                g.policy.handle_exit(now);
+            }
+        }
+        self.shared.lock().policy.handle_timeout(now);
+        self.run_actions();
+        self.probe_if_due();
+        self.run_actions();
+        self.log_state();
+        let g = self.shared.lock();
+        let mut next = self.clock.now() + MAX_IDLE;
+        if let Some(t) = g.policy.poll_timeout() {
+            next = next.min(t);
+        }
+        if self.process.is_some() {
+            next = next.min(self.next_readiness_at).min(self.next_cpu_at);
+        }
+        next
+    }
+
+    /// Ticks until `done(state)` says so after a tick, sleeping in between (woken early by
+    /// handle calls). Uses real time for the sleeps, so it is for a [`crate::SystemClock`].
+    pub fn run_until(&mut self, mut done: impl FnMut(State) -> bool) {
+        loop {
+            let next = self.tick();
+            let state = self.shared.lock().policy.state();
+            // Called without the lock: `done` may use a handle (e.g. to stop).
+            if done(state) {
+                return;
+            }
+            let wait = next.saturating_sub(self.clock.now()).min(MAX_IDLE);
+            if !wait.is_zero() {
+                let g = self.shared.lock();
+                let _ = self.shared.wake.wait_timeout(g, wait);
+            }
+        }
+    }
+
+    /// Stops and kills the server now (used on the way out).
+    pub fn shutdown(&mut self) {
+        self.handle().stop();
+        self.tick();
+    }
+
+    fn run_actions(&mut self) {
+        loop {
+            let action = self.shared.lock().policy.poll_action();
+            match action {
+                None => return,
+                Some(Action::NotifyInflight(reason)) => {
+                    let mut g = self.shared.lock();
+                    for tx in core::mem::take(&mut g.inflight).into_values() {
+                        let _ = tx.send(reason);
+                    }
+                }
+                Some(Action::KillGroup) => {
+                    self.kill();
+                    let now = self.clock.now();
+                    self.shared.lock().policy.handle_killed(now);
+                }
+                Some(Action::Spawn) => {
+                    self.kill(); // never two servers
+                    let now = self.clock.now();
+                    match ServerProcess::spawn(&self.spec) {
+                        Ok(p) => {
+                            eprintln!(
+                                "llama-worker: spawned {} as pid {} (port {})",
+                                self.spec.program,
+                                p.pid(),
+                                self.port
+                            );
+                            let mut g = self.shared.lock();
+                            g.pid = Some(p.pid());
+                            g.spawns += 1;
+                            g.policy.handle_spawned(now);
+                            self.process = Some(p);
+                            self.next_readiness_at = now;
+                            self.next_cpu_at = now;
+                        }
+                        Err(e) => {
+                            eprintln!("llama-worker: cannot spawn {}: {e}", self.spec.program);
+                            self.shared.lock().policy.handle_spawn_failed(now);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn kill(&mut self) {
+        if let Some(p) = self.process.take() {
+            let pid = p.pid();
+            let r = p.kill_group(self.timings.stop_grace);
+            eprintln!(
+                "llama-worker: killed group {pid}{} (survivors: {})",
+                if r.escalated { " with SIGKILL" } else { "" },
+                r.survivors
+            );
+            self.shared.lock().pid = None;
+        }
+    }
+
+    fn probe_if_due(&mut self) {
+        let Some(pgid) = self.pgid() else { return };
+        let now = self.clock.now();
+        if now >= self.next_cpu_at {
+            let ticks = cpu::group_cpu_ticks(&self.proc_root, pgid);
+            self.shared.lock().policy.handle_cpu_sample(now, ticks);
+            self.next_cpu_at = now + self.timings.cpu_probe_interval;
+        }
+        let state = self.shared.lock().policy.state();
+        if now < self.next_readiness_at
+            || !matches!(state, State::Starting | State::Restarting | State::Ready)
+        {
+            return;
+        }
+        let (path, outcome) = self.probe_readiness();
+        let now = self.clock.now();
+        let mut g = self.shared.lock();
+        let answer = if outcome == ProbeOutcome::Status(200) {
+            Readiness::Ok
+        } else {
+            Readiness::Failed
+        };
+        g.policy.handle_readiness(now, answer);
+        g.last_readiness = Some(ReadinessRecord {
+            at: now,
+            path,
+            outcome,
+        });
+        let interval = if g.policy.state() == State::Ready {
+            self.timings.probe_interval
+        } else {
+            self.timings.startup_probe_interval
+        };
+        self.next_readiness_at = now + interval;
+    }
+
+    /// Every readiness path in turn; the first that is not 200, or the last answer.
+    fn probe_readiness(&self) -> (String, ProbeOutcome) {
+        let mut last = (String::new(), ProbeOutcome::Error(ProbeError::Closed));
+        for path in &self.config.readiness_paths {
+            let outcome = match probe::http_get_status(
+                &self.config.host,
+                self.port,
+                path,
+                self.timings.probe_timeout,
+            ) {
+                Ok(code) => ProbeOutcome::Status(code),
+                Err(e) => ProbeOutcome::Error(e),
+            };
+            last = (path.clone(), outcome);
+            if outcome != ProbeOutcome::Status(200) {
+                break;
+            }
+        }
+        last
+    }
+
+    fn log_state(&mut self) {
+        let g = self.shared.lock();
+        let state = g.policy.state();
+        if state != self.logged_state {
+            let cause = g.policy.last_cause().map_or("", |c| c.as_str());
+            eprintln!(
+                "llama-worker: {} -> {} {}",
+                self.logged_state.as_str(),
+                state.as_str(),
+                if matches!(state, State::Restarting | State::Failed) {
+                    cause
+                } else {
+                    ""
+                }
+            );
+            self.logged_state = state;
+        }
+    }
+}
+
+impl<C: Clock> Drop for Worker<C> {
+    /// Never leave a server behind, whatever happened to the worker.
+    fn drop(&mut self) {
+        self.kill();
+    }
+}

@@ -1,0 +1,270 @@
+//! The process side: the whole group dies on stop and on restart, stalls and deaths reach
+//! registered work, and a crash loop ends in failed with the backoff seen on a fake clock.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{config, dead, live, state, tick_until, wait_members, Endpoint, Mode};
+use llama_worker::{
+    Clock, FailReason, FakeClock, Refusal, RestartCause, StallVerdict, State, SystemClock, Worker,
+};
+
+const T: Duration = Duration::from_secs(10);
+
+/// A leader that forks two children, one of which ignores SIGTERM (so SIGKILL is needed).
+const FAMILY: &str = "sleep 300 & (trap '' TERM; sleep 301) & wait";
+
+#[test]
+fn stop_kills_the_whole_group_even_a_child_ignoring_sigterm() {
+    let ep = Endpoint::start(Mode::Ok);
+    let mut w = Worker::new(config(FAMILY), ep.port, SystemClock::new()).unwrap();
+    let h = w.handle();
+    h.start();
+    assert!(tick_until(&mut w, T, |w| state(w) == State::Ready));
+    let pgid = w.pgid().unwrap();
+    let members = wait_members(pgid, 4); // sh, sleep, subshell sh, sleep
+    assert!(members.len() >= 3, "{members:?}");
+    assert_eq!(h.status().pid, Some(pgid as u32));
+    h.stop();
+    w.tick();
+    assert_eq!(state(&w), State::Stopped);
+    assert_eq!(live(pgid), Vec::<i32>::new());
+    for pid in members {
+        assert!(dead(pid), "pid {pid} survived the stop");
+    }
+    assert_eq!(h.status().pid, None);
+    assert_eq!(h.admit().err(), Some(Refusal::Stopped));
+}
+
+#[test]
+fn reported_stall_restarts_tells_work_why_and_leaves_no_process() {
+    let ep = Endpoint::start(Mode::Ok);
+    let clock = FakeClock::new();
+    let mut cfg = config(FAMILY);
+    cfg.restart_backoff_s = 0.0;
+    let mut w = Worker::new(cfg, ep.port, clock.clone()).unwrap();
+    let h = w.handle();
+    h.start();
+    assert!(tick_until(&mut w, T, |w| state(w) == State::Ready));
+    let old = w.pgid().unwrap();
+    let old_members = wait_members(old, 4);
+    let mut work = h.admit().unwrap();
+    let mut other = h.admit().unwrap();
+    assert_eq!(h.status().inflight, 2);
+    // Progress 0.5 s ago (the spawn): not stalled yet.
+    clock.advance(Duration::from_millis(500));
+    assert_eq!(
+        work.report_stall(),
+        StallVerdict::NotStalled {
+            since_progress: Duration::from_millis(500)
+        }
+    );
+    // Stream bytes count as progress.
+    clock.advance(Duration::from_millis(600));
+    work.note_stream_bytes();
+    clock.advance(Duration::from_millis(999));
+    assert!(matches!(
+        work.report_stall(),
+        StallVerdict::NotStalled { .. }
+    ));
+    clock.advance(Duration::from_millis(1));
+    assert_eq!(work.report_stall(), StallVerdict::Restarting);
+    // Admission answers at once, before the driving thread has even run.
+    assert_eq!(h.admit().err(), Some(Refusal::NotReady));
+    w.tick();
+    assert_eq!(work.failure(), Some(FailReason::WorkerRestarted));
+    assert_eq!(other.failure(), Some(FailReason::WorkerRestarted));
+    assert_eq!(live(old), Vec::<i32>::new());
+    for pid in old_members {
+        assert!(dead(pid), "pid {pid} survived the restart");
+    }
+    assert!(tick_until(&mut w, T, |w| state(w) == State::Ready));
+    let new = w.pgid().unwrap();
+    assert_ne!(new, old);
+    let s = h.status();
+    assert_eq!(
+        (s.total_restarts, s.spawns, s.last_cause, s.inflight),
+        (1, 2, Some(RestartCause::Stall), 0),
+        "failed work leaves the in-flight registry"
+    );
+    drop((work, other));
+    let _again = h.admit().unwrap();
+    assert_eq!(h.status().inflight, 1);
+    h.stop();
+    w.tick();
+    assert_eq!(live(new), Vec::<i32>::new());
+}
+
+#[test]
+fn server_death_is_server_died_and_comes_back() {
+    let ep = Endpoint::start(Mode::Ok);
+    let clock = FakeClock::new();
+    let mut w = Worker::new(config(FAMILY), ep.port, clock.clone()).unwrap();
+    let h = w.handle();
+    h.start();
+    assert!(tick_until(&mut w, T, |w| state(w) == State::Ready));
+    let old = w.pgid().unwrap();
+    let mut work = h.admit().unwrap();
+    // Someone SIGKILLs the leader only; its children stay in the group.
+    kill_leader(old);
+    assert!(tick_until(&mut w, T, |w| state(w) == State::Restarting));
+    assert_eq!(work.failure(), Some(FailReason::ServerDied));
+    assert_eq!(h.status().last_cause, Some(RestartCause::Exited));
+    // The orphans are cleaned up with the group.
+    assert_eq!(live(old), Vec::<i32>::new());
+    // The backoff holds the spawn until the fake clock passes it.
+    w.tick();
+    assert_eq!(h.status().spawns, 1);
+    clock.advance(Duration::from_secs(2));
+    assert!(tick_until(&mut w, T, |w| state(w) == State::Ready));
+    assert_eq!(h.status().spawns, 2);
+    h.stop();
+    w.tick();
+}
+
+/// SIGKILL to one pid through the `kill` command (the library only signals groups).
+fn kill_leader(pid: i32) {
+    let ok = std::process::Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok);
+}
+
+/// Ticks without moving the fake clock until the state leaves `from` (real time passes so
+/// the child can exit); returns the new state.
+fn settle(w: &mut Worker<FakeClock>, from: State) -> State {
+    assert!(tick_until(w, T, |w| state(w) != from));
+    state(w)
+}
+
+#[test]
+fn crash_loop_ends_failed_after_max_restarts_with_backoff_on_the_fake_clock() {
+    // A crashing server never answers readiness.
+    let ep = Endpoint::start(Mode::Unavailable);
+    let clock = FakeClock::new();
+    let mut w = Worker::new(config("exit 7"), ep.port, clock.clone()).unwrap();
+    let h = w.handle();
+    h.start();
+    let mut spawn_times = vec![clock.now()];
+    let mut st = settle(&mut w, State::Starting);
+    while st == State::Restarting {
+        assert_eq!(h.admit().err(), Some(Refusal::NotReady));
+        let spawns = h.status().spawns;
+        // Real time passes, fake time does not: no spawn during the backoff.
+        std::thread::sleep(Duration::from_millis(100));
+        clock.advance(Duration::from_millis(1999));
+        w.tick();
+        assert_eq!(h.status().spawns, spawns, "spawned inside the backoff");
+        clock.advance(Duration::from_millis(1));
+        w.tick();
+        assert_eq!(h.status().spawns, spawns + 1);
+        spawn_times.push(clock.now());
+        // Wait for this spawn's exit to be seen.
+        assert!(tick_until(&mut w, T, |w| w.pgid().is_none()));
+        st = state(&w);
+    }
+    assert_eq!(st, State::Failed);
+    let secs: Vec<u64> = spawn_times.iter().map(|d| d.as_secs()).collect();
+    assert_eq!(secs, [0, 2, 4, 6]);
+    assert_eq!(h.admit().err(), Some(Refusal::Failed));
+    let s = h.status();
+    assert_eq!(
+        (s.restarts_in_window, s.last_cause),
+        (3, Some(RestartCause::Exited))
+    );
+    // Failed stays failed as time passes...
+    clock.advance(Duration::from_secs(3600));
+    w.tick();
+    assert_eq!(state(&w), State::Failed);
+    assert_eq!(h.status().spawns, 4);
+    // ...until started again.
+    h.start();
+    w.tick();
+    assert_eq!(h.status().spawns, 5);
+    assert_eq!(h.status().restarts_in_window, 0);
+}
+
+#[test]
+fn readiness_that_keeps_failing_ends_failed_and_leaves_no_process() {
+    let ep = Endpoint::start(Mode::Unavailable);
+    let clock = FakeClock::new();
+    let mut w = Worker::new(config("sleep 300 & wait"), ep.port, clock.clone()).unwrap();
+    let h = w.handle();
+    h.start();
+    let mut groups = Vec::new();
+    for round in 0..4 {
+        assert!(
+            tick_until(&mut w, T, |w| w.pgid().is_some()),
+            "round {round}"
+        );
+        let pgid = w.pgid().unwrap();
+        wait_members(pgid, 2);
+        groups.push(pgid);
+        w.tick();
+        let r = h.status().last_readiness.unwrap();
+        assert_eq!(
+            r.outcome,
+            llama_worker::worker::ProbeOutcome::Status(503),
+            "{r:?}"
+        );
+        assert_eq!(r.path, "/health");
+        // The startup deadline (5 s) passes: killed, then the backoff (2 s).
+        clock.advance(Duration::from_secs(5));
+        w.tick();
+        assert_eq!(live(pgid), Vec::<i32>::new());
+        assert_eq!(w.pgid(), None);
+        clock.advance(Duration::from_secs(2));
+    }
+    assert_eq!(state(&w), State::Failed);
+    assert_eq!(h.status().last_cause, Some(RestartCause::StartupTimeout));
+    assert_eq!(groups.len(), 4);
+}
+
+/// While ready the endpoint stops answering in time. `script` is the child; `expect_restart`
+/// says whether the worker must restart within the watch.
+fn unready_case(script: &str, mode: Mode, expect_restart: bool) {
+    let ep = Endpoint::start(Mode::Ok);
+    let mut w = Worker::new(config(script), ep.port, SystemClock::new()).unwrap();
+    let h = w.handle();
+    h.start();
+    assert!(tick_until(&mut w, T, |w| state(w) == State::Ready));
+    ep.set(mode);
+    // unready_restart_s is 1.5 s: watch for 4 s.
+    let restarted = tick_until(&mut w, Duration::from_secs(4), |w| state(w) != State::Ready);
+    let s = h.status();
+    assert_eq!(restarted, expect_restart, "{}", s.to_json());
+    if expect_restart {
+        assert_eq!(s.last_cause, Some(RestartCause::Unready));
+    } else {
+        assert_eq!(s.total_restarts, 0);
+        assert!(!s
+            .last_readiness
+            .unwrap()
+            .outcome
+            .eq(&llama_worker::worker::ProbeOutcome::Status(200)));
+    }
+    let pgid = w.pgid();
+    h.stop();
+    w.tick();
+    if let Some(p) = pgid {
+        assert_eq!(live(p), Vec::<i32>::new());
+    }
+}
+
+#[test]
+fn silent_readiness_with_flat_cpu_restarts() {
+    unready_case("sleep 300", Mode::Silent, true);
+}
+
+#[test]
+fn slow_readiness_with_flat_cpu_restarts() {
+    unready_case("sleep 300", Mode::Slow, true);
+}
+
+#[test]
+fn silent_readiness_while_cpu_rises_does_not_restart() {
+    unready_case("while :; do :; done", Mode::Silent, false);
+}
