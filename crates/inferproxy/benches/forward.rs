@@ -197,6 +197,23 @@ impl Drop for Forwarder {
     }
 }
 
+/// CPU time of the forwarder in clock ticks: its threads plus its reaped children (socat's
+/// per-connection processes). Unlike wall time, this barely moves with load from other builds.
+fn cpu_ticks(f: &Forwarder) -> u64 {
+    let Some(child) = &f.child else { return 0 };
+    let stat = fs::read_to_string(format!("/proc/{}/stat", child.id())).unwrap();
+    // Fields after the parenthesised command name; utime, stime, cutime, cstime are 14 to 17.
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    rest.split_whitespace()
+        .skip(11)
+        .take(4)
+        .map(|v| v.parse::<u64>().unwrap())
+        .sum()
+}
+
+/// Clock ticks per second on Linux (`getconf CLK_TCK`).
+const TICKS_PER_SECOND: f64 = 100.0;
+
 fn field_kib(text: &str, key: &str) -> Option<u64> {
     let line = text.lines().find(|l| l.starts_with(key))?;
     line[key.len()..].split_whitespace().next()?.parse().ok()
@@ -307,10 +324,16 @@ fn main() {
     for times in &mut rtts {
         times.sort_by(f64::total_cmp);
     }
+    let mut cpu = vec![Vec::new(); peers.len()];
     for _ in 0..BULK_RUNS {
         for (i, &peer) in peers.iter().enumerate() {
             let f = Forwarder::start(peer, &dir, &up);
+            let before = cpu_ticks(&f);
             rates[i].push(bulk(&f, mib << 20));
+            // Lets socat's child exit and be reaped, so that its time is counted.
+            thread::sleep(Duration::from_millis(300));
+            let ticks = cpu_ticks(&f) - before;
+            cpu[i].push(ticks as f64 / TICKS_PER_SECOND / (mib as f64 / 1024.0));
         }
     }
     let _ = fs::remove_dir_all(&dir);
@@ -354,6 +377,16 @@ fn main() {
             .iter()
             .zip(&rates)
             .map(|(p, r)| format!("{} {:.0?}", p.name(), r))
+            .collect::<Vec<_>>()
+            .join("; ")
+    );
+    println!(
+        "forwarder CPU seconds per GiB (median): {}",
+        peers
+            .iter()
+            .zip(&cpu)
+            .skip(1)
+            .map(|(p, c)| format!("{} {:.2}", p.name(), median(c.clone())))
             .collect::<Vec<_>>()
             .join("; ")
     );
