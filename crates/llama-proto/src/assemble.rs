@@ -132,7 +132,7 @@ impl fmt::Display for AssembleError {
 impl core::error::Error for AssembleError {}
 
 /// Bytes of a short string kept inline.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy)]
 struct Short<const N: usize> {
     buf: [u8; N],
     len: usize,
@@ -152,6 +152,21 @@ impl<const N: usize> Short<N> {
     fn set(&mut self, s: &str) {
         self.buf[..s.len()].copy_from_slice(s.as_bytes());
         self.len = s.len();
+    }
+}
+
+// Equality and Debug look at the stored string only, never at stale bytes past it.
+impl<const N: usize> PartialEq for Short<N> {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_str() == other.as_str()
+    }
+}
+
+impl<const N: usize> Eq for Short<N> {}
+
+impl<const N: usize> fmt::Debug for Short<N> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self.as_str(), f)
     }
 }
 
@@ -468,8 +483,8 @@ pub struct Message<'a> {
     pub reasoning_tokens: u64,
 }
 
-/// The tool calls of a [`Message`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The tool calls of a [`Message`]. Equality compares the calls, not the buffers.
+#[derive(Clone, Copy)]
 pub struct ToolCalls<'a> {
     metas: &'a [CallMeta],
     args: &'a [u8],
@@ -515,5 +530,19 @@ impl<'a> ToolCalls<'a> {
     pub fn iter(&self) -> impl Iterator<Item = ToolCallRef<'a>> + 'a {
         let this = *self;
         (0..this.len()).filter_map(move |i| this.get(i))
+    }
+}
+
+impl PartialEq for ToolCalls<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        self.iter().eq(other.iter())
+    }
+}
+
+impl Eq for ToolCalls<'_> {}
+
+impl fmt::Debug for ToolCalls<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
     }
 }

@@ -401,3 +401,28 @@ fn into_owned_completion() {
         }
     );
 }
+
+#[test]
+fn messages_compare_by_content_not_by_stale_buffer_bytes() {
+    let mut b1 = bufs();
+    let mut b2 = Bufs {
+        content: [0xff; C],
+        reasoning: [0xff; R],
+        args: [[0xff; A]; T],
+    };
+    let mut a1 = asm(&mut b1);
+    let mut a2 = asm(&mut b2);
+    for a in [&mut a1, &mut a2] {
+        push(a, &call(0, Some("i"), Some("n"), Some("{}"))).unwrap();
+        push(
+            a,
+            r#"{"id":"c1","choices":[{"finish_reason":"tool_calls","delta":{}}]}"#,
+        )
+        .unwrap();
+    }
+    assert_eq!(a1.finish().unwrap(), a2.finish().unwrap());
+    assert_eq!(
+        format!("{:?}", a1.finish().unwrap().tool_calls),
+        r#"[ToolCallRef { id: "i", name: "n", arguments: "{}" }]"#
+    );
+}
