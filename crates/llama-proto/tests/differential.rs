@@ -85,6 +85,9 @@ struct RefError<'a> {
     kind: Option<Cow<'a, str>>,
 }
 
+/// One tool-call delta: index, id, name, arguments.
+type Call = (u32, Option<String>, Option<String>, Option<String>);
+
 /// The fields both decoders agree on, owned, in one comparable shape.
 #[derive(Debug, PartialEq)]
 enum Fields {
@@ -93,7 +96,7 @@ enum Fields {
         id: Option<String>,
         content: Option<String>,
         reasoning: Option<String>,
-        calls: Vec<(u32, Option<String>, Option<String>, Option<String>)>,
+        calls: Vec<Call>,
         finish: Option<FinishReason>,
         timings: Option<(u64, u64, u64)>,
         progress: Option<(u64, u64, u64, u64)>,
