@@ -78,6 +78,7 @@ impl<const T: usize> ChunkedDecoder<T> {
     /// `Chunk::NeedMore` is returned only when all of `input` was used. After `End`, nothing more
     /// is used (`(0, End)`): bytes after the body are not part of it. After an error, the same
     /// error is returned again.
+    #[inline]
     pub fn decode<'i>(&mut self, input: &'i [u8]) -> Result<(usize, Chunk<'i>), HttpError> {
         match self.decode_inner(input) {
             Ok(r) => Ok(r),
@@ -88,6 +89,7 @@ impl<const T: usize> ChunkedDecoder<T> {
         }
     }
 
+    #[inline]
     fn decode_inner<'i>(&mut self, input: &'i [u8]) -> Result<(usize, Chunk<'i>), HttpError> {
         let mut pos = 0;
         loop {
@@ -110,12 +112,17 @@ impl<const T: usize> ChunkedDecoder<T> {
                         rest.len()
                     };
                     let left = left - take as u64;
-                    self.state = if left == 0 {
-                        State::DataCr
-                    } else {
+                    let mut used = take;
+                    self.state = if left > 0 {
                         State::Data(left)
+                    } else if rest.get(take..take + 2) == Some(b"\r\n") {
+                        // The CRLF after the data is usually here already: take it now.
+                        used += 2;
+                        State::SizeLine
+                    } else {
+                        State::DataCr
                     };
-                    return Ok((pos + take, Chunk::Data(&rest[..take])));
+                    return Ok((pos + used, Chunk::Data(&rest[..take])));
                 }
                 State::DataCr | State::DataLf => {
                     let Some(&b) = rest.first() else {
@@ -144,15 +151,39 @@ impl<const T: usize> ChunkedDecoder<T> {
     }
 
     /// Reads a chunk-size line; `None` when `rest` ended inside it (all of it is then used).
+    #[inline]
     fn size_line(&mut self, rest: &[u8]) -> Result<Option<usize>, HttpError> {
+        let fast = match self.line_len {
+            0 => fast_size_line(rest),
+            _ => None,
+        };
+        let found = match fast {
+            Some(found) => found,
+            None => match self.full_size_line(rest)? {
+                Some(found) => found,
+                None => return Ok(None),
+            },
+        };
+        let (used, size) = found;
+        self.state = if size == 0 {
+            State::Trailer(TrailerPhase::LineStart)
+        } else {
+            State::Data(size)
+        };
+        Ok(Some(used))
+    }
+
+    /// Any valid chunk-size line, through httparse; `(bytes used, size)`, or `None` when `rest`
+    /// ended inside the line (then it was gathered in `self.line`).
+    fn full_size_line(&mut self, rest: &[u8]) -> Result<Option<(usize, u64)>, HttpError> {
         let lf = rest.iter().position(|&b| b == b'\n');
-        let size = match lf {
-            // The common case: the whole line is in this input, parse it where it lies.
+        match lf {
+            // The whole line is in this input: parse it where it lies.
             Some(i) if self.line_len == 0 => {
                 if i + 1 > CHUNK_LINE_CAP {
                     return Err(HttpError::ChunkLineTooLong);
                 }
-                parse_size_line(&rest[..=i])?
+                Ok(Some((i + 1, parse_size_line(&rest[..=i])?)))
             }
             _ => {
                 let end = lf.map_or(rest.len(), |i| i + 1);
@@ -166,15 +197,9 @@ impl<const T: usize> ChunkedDecoder<T> {
                 }
                 let size = parse_size_line(&self.line[..self.line_len])?;
                 self.line_len = 0;
-                size
+                Ok(Some((end, size)))
             }
-        };
-        self.state = if size == 0 {
-            State::Trailer(TrailerPhase::LineStart)
-        } else {
-            State::Data(size)
-        };
-        Ok(Some(lf.map_or(rest.len(), |i| i + 1)))
+        }
     }
 
     /// Checks and discards trailer bytes; returns the bytes used and the phase to resume in,
@@ -206,6 +231,26 @@ impl<const T: usize> ChunkedDecoder<T> {
         }
         Ok((rest.len(), Some(phase)))
     }
+}
+
+/// The common line, `1*15HEXDIG CRLF` with no extension, parsed without httparse (which would
+/// read it twice); `None` sends anything else, or a line not yet complete, to the full path.
+#[inline]
+fn fast_size_line(rest: &[u8]) -> Option<(usize, u64)> {
+    let mut size: u64 = 0;
+    let mut i = 0;
+    while i < MAX_CHUNK_SIZE_DIGITS {
+        let digit = match *rest.get(i)? {
+            b @ b'0'..=b'9' => b - b'0',
+            b @ b'a'..=b'f' => b - b'a' + 10,
+            b @ b'A'..=b'F' => b - b'A' + 10,
+            _ => break,
+        };
+        // At most 15 digits: 60 bits, no overflow.
+        size = size << 4 | u64::from(digit);
+        i += 1;
+    }
+    (i > 0 && rest.get(i..i + 2)? == b"\r\n").then_some((i + 2, size))
 }
 
 /// One whole chunk-size line, LF included: `1*15HEXDIG [ext] CRLF`.

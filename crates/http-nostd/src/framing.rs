@@ -33,7 +33,7 @@ impl Framing {
 pub(crate) fn decide<'a>(
     status: u16,
     minor_version: u8,
-    headers: impl Iterator<Item = (&'a str, &'a [u8])>,
+    headers: impl Iterator<Item = (&'a [u8], &'a [u8])>,
 ) -> Result<Framing, HttpError> {
     // Rule 1 comes first, whatever the headers say (a 304 may carry the length it would have had).
     if (100..200).contains(&status) || status == 204 || status == 304 {
@@ -42,7 +42,8 @@ pub(crate) fn decide<'a>(
     let mut length: Option<u64> = None;
     let mut te = TransferCodings::default();
     for (name, value) in headers {
-        if name.eq_ignore_ascii_case("content-length") {
+        // Length first: most names are neither, and this skips the case-folding compare.
+        if name.len() == 14 && name.eq_ignore_ascii_case(b"content-length") {
             for element in value.split(|&b| b == b',') {
                 let n = parse_decimal(trim_ows(element))?;
                 match length {
@@ -50,7 +51,7 @@ pub(crate) fn decide<'a>(
                     _ => length = Some(n),
                 }
             }
-        } else if name.eq_ignore_ascii_case("transfer-encoding") {
+        } else if name.len() == 17 && name.eq_ignore_ascii_case(b"transfer-encoding") {
             te.add(value)?;
         }
     }

@@ -144,8 +144,10 @@ impl HeadIndex {
             Version::Http10 => 0,
             Version::Http11 => 1,
         };
-        let view = Head { buf, index: self };
-        self.framing = framing::decide(self.status, minor, view.headers())?;
+        let headers = self.headers[..self.count]
+            .iter()
+            .map(|h| (h.name.get(buf), h.value.get(buf)));
+        self.framing = framing::decide(self.status, minor, headers)?;
         Ok(self.framing)
     }
 }

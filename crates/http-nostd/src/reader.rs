@@ -101,6 +101,7 @@ impl<S: BorrowMut<[u8; H]>, const H: usize> ResponseReader<S, H> {
     /// Call it again with the rest of the input until it returns [`Event::NeedMore`] (then all
     /// input was consumed) or [`Event::End`]. Body slices borrow `input`. An error is final: every
     /// later call returns it again.
+    #[inline]
     pub fn feed<'i>(&mut self, input: &'i [u8]) -> Result<(usize, Event<'i>), HttpError> {
         match self.feed_inner(input) {
             Ok(r) => Ok(r),
@@ -172,6 +173,7 @@ impl<S: BorrowMut<[u8; H]>, const H: usize> ResponseReader<S, H> {
         e
     }
 
+    #[inline]
     fn feed_inner<'i>(&mut self, input: &'i [u8]) -> Result<(usize, Event<'i>), HttpError> {
         match self.state {
             State::Failed(e) => Err(e),
