@@ -15,10 +15,20 @@ use sse_nostd::{Event, Parser, LOOPD_CAP};
 const TRANSCRIPT_BYTES: usize = 100 * 1000 * 1000;
 const BIG_LINE: usize = 8 << 20;
 
-/// A synthetic llama-server stream: `chat.completion.chunk` events of about 230 bytes, the
-/// shape llama-server sends, with varying content so line lengths differ.
+/// A synthetic llama-server stream: `chat.completion.chunk` events of about 230 bytes (the
+/// shape llama-server sends, with a full-length `chatcmpl-` id), with varying content so line
+/// lengths differ.
 fn transcript() -> &'static [u8] {
-    const WORDS: [&str; 8] = [" the", " word", " token", " and", ",", " streaming", " of", " a"];
+    const WORDS: [&str; 8] = [
+        " the",
+        " word",
+        " token",
+        " and",
+        ",",
+        " streaming",
+        " of",
+        " a",
+    ];
     let mut out = Vec::with_capacity(TRANSCRIPT_BYTES + 512);
     let mut i = 0usize;
     while out.len() < TRANSCRIPT_BYTES {
@@ -26,7 +36,7 @@ fn transcript() -> &'static [u8] {
         out.extend_from_slice(
             format!(
                 "data: {{\"choices\":[{{\"finish_reason\":null,\"index\":0,\"delta\":{{\"content\":\"{word}\"}}}}],\
-                 \"created\":{},\"id\":\"chatcmpl-abc\",\"model\":\"smollm2\",\"system_fingerprint\":\"b1-abc\",\
+                 \"created\":{},\"id\":\"chatcmpl-4Xq7bT9kLm2Vz8RcN1wYp6Hs3JdFa0Ge\",\"model\":\"smollm2\",\"system_fingerprint\":\"b7123-6e41fa0b\",\
                  \"object\":\"chat.completion.chunk\"}}\n\n",
                 1764430000 + i / 50
             )
@@ -106,6 +116,18 @@ fn transcript_bench(c: &mut Criterion) {
     });
     for read in [128usize, 1460] {
         let pieces: Vec<&[u8]> = input.chunks(read).collect();
+        // Not a goal, for context: the same count paying one call per read, as any parser must.
+        group.bench_with_input(
+            BenchmarkId::new("memchr_newline_count_per_read", read),
+            &pieces,
+            |b, p| {
+                b.iter(|| {
+                    p.iter()
+                        .map(|r| memchr::memchr_iter(b'\n', black_box(r)).count())
+                        .sum::<usize>()
+                })
+            },
+        );
         // `from_static`: the peers get their chunks without a copy or an allocation, as we do.
         let shared: Vec<Bytes> = pieces.iter().map(|p| Bytes::from_static(p)).collect();
         assert_eq!(ours(&mut parser, &pieces).0, events);
@@ -117,9 +139,11 @@ fn transcript_bench(c: &mut Criterion) {
         group.bench_with_input(BenchmarkId::new("sseer", read), &shared, |b, p| {
             b.iter(|| sseer(p))
         });
-        group.bench_with_input(BenchmarkId::new("eventsource-stream", read), &shared, |b, p| {
-            b.iter(|| eventsource_stream(p))
-        });
+        group.bench_with_input(
+            BenchmarkId::new("eventsource-stream", read),
+            &shared,
+            |b, p| b.iter(|| eventsource_stream(p)),
+        );
     }
     group.finish();
 }
@@ -142,10 +166,13 @@ fn big_line_bench(c: &mut Criterion) {
     let whole_then_dispatch = [&line[..line.len() - 1], &line[line.len() - 1..]];
     let pieces: Vec<&[u8]> = line.chunks(line.len().div_ceil(1024)).collect();
     assert_eq!(pieces.len(), 1024);
+    // Eight times as many pieces: a rescan per piece would show as growth here.
+    let more_pieces: Vec<&[u8]> = line.chunks(line.len().div_ceil(8192)).collect();
     for (name, input) in [
         ("whole", &whole[..]),
         ("whole_then_dispatch", &whole_then_dispatch[..]),
         ("1024_pieces", &pieces[..]),
+        ("8192_pieces", &more_pieces[..]),
     ] {
         assert_eq!(ours(&mut parser, input), (1, BIG_LINE - 6));
         group.bench_function(name, |b| b.iter(|| ours(&mut parser, input)));

@@ -97,6 +97,16 @@ pub(crate) enum Span {
     Buffer(usize, usize),
 }
 
+/// The fields the parser acts on.
+#[derive(Debug, Clone, Copy)]
+enum Field {
+    Data,
+    Event,
+    Id,
+    Retry,
+    Other,
+}
+
 /// An event found by [`Parser::advance`], described without borrowing anything, so that the
 /// pull adapter can loop without holding a borrow.
 #[derive(Debug, Clone, Copy)]
@@ -208,6 +218,7 @@ impl<S: BorrowMut<[u8; N]>, const N: usize> Parser<S, N> {
 
     /// Checks that a line of `line_len` bytes fits, by counting logical bytes only, so the
     /// answer never depends on where earlier bytes happen to sit.
+    #[inline]
     fn check_line(&self, line_len: usize) -> Result<(), SseError> {
         if line_len > N {
             return Err(SseError::LineTooLong);
@@ -233,6 +244,7 @@ impl<S: BorrowMut<[u8; N]>, const N: usize> Parser<S, N> {
     /// A line that outgrows the room next to the event but not `N` is only counted from then
     /// on: whether it ends as `EventTooLarge` or grows into `LineTooLong` must not depend on
     /// where the reads were cut.
+    #[inline]
     fn append_line(&mut self, bytes: &[u8]) -> Result<(), SseError> {
         let new_len = self.line_len + bytes.len();
         if new_len > N {
@@ -258,6 +270,7 @@ impl<S: BorrowMut<[u8; N]>, const N: usize> Parser<S, N> {
     }
 
     /// The parse itself; see [`feed`](Self::feed). The result borrows nothing.
+    #[inline]
     pub(crate) fn advance(&mut self, input: &[u8]) -> Result<(usize, Option<Ready>), SseError> {
         if let Some(e) = self.failed {
             return Err(e);
@@ -290,6 +303,14 @@ impl<S: BorrowMut<[u8; N]>, const N: usize> Parser<S, N> {
         let mut lazy: Option<(usize, usize)> = None;
         loop {
             let rest = &input[pos..];
+            // The empty line after each event: no search needed.
+            if self.line_len == 0 && rest.first() == Some(&b'\n') {
+                pos += 1;
+                if let Some(ready) = self.dispatch(&mut lazy) {
+                    return Ok((pos, Some(ready)));
+                }
+                continue;
+            }
             let Some(i) = memchr2(b'\n', b'\r', rest) else {
                 self.flush(input, &mut lazy);
                 self.append_line(rest)?;
@@ -327,6 +348,7 @@ impl<S: BorrowMut<[u8; N]>, const N: usize> Parser<S, N> {
     }
 
     /// Copies data still only in `input` into the buffer, before `input` goes away.
+    #[inline]
     fn flush(&mut self, input: &[u8], lazy: &mut Option<(usize, usize)>) {
         if let Some((s, e)) = lazy.take() {
             // Fits: `check_line` counted these bytes when their line arrived, and the data is
@@ -360,41 +382,41 @@ impl<S: BorrowMut<[u8; N]>, const N: usize> Parser<S, N> {
         if start == end {
             return self.dispatch(lazy);
         }
-        let bytes = self.bytes(input, line);
-        if bytes[0] == b':' {
-            return Some(Ready::Comment(at(start + 1, end)));
-        }
-        // `data:` is nearly every line in practice: skip the colon search for it.
-        let colon = if bytes.starts_with(b"data:") {
-            Some(4)
-        } else {
-            memchr(b':', bytes)
-        };
-        let (name_end, mut value_start) = match colon {
-            Some(c) => (start + c, start + c + 1),
-            None => (end, end),
-        };
-        if value_start < end && self.bytes(input, at(value_start, value_start + 1)) == b" " {
-            value_start += 1;
-        }
-        let value = at(value_start, end);
-        match self.bytes(input, at(start, name_end)) {
-            b"data" => {
-                self.open = true;
-                self.push_data(input, value, lazy);
+        let (field, value_start) = {
+            let bytes = self.bytes(input, line);
+            if bytes[0] == b':' {
+                return Some(Ready::Comment(at(start + 1, end)));
             }
-            b"event" => {
-                self.open = true;
-                self.set_event(input, value);
+            let space_at = |i: usize| usize::from(bytes.get(i) == Some(&b' '));
+            // `data:` is nearly every line in practice: skip the colon search for it.
+            if bytes.starts_with(b"data:") {
+                (Field::Data, 5 + space_at(5))
+            } else {
+                let (name, value_start) = match memchr(b':', bytes) {
+                    Some(c) => (&bytes[..c], c + 1 + space_at(c + 1)),
+                    None => (bytes, bytes.len()),
+                };
+                let field = match name {
+                    b"data" => Field::Data,
+                    b"event" => Field::Event,
+                    b"id" => Field::Id,
+                    b"retry" => Field::Retry,
+                    _ => Field::Other,
+                };
+                (field, value_start)
             }
-            b"id" => {
-                self.open = true;
+        };
+        let value = at(start + value_start, end);
+        self.open = true;
+        match field {
+            Field::Data => self.push_data(input, value, lazy),
+            Field::Event => self.set_event(input, value),
+            Field::Id => {
                 if memchr(0, self.bytes(input, value)).is_none() {
                     self.set_id(input, value);
                 }
             }
-            b"retry" => {
-                self.open = true;
+            Field::Retry => {
                 let digits = self.bytes(input, value);
                 if !digits.is_empty() && digits.iter().all(u8::is_ascii_digit) {
                     let ms = digits.iter().fold(0u64, |ms, d| {
@@ -403,12 +425,13 @@ impl<S: BorrowMut<[u8; N]>, const N: usize> Parser<S, N> {
                     return Some(Ready::Retry(ms));
                 }
             }
-            _ => self.open = true,
+            Field::Other => {}
         }
         None
     }
 
     /// An empty line: dispatch the event if it has data, and start a new one either way.
+    #[inline]
     fn dispatch(&mut self, lazy: &mut Option<(usize, usize)>) -> Option<Ready> {
         self.open = false;
         let has_data = self.has_data;
@@ -430,6 +453,7 @@ impl<S: BorrowMut<[u8; N]>, const N: usize> Parser<S, N> {
         })
     }
 
+    #[inline]
     fn push_data(&mut self, input: &[u8], value: Span, lazy: &mut Option<(usize, usize)>) {
         match value {
             Span::Input(s, e) if !self.has_data => {
@@ -511,6 +535,7 @@ impl<S: BorrowMut<[u8; N]>, const N: usize> Parser<S, N> {
     }
 
     /// Turns a [`Ready`] from [`advance`](Self::advance) on `input` into the event it describes.
+    #[inline]
     pub(crate) fn event<'a>(&'a self, ready: Ready, input: &'a [u8]) -> Event<'a> {
         match ready {
             Ready::Message { event, data, id } => Event::Message(Message {
