@@ -337,8 +337,13 @@ fn write_reply(conn: &mut UnixStream, s: &Shared, r: &Reply) -> std::io::Result<
             conn.write_all(head.as_bytes())?;
         }
     }
+    // Pieces due at the same moment go out in one write, as a server's socket buffer would
+    // pass them on; each still is its own chunk.
+    let mut pending = Vec::new();
     for (i, (delay, piece)) in r.pieces.iter().enumerate() {
-        if i > 0 || r.framing == Framing::Raw {
+        if (i > 0 || r.framing == Framing::Raw) && !delay.is_zero() {
+            conn.write_all(&pending)?;
+            pending.clear();
             pause(s, *delay);
         }
         if s.stop.load(Ordering::SeqCst) {
@@ -348,13 +353,14 @@ fn write_reply(conn: &mut UnixStream, s: &Shared, r: &Reply) -> std::io::Result<
             if piece.is_empty() {
                 continue;
             }
-            conn.write_all(format!("{:x}\r\n", piece.len()).as_bytes())?;
-            conn.write_all(piece)?;
-            conn.write_all(b"\r\n")?;
+            pending.extend_from_slice(format!("{:x}\r\n", piece.len()).as_bytes());
+            pending.extend_from_slice(piece);
+            pending.extend_from_slice(b"\r\n");
         } else {
-            conn.write_all(piece)?;
+            pending.extend_from_slice(piece);
         }
     }
+    conn.write_all(&pending)?;
     if r.end == End::Clean && r.framing == Framing::Chunked {
         conn.write_all(b"0\r\n\r\n")?;
     }

@@ -1,0 +1,218 @@
+//! The whole client path, bytes on the socket to `Completion`: CPU time of the client thread
+//! per streamed event, for a 10,000-event transcript served by the fake server over a Unix
+//! socket (one chunk per event, as llama-server sends them).
+//!
+//! The peer, in the same run: the same HTTP layer (loopd's `Response`), then
+//! `eventsource-stream` for the events and `serde_json` into owned chunk structs, folding the
+//! deltas into strings. Only the client thread's CPU time is counted (the server thread is the
+//! same for both), via `CLOCK_THREAD_CPUTIME_ID`.
+//!
+//! cargo bench -p loopd --bench client -- --warm-up-time 1 --measurement-time 3
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::time::Duration;
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use futures::StreamExt;
+use serde::Deserialize;
+
+use loopd::config::Config;
+use loopd::llama::{ChatMessage, ChatRequest, Client};
+use support::{FakeServer, Reply};
+
+/// Events in the transcript.
+const EVENTS: usize = 10_000;
+
+/// CPU time of the calling thread.
+fn thread_cpu() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; the clock id is a constant Linux supports.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    assert_eq!(rc, 0);
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+/// A content chunk in the format llama-server streams (its fields and their order, from
+/// `fixtures/plain.sse`), with a growing `predicted_n`.
+fn content_event(i: usize) -> Vec<u8> {
+    format!(
+        "data: {{\"choices\":[{{\"finish_reason\":null,\"index\":0,\"delta\":{{\"content\":\" word{}\"}}}}],\"created\":1764400000,\"id\":\"chatcmpl-bench0123456789abcdef0123456789\",\"model\":\"smollm2\",\"system_fingerprint\":\"b1-abcdef0\",\"object\":\"chat.completion.chunk\",\"timings\":{{\"cache_n\":0,\"prompt_n\":14,\"prompt_ms\":21.5,\"prompt_per_token_ms\":1.53,\"prompt_per_second\":651.2,\"predicted_n\":{},\"predicted_ms\":{}.25,\"predicted_per_token_ms\":4.1,\"predicted_per_second\":243.9}}}}\n\n",
+        i % 10,
+        i + 1,
+        i * 4
+    )
+    .into_bytes()
+}
+
+fn transcript() -> Vec<Vec<u8>> {
+    let mut events: Vec<Vec<u8>> = (0..EVENTS - 2).map(content_event).collect();
+    events.push(
+        b"data: {\"choices\":[{\"finish_reason\":\"length\",\"index\":0,\"delta\":{}}],\"created\":1764400000,\"id\":\"chatcmpl-bench0123456789abcdef0123456789\",\"model\":\"smollm2\",\"object\":\"chat.completion.chunk\",\"timings\":{\"cache_n\":0,\"prompt_n\":14,\"predicted_n\":9998}}\n\n"
+            .to_vec(),
+    );
+    events.push(b"data: [DONE]\n\n".to_vec());
+    events
+}
+
+fn request() -> ChatRequest {
+    ChatRequest {
+        slot: 0,
+        messages: vec![ChatMessage::User {
+            content: "Count.".into(),
+        }],
+        tools: vec![],
+        thinking: false,
+    }
+}
+
+/// loopd: `Client::chat`, every event delivered to a callback.
+fn loopd_once(client: &Client) -> usize {
+    let mut events = 0;
+    let done = client
+        .chat(&request(), &mut |_| events += 1)
+        .expect("completion");
+    assert_eq!(done.timings.predicted_n, 9_998);
+    events
+}
+
+#[derive(Deserialize)]
+struct Chunk {
+    #[allow(dead_code)]
+    id: String,
+    choices: Vec<Choice>,
+    timings: Option<Timings>,
+}
+
+#[derive(Deserialize)]
+struct Choice {
+    delta: Delta,
+    finish_reason: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct Delta {
+    content: Option<String>,
+    reasoning_content: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct Timings {
+    predicted_n: u64,
+}
+
+/// The peer: same socket and HTTP layer, then eventsource-stream and serde_json.
+fn baseline_once(config: &Config) -> usize {
+    let body = loopd::llama::request::render(config, &request());
+    let mut resp =
+        loopd::http::request(&config.socket, "POST", "/v1/chat/completions", Some(&body))
+            .expect("connect");
+    assert_eq!(resp.head().expect("head"), 200);
+    let pieces = futures::stream::poll_fn(move |_| {
+        std::task::Poll::Ready(match resp.next_body() {
+            Ok(Some(p)) => Some(Ok::<_, std::io::Error>(p.to_vec())),
+            Ok(None) => None,
+            Err(e) => Some(Err(std::io::Error::other(format!("{e:?}")))),
+        })
+    });
+    let mut events = eventsource_stream::Eventsource::eventsource(pieces);
+    let (mut content, mut reasoning, mut n, mut predicted, mut finished) =
+        (String::new(), String::new(), 0, 0, false);
+    futures::executor::block_on(async {
+        while let Some(ev) = events.next().await {
+            let ev = ev.expect("event");
+            if ev.data == "[DONE]" {
+                break;
+            }
+            let chunk: Chunk = serde_json::from_str(&ev.data).expect("chunk");
+            n += 1;
+            if let Some(t) = chunk.timings {
+                predicted = t.predicted_n;
+            }
+            if let Some(c) = chunk.choices.into_iter().next() {
+                content.push_str(c.delta.content.as_deref().unwrap_or(""));
+                reasoning.push_str(c.delta.reasoning_content.as_deref().unwrap_or(""));
+                finished |= c.finish_reason.is_some();
+            }
+        }
+    });
+    assert!(finished && predicted == 9_998 && !content.is_empty());
+    n
+}
+
+fn bench(c: &mut Criterion) {
+    let server = FakeServer::start(vec![(
+        "/v1/chat/completions",
+        vec![Reply::sse(transcript())],
+    )]);
+    let config = Config::new(server.socket(), "smollm2");
+    let client = Client::new(config.clone());
+    assert_eq!(loopd_once(&client), EVENTS - 2, "content events");
+    assert_eq!(baseline_once(&config), EVENTS - 1, "data events");
+
+    let mut g = c.benchmark_group("client_10k_events");
+    g.throughput(Throughput::Elements(EVENTS as u64));
+    g.sample_size(10);
+    g.bench_function("loopd", |b| {
+        b.iter_custom(|iters| {
+            let mut cpu = Duration::ZERO;
+            for _ in 0..iters {
+                let t = thread_cpu();
+                std::hint::black_box(loopd_once(&client));
+                cpu += thread_cpu() - t;
+            }
+            cpu
+        })
+    });
+    g.bench_function("eventsource-stream+serde_json", |b| {
+        b.iter_custom(|iters| {
+            let mut cpu = Duration::ZERO;
+            for _ in 0..iters {
+                let t = thread_cpu();
+                std::hint::black_box(baseline_once(&config));
+                cpu += thread_cpu() - t;
+            }
+            cpu
+        })
+    });
+    // The same transcript from memory: what the parsing costs without the socket.
+    let bytes: Vec<u8> = transcript().concat();
+    g.bench_function("loopd_parse_only", |b| {
+        b.iter_custom(|iters| {
+            let mut cpu = Duration::ZERO;
+            for _ in 0..iters {
+                let t = thread_cpu();
+                std::hint::black_box(parse_only(&bytes));
+                cpu += thread_cpu() - t;
+            }
+            cpu
+        })
+    });
+    g.finish();
+}
+
+/// SSE, decode and assemble over the transcript in memory, in 16 KiB reads.
+fn parse_only(bytes: &[u8]) -> usize {
+    let mut buffers = loopd::llama::assemble::Buffers::new();
+    let mut folder = buffers.folder();
+    let mut sse = loopd::sse::EventStream::new();
+    let mut n = 0;
+    for piece in bytes.chunks(16 * 1024) {
+        sse.feed(piece, &mut |item| -> Result<(), loopd::llama::InferError> {
+            if let loopd::sse::Item::Data(d) = item {
+                folder.push(d, &mut |_| n += 1)?;
+            }
+            Ok(())
+        })
+        .expect("parse");
+    }
+    folder.completion(false).expect("done");
+    n
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
