@@ -44,6 +44,12 @@ pub(crate) fn decide<'a>(
     for (name, value) in headers {
         // Length first: most names are neither, and this skips the case-folding compare.
         if name.len() == 14 && name.eq_ignore_ascii_case(b"content-length") {
+            // The usual value is plain digits; lists of repeated values take the long way.
+            let n = parse_decimal(value);
+            if let (Ok(n), None) = (n, length) {
+                length = Some(n);
+                continue;
+            }
             for element in value.split(|&b| b == b',') {
                 let n = parse_decimal(trim_ows(element))?;
                 match length {

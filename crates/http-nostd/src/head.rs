@@ -66,6 +66,7 @@ pub(crate) struct HeadIndex {
     pub(crate) status: u16,
     reason: Span,
     pub(crate) framing: Framing,
+    pub(crate) verdict: Result<Framing, HttpError>,
     count: usize,
     headers: [HeaderSpan; MAX_HEADERS],
 }
@@ -110,6 +111,14 @@ fn parse_with(
             value: Span::of(buf, h.value),
         };
     }
+    // Decided here, on httparse's slices, to save a second walk; a folded head is decided again
+    // after unfolding (the verdict is only used for a final head without obs-fold).
+    let minor = u8::from(index.version == Version::Http11);
+    let fields = response
+        .headers
+        .iter()
+        .map(|h| (h.name.as_bytes(), h.value));
+    index.verdict = framing::decide(index.status, minor, fields);
     Ok(Some(end))
 }
 
@@ -119,6 +128,7 @@ impl HeadIndex {
         status: 0,
         reason: Span { start: 0, len: 0 },
         framing: Framing::None,
+        verdict: Ok(Framing::None),
         count: 0,
         headers: [HeaderSpan {
             name: Span { start: 0, len: 0 },
@@ -139,11 +149,9 @@ impl HeadIndex {
         }
     }
 
+    /// Decides the framing from the (unfolded) copy in `buf`.
     pub(crate) fn decide_framing(&mut self, buf: &[u8]) -> Result<Framing, HttpError> {
-        let minor = match self.version {
-            Version::Http10 => 0,
-            Version::Http11 => 1,
-        };
+        let minor = u8::from(self.version == Version::Http11);
         let headers = self.headers[..self.count]
             .iter()
             .map(|h| (h.name.get(buf), h.value.get(buf)));

@@ -264,10 +264,13 @@ impl<S: BorrowMut<[u8; H]>, const H: usize> ResponseReader<S, H> {
                 self.len = 0;
                 continue;
             }
-            if folded {
+            let framing = if folded {
                 index.unfold(&mut buf[..end]);
-            }
-            let framing = index.decide_framing(&buf[..end])?;
+                index.decide_framing(&buf[..end])?
+            } else {
+                index.framing = index.verdict?;
+                index.framing
+            };
             self.len = end;
             self.has_head = true;
             self.state = match framing {
