@@ -1,0 +1,189 @@
+//! The `llama-worker` binary: run, the 0600 status socket and its commands, SIGTERM stops the
+//! whole group and exits 0.
+
+mod common;
+
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::{dead, live, wait_members, Endpoint, Mode};
+
+const BIN: &str = env!("CARGO_BIN_EXE_llama-worker");
+
+fn temp_dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("lw-cli-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn ask(socket: &Path, cmd: &str) -> String {
+    let out = Command::new(BIN)
+        .args([cmd, "--socket"])
+        .arg(socket)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{cmd}: {out:?}");
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// The number after `"key":` in a status line.
+fn field(json: &str, key: &str) -> String {
+    let at = json.find(&format!("\"{key}\":")).unwrap() + key.len() + 3;
+    json[at..]
+        .split([',', '}'])
+        .next()
+        .unwrap()
+        .trim_matches('"')
+        .to_string()
+}
+
+fn wait_status(socket: &Path, state: &str) -> String {
+    let end = Instant::now() + Duration::from_secs(10);
+    loop {
+        if socket.exists() {
+            let s = ask(socket, "status");
+            if field(&s, "state") == state {
+                return s;
+            }
+        }
+        assert!(Instant::now() < end, "never reached {state}");
+        thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn run_serves_status_on_a_0600_socket_and_sigterm_stops_the_group() {
+    let ep = Endpoint::start(Mode::Ok);
+    let dir = temp_dir("run");
+    let socket = dir.join("worker.sock");
+    let log = dir.join("server.log");
+    let config = dir.join("worker.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+command = "/bin/sh"
+args = ["-c", "echo port={{port}}; sleep 300 & sleep 301 & wait"]
+log_file = {log:?}
+status_socket = {socket:?}
+startup_probe_interval_s = 0.05
+stop_grace_s = 1
+"#
+        ),
+    )
+    .unwrap();
+    let check = Command::new(BIN)
+        .args(["check-config", "--port", "8099", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8(check.stdout).unwrap(),
+        "/bin/sh -c echo port=8099; sleep 300 & sleep 301 & wait\n"
+    );
+    let mut child = KillOnDrop(
+        Command::new(BIN)
+            .args(["run", "--port", &ep.port.to_string(), "--config"])
+            .arg(&config)
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let status = wait_status(&socket, "ready");
+    let meta = std::fs::metadata(&socket).unwrap();
+    assert!(meta.file_type().is_socket());
+    assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+    assert_eq!(field(&status, "port"), ep.port.to_string());
+    assert_eq!(field(&status, "restarts_in_window"), "0");
+    assert!(
+        status.contains("\"last_readiness\":{\"ok\":true,\"path\":\"/v1/models\",\"answer\":200,")
+    );
+    let pgid: i32 = field(&status, "pid").parse().unwrap();
+    let members = wait_members(pgid, 3);
+    assert_eq!(members.len(), 3, "{members:?}");
+    assert!(ask(&socket, "stall").starts_with("{\"stall\":\"not_stalled\",\"since_progress_s\":"));
+    assert_eq!(
+        llama_worker::status::query(&socket, "bogus").unwrap(),
+        "{\"error\":\"unknown command; use status, start, stop or stall\"}"
+    );
+    let end = Instant::now() + Duration::from_secs(5);
+    while !std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .contains("port=")
+    {
+        assert!(Instant::now() < end);
+        thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(
+        std::fs::read_to_string(&log).unwrap(),
+        format!("port={}\n", ep.port)
+    );
+
+    let rc = sigterm(child.0.id());
+    assert!(rc);
+    let end = Instant::now() + Duration::from_secs(10);
+    let exit = loop {
+        if let Some(s) = child.0.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < end, "worker did not exit on SIGTERM");
+        thread::sleep(Duration::from_millis(20));
+    };
+    assert!(exit.success(), "{exit:?}");
+    assert_eq!(live(pgid), Vec::<i32>::new());
+    for pid in members {
+        assert!(dead(pid));
+    }
+    assert!(!socket.exists(), "socket left behind");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A failing assertion must not leave the daemon (and its server) running.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if self.0.try_wait().ok().flatten().is_none() {
+            sigterm(self.0.id());
+            let _ = self.0.wait();
+        }
+    }
+}
+
+/// SIGTERM through the `kill` command.
+fn sigterm(pid: u32) -> bool {
+    Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap()
+        .success()
+}
+
+#[test]
+fn bad_config_and_bad_usage_exit_2_with_the_reason() {
+    let dir = temp_dir("bad");
+    let config = dir.join("bad.toml");
+    std::fs::write(&config, "command = \"x\"\nstall_timeout = 3\n").unwrap();
+    let out = Command::new(BIN)
+        .args(["run", "--port", "1", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(err.contains("unknown field `stall_timeout`"), "{err}");
+    let out = Command::new(BIN)
+        .args(["run", "--port", "x"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        String::from_utf8(out.stderr).unwrap(),
+        "llama-worker: --port x: not a port\n"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
