@@ -1,0 +1,173 @@
+//! Against the REAL llama-server in router mode: started, made ready and stopped by the worker,
+//! and the CPU time summed over its process group rises during a real prefill, most of it in
+//! the model instance the router spawned (not the router itself).
+//!
+//! Needs the cached server and model (`make llama`). Paths come from `LLAMA_SERVER_BIN` and
+//! `LLAMA_MODEL_GGUF` when set, else from `scripts/llama-server.sh all`.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::{live, state, tick_until};
+use llama_worker::cpu::group_members;
+use llama_worker::{Config, State, SystemClock, Worker};
+
+const MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+
+fn server_and_model() -> (PathBuf, PathBuf) {
+    if let (Ok(s), Ok(m)) = (
+        std::env::var("LLAMA_SERVER_BIN"),
+        std::env::var("LLAMA_MODEL_GGUF"),
+    ) {
+        return (s.into(), m.into());
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let out = Command::new(root.join("scripts/llama-server.sh"))
+        .arg("all")
+        .output()
+        .expect("scripts/llama-server.sh");
+    assert!(
+        out.status.success(),
+        "scripts/llama-server.sh all failed (run `make llama`): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let mut lines = text.lines();
+    let server = PathBuf::from(lines.next().expect("server path"));
+    let model = PathBuf::from(lines.next().expect("model dir")).join(MODEL_FILE);
+    assert!(server.is_file(), "{server:?} missing: run `make llama`");
+    assert!(model.is_file(), "{model:?} missing: run `make llama`");
+    (server, model)
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// POSTs `body` and returns the status line and the whole response.
+fn post(port: u16, path: &str, body: &str) -> String {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(28))).unwrap();
+    write!(
+        s,
+        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out
+}
+
+/// (leader's ticks, whole group's ticks).
+fn ticks(pgid: i32) -> (u64, u64) {
+    let m = group_members(Path::new("/proc"), pgid).unwrap();
+    let leader = m
+        .iter()
+        .find(|p| p.pid == pgid)
+        .map_or(0, |p| p.cpu_ticks());
+    (leader, m.iter().map(|p| p.cpu_ticks()).sum())
+}
+
+#[test]
+fn group_cpu_time_rises_during_a_real_prefill() {
+    let (server, model) = server_and_model();
+    let dir = std::env::temp_dir().join(format!("lw-real-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let preset = dir.join("preset.ini");
+    std::fs::write(
+        &preset,
+        format!(
+            "version = 1\n\n[smollm2]\nmodel = {}\nc = 8192\nnp = 2\nload-on-startup = true\n",
+            model.display()
+        ),
+    )
+    .unwrap();
+    let config = Config::from_toml(&format!(
+        r#"
+command = {server:?}
+args = ["--models-preset", {preset:?}, "--models-max", "1", "--host", "127.0.0.1",
+        "--port", "{{port}}", "-np", "2", "--slots", "--jinja"]
+log_file = {log:?}
+startup_deadline_s = 25
+startup_probe_interval_s = 0.2
+probe_interval_s = 0.5
+cpu_probe_interval_s = 0.2
+"#,
+        server = server.display().to_string(),
+        preset = preset.display().to_string(),
+        log = dir.join("server.log").display().to_string(),
+    ))
+    .unwrap();
+    let port = free_port();
+    let mut w = Worker::new(config, port, SystemClock::new()).unwrap();
+    let h = w.handle();
+    h.start();
+    assert!(
+        tick_until(&mut w, Duration::from_secs(25), |w| state(w)
+            == State::Ready),
+        "not ready: {}",
+        h.status().to_json()
+    );
+    let pgid = w.pgid().unwrap();
+
+    // About 260 prompt tokens, one generated: the time goes into the prefill. Measured on this
+    // 2-core box: about 0.1 s idle, about 14 s (19 tokens/s) when loaded by parallel builds.
+    let prompt = "The quick brown fox jumps over the lazy dog. ".repeat(25);
+    let body = format!(
+        "{{\"model\":\"smollm2\",\"max_tokens\":1,\"messages\":[{{\"role\":\"user\",\"content\":\"{prompt}\"}}]}}"
+    );
+    let before = ticks(pgid);
+    let request = thread::spawn(move || post(port, "/v1/chat/completions", &body));
+    let end = Instant::now() + Duration::from_secs(28);
+    let mut peak_members = 0;
+    while !request.is_finished() {
+        assert!(Instant::now() < end, "request took too long");
+        w.tick();
+        peak_members = peak_members.max(live(pgid).len());
+        thread::sleep(Duration::from_millis(100));
+    }
+    let after = ticks(pgid);
+    let reply = request.join().unwrap();
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    w.tick();
+
+    let group_rise = after.1 - before.1;
+    let leader_rise = after.0 - before.0;
+    eprintln!(
+        "group ticks {} -> {} (+{group_rise}), router alone +{leader_rise}, {peak_members} live members",
+        before.1, after.1
+    );
+    // The router spawned a model instance into its group...
+    assert!(peak_members >= 2, "{peak_members}");
+    // ...the group's CPU time rose by at least 0.1 s of CPU (100 ticks/s)...
+    assert!(group_rise >= 10, "group rose only {group_rise} ticks");
+    // ...and most of it was not the router's own, so the router alone would look idle.
+    assert!(
+        group_rise - leader_rise > leader_rise,
+        "group +{group_rise}, router +{leader_rise}"
+    );
+    let s = h.status();
+    assert_eq!(s.state, State::Ready);
+    assert_eq!(s.total_restarts, 0);
+    assert!(s
+        .cpu_progress_age
+        .is_some_and(|a| a < Duration::from_secs(25)));
+
+    h.stop();
+    w.tick();
+    assert_eq!(live(pgid), Vec::<i32>::new(), "server processes left");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
