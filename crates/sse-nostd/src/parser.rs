@@ -66,7 +66,6 @@ const BOM_DONE: u8 = 3;
 /// assert_eq!(parser.feed(b"data: x").unwrap(), (7, None));
 /// assert_eq!(parser.finish(), Err(SseError::Unterminated));
 /// ```
-#[derive(Debug)]
 pub struct Parser<S, const N: usize> {
     storage: S,
     // Layout of the buffer: [data_start, data_start + data_len) holds the data, the line being
@@ -88,6 +87,21 @@ pub struct Parser<S, const N: usize> {
     // BOM bytes matched so far at the start of the stream, BOM_DONE once past it.
     bom: u8,
     failed: Option<SseError>,
+}
+
+// By hand: the derived one would print all N buffer bytes.
+impl<S, const N: usize> core::fmt::Debug for Parser<S, N> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Parser")
+            .field("capacity", &N)
+            .field("data_len", &self.data_len)
+            .field("line_len", &self.line_len)
+            .field("event_len", &self.event_len)
+            .field("id_len", &self.id_len)
+            .field("open", &self.open)
+            .field("failed", &self.failed)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Where a byte range lies: in the caller's current input or in the parser's buffer.

@@ -24,7 +24,6 @@ use crate::{Event, Parser, SseError};
 /// }
 /// assert_eq!(reader.next_event().unwrap(), None);
 /// ```
-#[derive(Debug)]
 pub struct EventReader<R, S, T, const N: usize, const B: usize> {
     reader: R,
     parser: Parser<S, N>,
@@ -109,6 +108,18 @@ where
     /// Gives back the reader, the parser and the read buffer.
     pub fn into_parts(self) -> (R, Parser<S, N>, T) {
         (self.reader, self.parser, self.read_buf)
+    }
+}
+
+// By hand: the derived one would print both buffers byte by byte.
+impl<R, S, T, const N: usize, const B: usize> fmt::Debug for EventReader<R, S, T, N, B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EventReader")
+            .field("parser", &self.parser)
+            .field("read_buffer", &B)
+            .field("buffered", &(self.end - self.start))
+            .field("ended", &self.ended)
+            .finish_non_exhaustive()
     }
 }
 

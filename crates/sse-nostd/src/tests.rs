@@ -410,3 +410,11 @@ fn a_line_outgrowing_the_event_is_judged_at_its_end() {
     let pieces: &[&[u8]] = &[b"data: 01234567\ndata:", b"abcdefghijk"];
     assert_eq!(run::<16>(pieces), [Ev::Err(SseError::EventTooLarge)]);
 }
+
+#[test]
+fn debug_output_leaves_the_buffer_out() {
+    let parser = Parser::new([7u8; 64]);
+    let text = std::format!("{parser:?}");
+    assert!(text.starts_with("Parser { capacity: 64,"), "{text}");
+    assert!(!text.contains('7'), "{text}");
+}
