@@ -354,6 +354,23 @@ stop_grace_s = 0.25
     }
 
     #[test]
+    fn the_example_config_parses_and_states_the_defaults() {
+        let text = include_str!("../llama-worker.example.toml");
+        let c = Config::from_toml(text).unwrap();
+        let d = Config::default();
+        assert_eq!(
+            Config {
+                command: d.command.clone(),
+                args: d.args.clone(),
+                log_file: None,
+                status_socket: None,
+                ..c
+            },
+            d
+        );
+    }
+
+    #[test]
     fn duration_limit_and_one_past() {
         let at = format!("command = \"x\"\nrestart_window_s = {MAX_SECONDS:.1}");
         assert!(Config::from_toml(&at).is_ok());

@@ -63,13 +63,31 @@ pub struct ServerProcess {
 }
 
 impl ServerProcess {
-    /// Spawns `spec` as the leader of a new process group, stdin from /dev/null.
+    /// Spawns `spec` as the leader of a new process group, stdin from /dev/null, with
+    /// `PR_SET_PDEATHSIG = SIGKILL` (Linux: fires when the spawning *thread* exits, so spawn
+    /// from the thread that drives the worker for its whole life, as [`crate::Worker`] does).
     pub fn spawn(spec: &CommandSpec) -> io::Result<Self> {
         let mut cmd = Command::new(&spec.program);
         cmd.args(&spec.args)
             .envs(spec.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .process_group(0);
+        // If the worker is SIGKILLed it cannot stop its server; the kernel then kills the
+        // leader (the router, whose model instances exit when it goes).
+        // SAFETY: the closure runs between fork and exec and calls only prctl(2) and
+        // getppid(2), both async-signal-safe; it allocates nothing and touches no locks.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                // The worker died before prctl took effect: do not run an orphan.
+                if libc::getppid() == 1 {
+                    return Err(io::Error::from(io::ErrorKind::NotFound));
+                }
+                Ok(())
+            });
+        }
         if let Some(path) = &spec.log_file {
             let f = OpenOptions::new().create(true).append(true).open(path)?;
             cmd.stdout(f.try_clone()?).stderr(f);

@@ -187,3 +187,44 @@ fn bad_config_and_bad_usage_exit_2_with_the_reason() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn a_sigkilled_worker_takes_its_server_leader_down() {
+    let ep = Endpoint::start(Mode::Ok);
+    let dir = temp_dir("pdeath");
+    let socket = dir.join("worker.sock");
+    let config = dir.join("worker.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "command = \"/bin/sh\"\nargs = [\"-c\", \"sleep 300\"]\nstatus_socket = {socket:?}\n\
+             startup_probe_interval_s = 0.05\n"
+        ),
+    )
+    .unwrap();
+    let mut child = KillOnDrop(
+        Command::new(BIN)
+            .args(["run", "--port", &ep.port.to_string(), "--config"])
+            .arg(&config)
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let status = wait_status(&socket, "ready");
+    let leader: i32 = field(&status, "pid").parse().unwrap();
+    assert!(!dead(leader));
+    child.0.kill().unwrap(); // SIGKILL: the worker cannot clean up
+    child.0.wait().unwrap();
+    let end = Instant::now() + Duration::from_secs(5);
+    while !dead(leader) {
+        assert!(Instant::now() < end, "server leader outlived its worker");
+        thread::sleep(Duration::from_millis(20));
+    }
+    llama_worker::process::signal_group(leader, libc_sigkill()).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// SIGKILL's number on Linux (the test has no libc dependency of its own).
+fn libc_sigkill() -> i32 {
+    9
+}
