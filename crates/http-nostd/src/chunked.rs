@@ -91,6 +91,18 @@ impl<const T: usize> ChunkedDecoder<T> {
 
     #[inline]
     fn decode_inner<'i>(&mut self, input: &'i [u8]) -> Result<(usize, Chunk<'i>), HttpError> {
+        // The steady state of a stream: a whole `size CRLF data CRLF` chunk in the input.
+        if self.state == State::SizeLine && self.line_len == 0 {
+            if let Some((n, size)) = fast_size_line(input) {
+                let data = &input[n..];
+                if size > 0 && size < data.len() as u64 {
+                    let size = size as usize;
+                    if data.get(size..size + 2) == Some(b"\r\n") {
+                        return Ok((n + size + 2, Chunk::Data(&data[..size])));
+                    }
+                }
+            }
+        }
         let mut pos = 0;
         loop {
             let rest = &input[pos..];
