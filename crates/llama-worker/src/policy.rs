@@ -334,6 +334,9 @@ impl Policy {
             self.phase = Phase::AwaitReady {
                 deadline: now + self.cfg.startup_deadline,
             };
+        } else {
+            // Stopped (or failed) while the shell was spawning: the new child must not live.
+            self.actions.push_back(Action::KillGroup);
         }
     }
 
@@ -759,6 +762,24 @@ mod tests {
         assert_eq!(p.state(), State::Stopped);
         assert_eq!(p.poll_action(), None);
         assert_eq!(p.total_restarts(), 0);
+    }
+
+    #[test]
+    fn a_spawn_that_lands_after_stop_is_killed() {
+        let mut p = Policy::new(CFG);
+        p.start(s(0));
+        assert_eq!(p.poll_action(), Some(Action::Spawn));
+        // stop() from another thread while the shell is spawning.
+        p.stop(s(0));
+        assert_eq!(
+            drain(&mut p),
+            [Action::NotifyInflight(FailReason::WorkerStopped)]
+        );
+        p.handle_spawned(s(0));
+        assert_eq!(drain(&mut p), [Action::KillGroup]);
+        p.handle_killed(s(0));
+        assert_eq!(p.state(), State::Stopped);
+        assert!(!p.child_alive());
     }
 
     #[test]

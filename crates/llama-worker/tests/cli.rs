@@ -228,3 +228,65 @@ fn a_sigkilled_worker_takes_its_server_leader_down() {
 fn libc_sigkill() -> i32 {
     9
 }
+
+#[test]
+fn exit_on_failed_exits_3_and_socket_commands_stop_and_start() {
+    let ep = Endpoint::start(Mode::Unavailable);
+    let dir = temp_dir("failed");
+    let socket = dir.join("worker.sock");
+    let config = dir.join("worker.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "command = \"/bin/sh\"\nargs = [\"-c\", \"exit 1\"]\nstatus_socket = {socket:?}\n\
+             max_restarts_per_window = 2\nrestart_backoff_s = 0.05\n"
+        ),
+    )
+    .unwrap();
+    let out = Command::new(BIN)
+        .args([
+            "run",
+            "--exit-on-failed",
+            "--port",
+            &ep.port.to_string(),
+            "--config",
+        ])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3));
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(err.matches("spawned /bin/sh").count(), 3, "{err}");
+    assert!(err.contains("-> failed exited"), "{err}");
+
+    // Without the flag the daemon stays up in failed; start/stop work over the socket.
+    let mut child = KillOnDrop(
+        Command::new(BIN)
+            .args(["run", "--port", &ep.port.to_string(), "--config"])
+            .arg(&config)
+            .stdin(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let s = wait_status(&socket, "failed");
+    assert_eq!(field(&s, "restarts_in_window"), "2");
+    assert_eq!(field(&s, "last_cause"), "exited");
+    let s = ask(&socket, "stop");
+    assert_eq!(field(&s, "state"), "stopped");
+    let s = ask(&socket, "start");
+    // The driving loop may already have seen the first exit.
+    assert!(
+        ["starting", "restarting"].contains(&field(&s, "state").as_str()),
+        "{s}"
+    );
+    let s = wait_status(&socket, "failed");
+    assert_eq!(
+        field(&s, "spawns"),
+        "6",
+        "a fresh window allows 2 restarts again"
+    );
+    assert!(sigterm(child.0.id()));
+    assert!(child.0.wait().unwrap().success());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
