@@ -1,4 +1,278 @@
-fn main() {
-    eprintln!("loopd: not built yet");
-    std::process::exit(2);
+//! The `loopd` command: the startup self-test and a way to watch one request.
+
+mod ask;
+mod selftest;
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use loopd::llama::{ChatMessage, ChatRequest, Client};
+use loopd::Config;
+
+const USAGE: &str = "\
+usage: loopd selftest --config <path> [--slot N]
+       loopd ask --config <path> [--thinking] [--slot N] \"<prompt>\"
+       loopd --help | --version
+
+selftest  runs the three startup checks against the server the config names: /props matches
+          the [expect] section, a tool call parses, and turn 2 of a conversation hits the cache.
+          Exit status 0 only when all three pass.
+ask       sends one request through the whole client (slot gate, timers, thinking cap, retry)
+          and shows it as it runs: prompt progress, reasoning, answer, tool calls, notices.
+
+--config  the loopd config.toml (socket, model, limits, [expect])
+--slot    the server slot to run on (default 0, the main slot)
+--thinking  let the model think before answering (ask only)";
+
+/// What the command line asked for.
+#[derive(Debug, PartialEq)]
+enum Command {
+    Help,
+    Version,
+    Selftest { config: PathBuf, slot: u32 },
+    Ask(AskArgs),
+}
+
+#[derive(Debug, PartialEq)]
+struct AskArgs {
+    config: PathBuf,
+    slot: u32,
+    thinking: bool,
+    prompt: String,
+}
+
+fn parse(args: &[String]) -> Result<Command, String> {
+    let Some((verb, rest)) = args.split_first() else {
+        return Err("missing command (selftest or ask)".into());
+    };
+    let (mut config, mut slot, mut thinking, mut prompt) = (None, 0u32, false, None);
+    let mut it = rest.iter();
+    match verb.as_str() {
+        "-h" | "--help" | "help" => return Ok(Command::Help),
+        "-V" | "--version" => return Ok(Command::Version),
+        "selftest" | "ask" => {}
+        other => return Err(format!("unknown command `{other}`")),
+    }
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--config" => {
+                let v = it.next().ok_or("--config needs a path")?;
+                config = Some(PathBuf::from(v));
+            }
+            "--slot" => {
+                let v = it.next().ok_or("--slot needs a number")?;
+                slot = v
+                    .parse()
+                    .map_err(|_| format!("--slot: `{v}` is not a slot number"))?;
+            }
+            "--thinking" if verb == "ask" => thinking = true,
+            "-h" | "--help" => return Ok(Command::Help),
+            flag if flag.starts_with("--") => return Err(format!("unknown option `{flag}`")),
+            text if verb == "ask" && prompt.is_none() => prompt = Some(text.to_string()),
+            extra => return Err(format!("unexpected argument `{extra}`")),
+        }
+    }
+    let config = config.ok_or("--config <path> is required")?;
+    if verb == "selftest" {
+        return Ok(Command::Selftest { config, slot });
+    }
+    let prompt = prompt.ok_or("ask needs a prompt")?;
+    Ok(Command::Ask(AskArgs {
+        config,
+        slot,
+        thinking,
+        prompt,
+    }))
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match parse(&args) {
+        Ok(Command::Help) => {
+            println!("{USAGE}");
+            ExitCode::SUCCESS
+        }
+        Ok(Command::Version) => {
+            println!("loopd {}", env!("CARGO_PKG_VERSION"));
+            ExitCode::SUCCESS
+        }
+        Ok(Command::Selftest { config, slot }) => run_selftest(&config, slot),
+        Ok(Command::Ask(a)) => run_ask(a),
+        Err(e) => {
+            eprintln!(
+                "loopd: {e}\n{}",
+                USAGE.lines().take(3).collect::<Vec<_>>().join("\n")
+            );
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// Loads the config and checks that its socket answers, or says in one line why not.
+fn client_for(path: &std::path::Path) -> Result<Client, String> {
+    let config = Config::load(path).map_err(|e| format!("bad config: {e}"))?;
+    if let Err(e) = std::os::unix::net::UnixStream::connect(&config.socket) {
+        return Err(format!(
+            "cannot reach the inference socket {}: {e} (is inferproxy running?)",
+            config.socket.display()
+        ));
+    }
+    Ok(Client::new(config))
+}
+
+/// Waits for `/props` while the server loads the model, up to the config's load wait.
+fn wait_for_server(client: &Client) -> Result<(), String> {
+    let limits = client.config().limits;
+    let deadline = Instant::now() + Duration::from_millis(limits.load_wait_ms);
+    loop {
+        match client.props() {
+            Ok(_) => return Ok(()),
+            Err(e) if Instant::now() >= deadline => {
+                return Err(format!(
+                    "the server did not answer GET /props within {} s: {e}",
+                    limits.load_wait_ms / 1000
+                ))
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(limits.poll_ms.min(1000))),
+        }
+    }
+}
+
+fn run_selftest(path: &std::path::Path, slot: u32) -> ExitCode {
+    let client = match client_for(path).and_then(|c| wait_for_server(&c).map(|()| c)) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("loopd selftest: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let cfg = client.config();
+    println!(
+        "loopd selftest: socket {}, model {}, slot {slot}",
+        cfg.socket.display(),
+        cfg.model
+    );
+    let checks = selftest::run(&client, slot, &mut |c| println!("{c}"));
+    let failed: Vec<&str> = checks
+        .iter()
+        .filter(|c| !c.passed)
+        .map(|c| c.name)
+        .collect();
+    if failed.is_empty() {
+        println!(
+            "selftest passed: {} of {} checks",
+            checks.len(),
+            checks.len()
+        );
+        ExitCode::SUCCESS
+    } else {
+        println!(
+            "selftest FAILED: {} ({} of {} checks failed)",
+            failed.join(", "),
+            failed.len(),
+            checks.len()
+        );
+        ExitCode::FAILURE
+    }
+}
+
+fn run_ask(a: AskArgs) -> ExitCode {
+    let client = match client_for(&a.config) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("loopd ask: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let req = ChatRequest {
+        slot: a.slot,
+        messages: vec![ChatMessage::User { content: a.prompt }],
+        tools: Vec::new(),
+        thinking: a.thinking,
+    };
+    let stdout = std::io::stdout();
+    let terminal = stdout.is_terminal();
+    let mut watcher = ask::Watcher::new(stdout.lock(), terminal);
+    match client.chat_with_retry(&req, &mut |ev| watcher.event(ev)) {
+        Ok(done) => {
+            watcher.finish(&done);
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            drop(watcher);
+            println!();
+            eprintln!("loopd ask: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(s: &[&str]) -> Vec<String> {
+        s.iter().map(|a| a.to_string()).collect()
+    }
+
+    #[test]
+    fn selftest_and_ask_parse_with_their_options() {
+        assert_eq!(
+            parse(&args(&["selftest", "--config", "c.toml"])),
+            Ok(Command::Selftest {
+                config: "c.toml".into(),
+                slot: 0
+            })
+        );
+        assert_eq!(
+            parse(&args(&[
+                "ask",
+                "--thinking",
+                "--config",
+                "c",
+                "--slot",
+                "1",
+                "hi there"
+            ])),
+            Ok(Command::Ask(AskArgs {
+                config: "c".into(),
+                slot: 1,
+                thinking: true,
+                prompt: "hi there".into()
+            }))
+        );
+        assert_eq!(parse(&args(&["--version"])), Ok(Command::Version));
+        assert_eq!(parse(&args(&["ask", "--help"])), Ok(Command::Help));
+    }
+
+    #[test]
+    fn bad_arguments_are_named() {
+        assert_eq!(parse(&[]), Err("missing command (selftest or ask)".into()));
+        assert_eq!(
+            parse(&args(&["serve"])),
+            Err("unknown command `serve`".into())
+        );
+        assert_eq!(
+            parse(&args(&["selftest"])),
+            Err("--config <path> is required".into())
+        );
+        assert_eq!(
+            parse(&args(&["selftest", "--config", "c", "--thinking"])),
+            Err("unknown option `--thinking`".into())
+        );
+        assert_eq!(
+            parse(&args(&["ask", "--config", "c", "--slot", "x", "p"])),
+            Err("--slot: `x` is not a slot number".into())
+        );
+        assert_eq!(
+            parse(&args(&["ask", "--config", "c"])),
+            Err("ask needs a prompt".into())
+        );
+        assert_eq!(
+            parse(&args(&["ask", "--config", "c", "a", "b"])),
+            Err("unexpected argument `b`".into())
+        );
+    }
 }

@@ -1,0 +1,273 @@
+//! `loopd ask`: one request through the whole client, shown as a person wants to watch it.
+//!
+//! On a terminal: a progress bar while the prompt is processed, the reasoning dimmed, the answer
+//! plain, notices on their own lines. Anywhere else: the same in plain text, with the reasoning
+//! and the answer under `[reasoning]` and `[answer]` headers and no control characters.
+
+use std::io::Write;
+use std::time::Instant;
+
+use loopd::llama::{ChatEvent, Completion};
+
+use crate::selftest::finish_name;
+
+const DIM: &str = "\x1b[2m";
+const RESET: &str = "\x1b[0m";
+const BAR_WIDTH: u64 = 30;
+
+/// Which part of the output the last text belonged to, so headers and colours switch once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Part {
+    None,
+    Progress,
+    Reasoning,
+    Answer,
+    Notice,
+}
+
+/// Renders [`ChatEvent`]s and the final [`Completion`] to a writer.
+pub struct Watcher<W: Write> {
+    out: W,
+    terminal: bool,
+    part: Part,
+    first_token: Option<Instant>,
+}
+
+impl<W: Write> Watcher<W> {
+    /// A watcher writing to `out`; `terminal` turns on the bar and the colours.
+    pub fn new(out: W, terminal: bool) -> Self {
+        Watcher {
+            out,
+            terminal,
+            part: Part::None,
+            first_token: None,
+        }
+    }
+
+    /// Shows one event. Write errors are ignored: the request goes on if stdout closes.
+    pub fn event(&mut self, ev: &ChatEvent) {
+        let _ = self.try_event(ev);
+    }
+
+    fn try_event(&mut self, ev: &ChatEvent) -> std::io::Result<()> {
+        match ev {
+            ChatEvent::Queued { ahead } => self.notice(&format!("queued: {ahead} ahead")),
+            ChatEvent::Waiting { slot_busy: true } => self.notice("waiting: the slot is busy"),
+            ChatEvent::Waiting { slot_busy: false } => {
+                self.notice("waiting: the server is loading or processing")
+            }
+            ChatEvent::Progress {
+                total,
+                cache,
+                processed,
+            } => self.progress(*total, *cache, *processed),
+            ChatEvent::Reasoning(text) => {
+                self.switch(Part::Reasoning)?;
+                self.first_token.get_or_insert_with(Instant::now);
+                write!(self.out, "{text}")?;
+                self.out.flush()
+            }
+            ChatEvent::Content(text) => {
+                self.switch(Part::Answer)?;
+                self.first_token.get_or_insert_with(Instant::now);
+                write!(self.out, "{text}")?;
+                self.out.flush()
+            }
+            ChatEvent::ToolCallDelta {
+                index,
+                id,
+                name,
+                arguments,
+            } => {
+                if let Some(name) = name {
+                    let id = id.as_deref().unwrap_or("");
+                    self.notice(&format!("tool call {index}: {name} {id}"))?;
+                    self.part = Part::Answer;
+                }
+                write!(self.out, "{arguments}")?;
+                self.out.flush()
+            }
+            ChatEvent::ThinkingCapped { tokens } => self.notice(&format!(
+                "thinking capped after {tokens} tokens: asked the server to end reasoning"
+            )),
+            ChatEvent::Retrying {
+                attempt,
+                after_ms,
+                error,
+            } => self.notice(&format!(
+                "retrying: attempt {attempt} in {:.1} s after: {error}",
+                *after_ms as f64 / 1000.0
+            )),
+        }
+    }
+
+    /// Shows the end of the request: finish reason, token counts and generation speed.
+    pub fn finish(&mut self, done: &Completion) {
+        let t = done.timings;
+        let speed = match self.first_token {
+            Some(start) if t.predicted_n > 0 => {
+                let secs = start.elapsed().as_secs_f64().max(1e-3);
+                format!(", {:.1} tokens/s", t.predicted_n as f64 / secs)
+            }
+            _ => String::new(),
+        };
+        let capped = if done.thinking_capped {
+            ", thinking capped"
+        } else {
+            ""
+        };
+        let _ = self.notice(&format!(
+            "finish: {}; prompt {} tokens ({} from cache), generated {} ({} reasoning){speed}{capped}",
+            finish_name(done.finish_reason),
+            t.prompt_n + t.cache_n,
+            t.cache_n,
+            t.predicted_n,
+            done.reasoning_tokens,
+        ));
+    }
+
+    fn progress(&mut self, total: u64, cache: u64, processed: u64) -> std::io::Result<()> {
+        if !self.terminal {
+            return self.notice(&format!(
+                "prompt: {processed}/{total} tokens ({cache} from cache)"
+            ));
+        }
+        self.switch(Part::Progress)?;
+        let filled = (processed.min(total) * BAR_WIDTH)
+            .checked_div(total)
+            .unwrap_or(0);
+        let bar: String = (0..BAR_WIDTH)
+            .map(|i| if i < filled { '#' } else { '.' })
+            .collect();
+        write!(
+            self.out,
+            "\rprompt [{bar}] {processed}/{total} tokens ({cache} cached)"
+        )?;
+        self.out.flush()
+    }
+
+    /// A line of its own, after whatever was streaming.
+    fn notice(&mut self, line: &str) -> std::io::Result<()> {
+        self.switch(Part::Notice)?;
+        writeln!(self.out, "{line}")?;
+        self.part = Part::None;
+        self.out.flush()
+    }
+
+    /// Ends the current part and starts `next`: a newline, the colour, the plain-text header.
+    fn switch(&mut self, next: Part) -> std::io::Result<()> {
+        if self.part == next {
+            return Ok(());
+        }
+        if self.terminal && self.part == Part::Reasoning {
+            write!(self.out, "{RESET}")?;
+        }
+        if self.part != Part::None {
+            writeln!(self.out)?;
+        }
+        match (next, self.terminal) {
+            (Part::Reasoning, true) => write!(self.out, "{DIM}")?,
+            (Part::Reasoning, false) => writeln!(self.out, "[reasoning]")?,
+            (Part::Answer, false) => writeln!(self.out, "[answer]")?,
+            _ => {}
+        }
+        self.part = next;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use loopd::llama::{FinishReason, Timings};
+
+    fn plain(events: &[ChatEvent]) -> String {
+        let mut w = Watcher::new(Vec::new(), false);
+        for e in events {
+            w.event(e);
+        }
+        String::from_utf8(w.out).unwrap()
+    }
+
+    #[test]
+    fn plain_text_sets_reasoning_and_answer_apart_without_control_characters() {
+        let out = plain(&[
+            ChatEvent::Queued { ahead: 1 },
+            ChatEvent::Progress {
+                total: 10,
+                cache: 2,
+                processed: 10,
+            },
+            ChatEvent::Reasoning("hm".into()),
+            ChatEvent::Reasoning("m".into()),
+            ChatEvent::ThinkingCapped { tokens: 7 },
+            ChatEvent::Content("Blue".into()),
+            ChatEvent::Content(".".into()),
+        ]);
+        assert_eq!(
+            out,
+            "queued: 1 ahead\nprompt: 10/10 tokens (2 from cache)\n[reasoning]\nhmm\n\
+             thinking capped after 7 tokens: asked the server to end reasoning\n[answer]\nBlue."
+        );
+    }
+
+    #[test]
+    fn tool_calls_name_the_function_then_stream_arguments() {
+        let out = plain(&[
+            ChatEvent::ToolCallDelta {
+                index: 0,
+                id: Some("c1".into()),
+                name: Some("get_weather".into()),
+                arguments: "{\"ci".into(),
+            },
+            ChatEvent::ToolCallDelta {
+                index: 0,
+                id: None,
+                name: None,
+                arguments: "ty\": \"Paris\"}".into(),
+            },
+        ]);
+        assert_eq!(out, "tool call 0: get_weather c1\n{\"city\": \"Paris\"}");
+    }
+
+    #[test]
+    fn a_terminal_gets_a_bar_and_dimmed_reasoning() {
+        let mut w = Watcher::new(Vec::new(), true);
+        w.event(&ChatEvent::Progress {
+            total: 4,
+            cache: 0,
+            processed: 2,
+        });
+        w.event(&ChatEvent::Reasoning("r".into()));
+        w.event(&ChatEvent::Content("a".into()));
+        let out = String::from_utf8(w.out).unwrap();
+        let bar = format!("[{}{}]", "#".repeat(15), ".".repeat(15));
+        assert_eq!(
+            out,
+            format!("\rprompt {bar} 2/4 tokens (0 cached)\n{DIM}r{RESET}\na")
+        );
+    }
+
+    #[test]
+    fn the_end_line_names_the_finish_reason_and_counts() {
+        let mut w = Watcher::new(Vec::new(), false);
+        w.finish(&Completion {
+            id: "x".into(),
+            content: Some("a".into()),
+            reasoning_content: None,
+            tool_calls: Vec::new(),
+            finish_reason: FinishReason::Stop,
+            timings: Timings {
+                cache_n: 3,
+                prompt_n: 4,
+                predicted_n: 0,
+            },
+            reasoning_tokens: 0,
+            thinking_capped: false,
+        });
+        assert_eq!(
+            String::from_utf8(w.out).unwrap(),
+            "finish: stop; prompt 7 tokens (3 from cache), generated 0 (0 reasoning)\n"
+        );
+    }
+}

@@ -1,0 +1,245 @@
+//! The startup self-test (design section 5): three checks that the deployed server is the one
+//! the config describes, that tool calls parse, and that turn 2 of a conversation hits the cache.
+//!
+//! Each check returns a [`Check`] with the figures it compared, so `loopd selftest` can print
+//! one line per check whatever the outcome. A request that fails outright fails its check with
+//! the error as its figure; nothing here panics on what the server says.
+
+use std::fmt;
+
+use llama_proto::hash::sha256;
+
+use loopd::llama::{
+    cache_outcome, CacheOutcome, ChatEvent, ChatMessage, ChatRequest, Client, Completion,
+    FinishReason, ToolCall, ToolSchema,
+};
+
+/// The tool of check 2.
+pub const TOOL_NAME: &str = "get_weather";
+
+/// The outcome of one check: its name, whether it passed, and the figures it compared.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Check {
+    /// Short name, as printed (`server`, `tool-call`, `cache`).
+    pub name: &'static str,
+    /// Whether the check passed.
+    pub passed: bool,
+    /// Expected and got, in words.
+    pub detail: String,
+}
+
+impl fmt::Display for Check {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let verdict = if self.passed { "ok  " } else { "FAIL" };
+        write!(f, "{verdict} {:<9} {}", self.name, self.detail)
+    }
+}
+
+/// Runs the three checks in order on `slot`, calling `report` after each one.
+pub fn run(client: &Client, slot: u32, report: &mut dyn FnMut(&Check)) -> Vec<Check> {
+    let mut checks = Vec::with_capacity(3);
+    for check in [server_matches, tool_call_parses, turn_two_hits_cache] {
+        let c = check(client, slot);
+        report(&c);
+        checks.push(c);
+    }
+    checks
+}
+
+/// Check 1: `/props` against the config's `[expect]` section.
+pub fn server_matches(client: &Client, _slot: u32) -> Check {
+    let name = "server";
+    let Some(expect) = client.config().expect.as_ref() else {
+        return fail(name, "the config has no [expect] section".into());
+    };
+    let props = match client.props() {
+        Ok(p) => p,
+        Err(e) => return fail(name, format!("GET /props failed: {e}")),
+    };
+    let got_hash = match sha256(props.chat_template.as_bytes()) {
+        Ok(h) => h.to_string(),
+        Err(e) => return fail(name, format!("hashing chat_template failed: {e}")),
+    };
+    let want_hash = expect.chat_template_sha256.to_ascii_lowercase();
+    let passed = got_hash == want_hash
+        && props.n_ctx == expect.n_ctx
+        && props.total_slots == expect.total_slots;
+    Check {
+        name,
+        passed,
+        detail: format!(
+            "chat_template sha256 expected {want_hash} got {got_hash}; n_ctx expected {} got {}; \
+             total_slots expected {} got {}",
+            expect.n_ctx, props.n_ctx, expect.total_slots, props.total_slots
+        ),
+    }
+}
+
+/// The fixed conversation of check 2: two worked examples, then the question. A small model
+/// copies the pattern and a large one needs no help; both answer with a call.
+pub fn tool_request(slot: u32) -> ChatRequest {
+    let example = |id: &str, city: &str| ChatMessage::Assistant {
+        content: Some(String::new()),
+        reasoning_content: None,
+        tool_calls: vec![ToolCall {
+            id: id.into(),
+            name: TOOL_NAME.into(),
+            arguments: format!("{{\"city\": \"{city}\"}}"),
+        }],
+    };
+    let user = |q: &str| ChatMessage::User { content: q.into() };
+    ChatRequest {
+        slot,
+        messages: vec![
+            ChatMessage::System {
+                content: "You answer every question by calling a tool.".into(),
+            },
+            user("What is the weather in Rome?"),
+            example("call_1", "Rome"),
+            user("What is the weather in Oslo?"),
+            example("call_2", "Oslo"),
+            user("What is the weather in Paris?"),
+        ],
+        tools: vec![ToolSchema {
+            name: TOOL_NAME.into(),
+            description: "Get the current weather for a city.".into(),
+            parameters: serde_json::json!({
+                "type": "object",
+                "properties": {"city": {"type": "string", "description": "The city name"}},
+                "required": ["city"],
+            }),
+        }],
+        thinking: false,
+    }
+}
+
+/// Check 2: the completion holds a call of [`TOOL_NAME`] whose arguments are a JSON object,
+/// and finishes with `tool_calls`.
+pub fn tool_call_parses(client: &Client, slot: u32) -> Check {
+    let name = "tool-call";
+    let done = match client.chat_with_retry(&tool_request(slot), &mut ignore) {
+        Ok(c) => c,
+        Err(e) => return fail(name, format!("the request failed: {e}")),
+    };
+    let call = done.tool_calls.iter().find(|c| c.name == TOOL_NAME);
+    let args_ok = call.is_some_and(|c| {
+        serde_json::from_str::<serde_json::Value>(&c.arguments).is_ok_and(|v| v.is_object())
+    });
+    let passed = args_ok && done.finish_reason == FinishReason::ToolCalls;
+    let got_calls: Vec<String> = done
+        .tool_calls
+        .iter()
+        .map(|c| format!("{}({})", c.name, c.arguments))
+        .collect();
+    Check {
+        name,
+        passed,
+        detail: format!(
+            "expected a {TOOL_NAME} call with JSON object arguments and finish_reason tool_calls; \
+             got [{}] finish_reason {}",
+            got_calls.join(", "),
+            finish_name(done.finish_reason)
+        ),
+    }
+}
+
+/// Check 3: a two-turn exchange on `slot`; turn 2 must reuse turn 1's prompt and answer.
+pub fn turn_two_hits_cache(client: &Client, slot: u32) -> Check {
+    let name = "cache";
+    let mut req = ChatRequest {
+        slot,
+        messages: vec![
+            ChatMessage::System {
+                content: "You are a terse assistant.".into(),
+            },
+            ChatMessage::User {
+                content: "Name a colour.".into(),
+            },
+        ],
+        tools: Vec::new(),
+        thinking: false,
+    };
+    let first = match client.chat_with_retry(&req, &mut ignore) {
+        Ok(c) => c,
+        Err(e) => return fail(name, format!("turn 1 failed: {e}")),
+    };
+    req.messages.push(assistant_of(&first));
+    req.messages.push(ChatMessage::User {
+        content: "Name another.".into(),
+    });
+    let second = match client.chat_with_retry(&req, &mut ignore) {
+        Ok(c) => c,
+        Err(e) => return fail(name, format!("turn 2 failed: {e}")),
+    };
+    let previous = first.timings.cache_n + first.timings.prompt_n + first.timings.predicted_n;
+    let outcome = cache_outcome(&first.timings, &second.timings);
+    Check {
+        name,
+        passed: !matches!(outcome, CacheOutcome::Loss { .. }),
+        detail: format!(
+            "turn 2 expected to reuse about {previous} tokens (at most 64 short); got cache_n {} \
+             (prompt_n {})",
+            second.timings.cache_n, second.timings.prompt_n
+        ),
+    }
+}
+
+/// The assistant message a completion adds to the conversation.
+pub fn assistant_of(c: &Completion) -> ChatMessage {
+    ChatMessage::Assistant {
+        content: c.content.clone(),
+        reasoning_content: c.reasoning_content.clone(),
+        tool_calls: c.tool_calls.clone(),
+    }
+}
+
+/// `stop`, `tool_calls` or `length`, as the server spells them.
+pub fn finish_name(f: FinishReason) -> &'static str {
+    match f {
+        FinishReason::Stop => "stop",
+        FinishReason::ToolCalls => "tool_calls",
+        FinishReason::Length => "length",
+    }
+}
+
+fn fail(name: &'static str, detail: String) -> Check {
+    Check {
+        name,
+        passed: false,
+        detail,
+    }
+}
+
+fn ignore(_: &ChatEvent) {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_check_prints_its_verdict_name_and_figures() {
+        let c = Check {
+            name: "cache",
+            passed: false,
+            detail: "expected 1 got 2".into(),
+        };
+        assert_eq!(c.to_string(), "FAIL cache     expected 1 got 2");
+        let c = Check { passed: true, ..c };
+        assert_eq!(c.to_string(), "ok   cache     expected 1 got 2");
+    }
+
+    #[test]
+    fn the_tool_request_ends_with_the_question_and_offers_one_tool() {
+        let r = tool_request(1);
+        assert_eq!(r.slot, 1);
+        assert!(!r.thinking);
+        assert_eq!(r.tools.len(), 1);
+        assert_eq!(r.tools[0].name, TOOL_NAME);
+        assert_eq!(
+            r.messages.last(),
+            Some(&ChatMessage::User {
+                content: "What is the weather in Paris?".into()
+            })
+        );
+    }
+}
