@@ -37,6 +37,20 @@ WEATHER_TOOL = {
 }
 
 
+# Two worked examples, then the question: a small model copies the pattern, a large one needs no
+# help; both answer with a call. tool_choice stays "auto", as loopd sends it.
+TOOL_PROMPT = [
+    {"role": "system", "content": "You answer every question by calling a tool."},
+    {"role": "user", "content": "What is the weather in Rome?"},
+    {"role": "assistant", "content": "", "tool_calls": [{"id": "call_1", "type": "function", "function": {
+        "name": "get_weather", "arguments": "{\"city\": \"Rome\"}"}}]},
+    {"role": "user", "content": "What is the weather in Oslo?"},
+    {"role": "assistant", "content": "", "tool_calls": [{"id": "call_2", "type": "function", "function": {
+        "name": "get_weather", "arguments": "{\"city\": \"Oslo\"}"}}]},
+    {"role": "user", "content": "What is the weather in Paris?"},
+]
+
+
 def base(messages, thinking, max_tokens, stream=True, **extra):
     body = {
         "model": MODEL,
@@ -54,19 +68,20 @@ def base(messages, thinking, max_tokens, stream=True, **extra):
 
 
 def long_prompt():
-    # About 3,000 tokens: longer than one 512-token micro-batch several times over, so the server
+    # About 2,500 tokens: longer than one 512-token micro-batch several times over, so the server
     # reports prompt progress more than once.
     para = ("The lighthouse keeper wrote in the log every evening: the wind, the tide, the ships "
             "that passed, and the colour of the sky over the harbour before the lamp was lit. ")
-    return para * 90 + "\nIn one sentence, what did the keeper write about?"
+    return para * 70 + "\nIn one sentence, what did the keeper write about?"
 
 
 PAIRS = {
     "plain": base([{"role": "user", "content": "Name three colours."}], False, 48),
-    "thinking": base([{"role": "user", "content": "What is 2 + 3? Think first."}], True, 96),
-    "tool_call": base(
-        [{"role": "user", "content": "What is the weather in Paris? Use the tool."}],
-        False, 96, tools=[WEATHER_TOOL], tool_choice="required"),
+    # The budget makes the server close the think block after 24 tokens, so the transcript holds
+    # reasoning and then an answer.
+    "thinking": base([{"role": "user", "content": "What is 2 + 3? Think first."}], True, 96,
+                     reasoning_budget_tokens=24),
+    "tool_call": base(TOOL_PROMPT, False, 64, tools=[WEATHER_TOOL]),
 }
 STREAMS = {
     "progress": base([{"role": "user", "content": long_prompt()}], False, 16),
