@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
 # Runs the local llama-server in router mode, in the foreground, as the production router runs:
-# a --models-preset INI over the cached model, 127.0.0.1, 2 slots, /slots on, jinja on.
+# a --models-preset INI over the cached model, 127.0.0.1, 2 slots, /slots on, jinja on; under
+# llama-worker, which restarts it when it dies or hangs and stops it on SIGTERM.
 #
-#   scripts/serve.sh [--port N]      (default: a free port)
+#   scripts/serve.sh [--port N] [--status-socket PATH]
+#
+# --port defaults to a free port; --status-socket to $BOXMAKER_CACHE/run/worker-PORT.sock
+# (`llama-worker status --socket PATH` reads it). $LLAMA_WORKER_BIN names a built llama-worker;
+# without it the script builds the workspace's.
 #
 # The preset names one model, $MODEL_ID, with the project's chat template
 # (fixtures/templates/smollm2-tools-thinking.jinja); docs/inference-contract.md says why.
@@ -11,10 +16,12 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 MODEL_ID=${MODEL_ID:-smollm2}
 CTX=${CTX:-8192}   # total; each of the 2 slots gets CTX/2
 port=
+status_socket=
 while [ $# -gt 0 ]; do
   case $1 in
     --port) port=$2; shift 2 ;;
-    -h | --help) sed -n '2,9p' "$0"; exit 0 ;;
+    --status-socket) status_socket=$2; shift 2 ;;
+    -h | --help) sed -n '2,13p' "$0"; exit 0 ;;
     *) echo "serve.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -37,5 +44,18 @@ c = $CTX
 np = 2
 load-on-startup = true
 INI
-echo "serve.sh: llama-server router on 127.0.0.1:$port, model id $MODEL_ID (preset $preset)" >&2
-exec "$server" --models-preset "$preset" --models-max 1 --host 127.0.0.1 --port "$port" --slots --jinja
+status_socket=${status_socket:-$cache/run/worker-$port.sock}
+worker=${LLAMA_WORKER_BIN:-}
+if [ -z "$worker" ]; then
+  (cd "$root" && cargo build -q -p llama-worker)
+  worker=${CARGO_TARGET_DIR:-$root/target}/debug/llama-worker
+fi
+config=$cache/run/worker-$port.toml
+cat >"$config" <<TOML
+command = "$server"
+args = ["--models-preset", "$preset", "--models-max", "1", "--host", "127.0.0.1", "--port", "{port}",
+        "--slots", "--jinja"]
+status_socket = "$status_socket"
+TOML
+echo "serve.sh: llama-server router on 127.0.0.1:$port, model id $MODEL_ID, under llama-worker (status: $status_socket)" >&2
+exec "$worker" run --config "$config" --port "$port"

@@ -1,8 +1,8 @@
 //! Test support: a real local `llama-server` router, and an `inferproxy` in front of it.
 //!
 //! Every test that talks to the real server gets it through [`LocalServer::start`], which runs
-//! `scripts/serve.sh` (the same command line as `make serve`) on a free port and waits until the
-//! model is loaded. Processes are stopped when the handle drops, also when a test panics; if the
+//! `scripts/serve.sh` (the same command line as `make serve`: the router under `llama-worker`)
+//! on a free port and waits until the model is loaded. Processes are stopped when the handle drops, also when a test panics; if the
 //! test process dies without unwinding, a watchdog in the server's process group sees its stdin
 //! close and stops the group.
 //!
@@ -111,6 +111,7 @@ pub struct LocalServer {
     group: Group,
     addr: SocketAddr,
     log: PathBuf,
+    status_socket: PathBuf,
 }
 
 impl LocalServer {
@@ -122,9 +123,21 @@ impl LocalServer {
         let port = free_port();
         let log = dir.join("server.log");
         let serve = workspace_root().join("scripts/serve.sh");
-        let group = Group::spawn(&serve, &["--port".into(), port.to_string()], &log);
+        let status_socket = dir.join("worker.sock");
+        let args = [
+            "--port".to_string(),
+            port.to_string(),
+            "--status-socket".to_string(),
+            status_socket.display().to_string(),
+        ];
+        let group = Group::spawn(&serve, &args, &log);
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
-        let server = LocalServer { group, addr, log };
+        let server = LocalServer {
+            group,
+            addr,
+            log,
+            status_socket,
+        };
         server.wait_loaded();
         server
     }
@@ -144,9 +157,28 @@ impl LocalServer {
         &self.log
     }
 
-    /// The process group id of the server (the watchdog shell leads it).
+    /// The process group id of the harness's watchdog, `llama-worker` and its helpers. The
+    /// `llama-server` router runs in a group of its own, which the worker owns.
     pub fn pgid(&self) -> u32 {
         self.group.pgid()
+    }
+
+    /// What `llama-worker` says of the server, as its status JSON.
+    pub fn worker_status(&self) -> std::io::Result<serde_json::Value> {
+        use std::io::BufRead;
+        let mut s = std::os::unix::net::UnixStream::connect(&self.status_socket)?;
+        s.set_read_timeout(Some(Duration::from_secs(10)))?;
+        s.write_all(b"status\n")?;
+        let mut line = String::new();
+        std::io::BufReader::new(s).read_line(&mut line)?;
+        serde_json::from_str(&line)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+    }
+
+    /// The pid of the `llama-server` router the worker runs now.
+    pub fn server_pid(&self) -> Option<u32> {
+        let status = self.worker_status().ok()?;
+        status.get("pid")?.as_u64().map(|p| p as u32)
     }
 
     fn wait_loaded(&self) {
