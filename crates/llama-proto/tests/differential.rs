@@ -426,3 +426,21 @@ fn the_generator_reaches_every_field() {
     ));
     check(p.as_bytes());
 }
+
+mod common;
+
+#[test]
+fn every_fixture_chunk_agrees() {
+    let mut n = 0;
+    for name in common::PAIRED.iter().chain(common::SSE_ONLY.iter()) {
+        for p in common::payloads(name) {
+            assert!(
+                reference(&p).is_some_and(|r| r.is_ok()),
+                "serde_json refuses a fixture chunk"
+            );
+            check(&p);
+            n += 1;
+        }
+    }
+    assert!(n > 50, "only {n} fixture chunks");
+}

@@ -1,0 +1,193 @@
+//! Decode plus assembly per event against serde_json on the same recorded transcripts
+//! (`fixtures/{plain,thinking,tool_call}.sse`), in one run.
+//!
+//! - `llama_proto`: `decode_chunk` into a reused text buffer, then `Assembler::push`;
+//! - `serde_json_borrowed`: `serde_json::from_slice` into a borrowed struct with the same
+//!   fields (`Cow<str>` so escaped strings still parse), no assembly;
+//! - `serde_json_value`: `serde_json::from_slice::<Value>`.
+//!
+//! `cargo bench -p llama-proto --bench decode -- --warm-up-time 1 --measurement-time 3`
+//! (`LLAMA_PROTO_FIXTURES=<dir>` reads the three `.sse` files from another directory).
+
+use std::borrow::Cow;
+use std::hint::black_box;
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use llama_proto::{decode_chunk, Assembler, Payload};
+use serde::Deserialize;
+use sse_nostd::{Event, Parser, LOOPD_CAP};
+
+#[derive(Deserialize)]
+#[allow(dead_code)]
+struct Chunk<'a> {
+    #[serde(borrow)]
+    id: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    choices: Option<Vec<Choice<'a>>>,
+    timings: Option<Timings>,
+    prompt_progress: Option<Progress>,
+}
+
+#[derive(Deserialize)]
+#[allow(dead_code)]
+struct Choice<'a> {
+    #[serde(borrow)]
+    delta: Option<Delta<'a>>,
+    #[serde(borrow)]
+    finish_reason: Option<Cow<'a, str>>,
+}
+
+#[derive(Deserialize)]
+#[allow(dead_code)]
+struct Delta<'a> {
+    #[serde(borrow)]
+    content: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    reasoning_content: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    tool_calls: Option<Vec<ToolCall<'a>>>,
+}
+
+#[derive(Deserialize)]
+#[allow(dead_code)]
+struct ToolCall<'a> {
+    index: u32,
+    #[serde(borrow)]
+    id: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    function: Option<Function<'a>>,
+}
+
+#[derive(Deserialize)]
+#[allow(dead_code)]
+struct Function<'a> {
+    #[serde(borrow)]
+    name: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    arguments: Option<Cow<'a, str>>,
+}
+
+#[derive(Deserialize)]
+#[allow(dead_code)]
+struct Timings {
+    cache_n: u64,
+    prompt_n: u64,
+    predicted_n: u64,
+}
+
+#[derive(Deserialize)]
+#[allow(dead_code)]
+struct Progress {
+    total: u64,
+    cache: u64,
+    processed: u64,
+    time_ms: u64,
+}
+
+/// The chunk payloads of the recorded transcripts, each transcript separately.
+fn transcripts() -> Vec<Vec<Vec<u8>>> {
+    // LLAMA_PROTO_FIXTURES points the bench at another recording of the same three streams.
+    let dir = std::env::var_os("LLAMA_PROTO_FIXTURES").map_or_else(
+        || std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures"),
+        std::path::PathBuf::from,
+    );
+    let mut storage = vec![0u8; LOOPD_CAP];
+    let storage: &mut [u8; LOOPD_CAP] = storage.as_mut_slice().try_into().unwrap();
+    let mut parser = Parser::<_, LOOPD_CAP>::new(storage);
+    ["plain", "thinking", "tool_call"]
+        .iter()
+        .map(|name| {
+            let path = dir.join(format!("{name}.sse"));
+            let body = std::fs::read(&path).unwrap_or_else(|e| {
+                panic!(
+                    "{}: {e} (the bench needs the recorded fixtures)",
+                    path.display()
+                )
+            });
+            parser.reset();
+            let mut out = Vec::new();
+            let mut rest = &body[..];
+            loop {
+                let (used, ev) = parser.feed(rest).expect("fixture SSE parses");
+                let exhausted = ev.is_none();
+                if let Some(Event::Message(m)) = ev {
+                    if m.event == b"message" && !sse_nostd::is_done(m.data) {
+                        out.push(m.data.to_vec());
+                    }
+                }
+                rest = &rest[used..];
+                if exhausted {
+                    break;
+                }
+            }
+            out
+        })
+        .collect()
+}
+
+const CONTENT: usize = 256 * 1024;
+const REASONING: usize = 256 * 1024;
+const CALLS: usize = 8;
+const ARGS: usize = 64 * 1024;
+
+fn bench(c: &mut Criterion) {
+    let transcripts = transcripts();
+    let events: usize = transcripts.iter().map(Vec::len).sum();
+    let longest = transcripts
+        .iter()
+        .flatten()
+        .map(Vec::len)
+        .max()
+        .unwrap_or(0);
+
+    let mut content: Box<[u8; CONTENT]> = vec![0u8; CONTENT].into_boxed_slice().try_into().unwrap();
+    let mut reasoning: Box<[u8; REASONING]> =
+        vec![0u8; REASONING].into_boxed_slice().try_into().unwrap();
+    let mut args: Box<[[u8; ARGS]; CALLS]> = vec![[0u8; ARGS]; CALLS]
+        .into_boxed_slice()
+        .try_into()
+        .unwrap();
+    let mut asm = Box::new(Assembler::new(&mut content, &mut reasoning, &mut args));
+    let mut text = vec![0u8; longest];
+
+    let mut g = c.benchmark_group("chunk");
+    g.throughput(Throughput::Elements(events as u64));
+    g.bench_function("llama_proto_decode_assemble", |b| {
+        b.iter(|| {
+            for t in &transcripts {
+                asm.reset();
+                for p in t {
+                    match decode_chunk(p, &mut text) {
+                        Ok(Payload::Chunk(ch)) => asm.push(&ch).expect("fixture assembles"),
+                        other => panic!("fixture chunk: {other:?}"),
+                    }
+                }
+                black_box(asm.finish().expect("fixture finishes"));
+            }
+        })
+    });
+    g.bench_function("serde_json_borrowed", |b| {
+        b.iter(|| {
+            for t in &transcripts {
+                for p in t {
+                    black_box(serde_json::from_slice::<Chunk<'_>>(p).expect("fixture parses"));
+                }
+            }
+        })
+    });
+    g.bench_function("serde_json_value", |b| {
+        b.iter(|| {
+            for t in &transcripts {
+                for p in t {
+                    black_box(
+                        serde_json::from_slice::<serde_json::Value>(p).expect("fixture parses"),
+                    );
+                }
+            }
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

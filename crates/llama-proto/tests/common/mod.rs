@@ -1,0 +1,86 @@
+//! Shared by the fixture-based tests: reading the recorded transcripts in `fixtures/`.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+
+use sse_nostd::{Event, Parser};
+
+/// The recorded transcripts with a non-streamed twin, and the SSE-only ones.
+pub const PAIRED: [&str; 3] = ["plain", "thinking", "tool_call"];
+pub const SSE_ONLY: [&str; 2] = ["progress", "reasoning_end"];
+
+pub fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures")
+        .join(name)
+}
+
+pub fn read(name: &str) -> Vec<u8> {
+    let p = fixture(name);
+    std::fs::read(&p).unwrap_or_else(|e| panic!("fixture {} missing: {e}", p.display()))
+}
+
+/// One SSE event: its type and data.
+#[derive(Debug, Clone)]
+pub struct SseEvent {
+    pub event: Vec<u8>,
+    pub data: Vec<u8>,
+}
+
+/// Every event of `<name>.sse`, `[DONE]` included, parsed with `sse-nostd`.
+pub fn events(name: &str) -> Vec<SseEvent> {
+    let body = read(&format!("{name}.sse"));
+    let mut storage = vec![0u8; sse_nostd::LOOPD_CAP];
+    let storage: &mut [u8; sse_nostd::LOOPD_CAP] = storage.as_mut_slice().try_into().unwrap();
+    let mut parser = Parser::<_, { sse_nostd::LOOPD_CAP }>::new(storage);
+    let mut out = Vec::new();
+    let mut rest = &body[..];
+    loop {
+        let (used, ev) = parser.feed(rest).expect("fixture SSE parses");
+        let exhausted = ev.is_none();
+        if let Some(Event::Message(m)) = ev {
+            out.push(SseEvent {
+                event: m.event.to_vec(),
+                data: m.data.to_vec(),
+            });
+        }
+        rest = &rest[used..];
+        if exhausted {
+            break;
+        }
+    }
+    parser.finish().expect("fixture SSE ends cleanly");
+    out
+}
+
+/// The chunk payloads of `<name>.sse`: `message` events other than `[DONE]`.
+pub fn payloads(name: &str) -> Vec<Vec<u8>> {
+    events(name)
+        .into_iter()
+        .filter(|e| e.event == b"message" && !sse_nostd::is_done(&e.data))
+        .map(|e| e.data)
+        .collect()
+}
+
+/// Heap storage for an assembler with loopd-sized capacities.
+pub const CONTENT: usize = 256 * 1024;
+pub const REASONING: usize = 256 * 1024;
+pub const CALLS: usize = 8;
+pub const ARGS: usize = 64 * 1024;
+
+pub struct Storage {
+    pub content: Box<[u8; CONTENT]>,
+    pub reasoning: Box<[u8; REASONING]>,
+    pub args: Box<[[u8; ARGS]; CALLS]>,
+}
+
+pub fn storage() -> Storage {
+    Storage {
+        content: vec![0u8; CONTENT].into_boxed_slice().try_into().unwrap(),
+        reasoning: vec![0u8; REASONING].into_boxed_slice().try_into().unwrap(),
+        args: vec![[0u8; ARGS]; CALLS]
+            .into_boxed_slice()
+            .try_into()
+            .unwrap(),
+    }
+}
