@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# The local stack, started, used and stopped in one command:
+#   llama-worker -> llama-server router (scripts/serve.sh) <- inferproxy <- loopd
+#
+#   scripts/local-stack.sh selftest                       (make selftest)
+#   scripts/local-stack.sh ask [--thinking] "<prompt>"    (make ask PROMPT="...")
+#   scripts/local-stack.sh verify                         (make verify-device against the local router)
+#
+# Builds what is missing (llama-server and the model, cached; the workspace binaries), writes a
+# loopd config whose [expect] matches the local model, runs the command, and stops everything it
+# started on the way out, also on failure or Ctrl-C.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+cmd=${1:-selftest}
+shift || true
+
+"$root/scripts/llama-server.sh" all >/dev/null
+cargo build -q -p loopd -p inferproxy -p llama-worker
+bin=${CARGO_TARGET_DIR:-$root/target}/debug
+
+run=$(mktemp -d "${TMPDIR:-/tmp}/boxmaker-stack-XXXXXX")
+pids=()
+cleanup() {
+  local status=$?
+  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+  if [ $status -ne 0 ] && [ -f "$run/server.log" ]; then
+    echo "local-stack: last lines of the server log:" >&2
+    tail -n 15 "$run/server.log" >&2 || true
+  fi
+  rm -rf "$run"
+  exit $status
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+LLAMA_WORKER_BIN=$bin/llama-worker "$root/scripts/serve.sh" --port "$port" \
+  --status-socket "$run/worker.sock" >"$run/server.log" 2>&1 &
+pids+=($!)
+"$bin/inferproxy" --listen "$run/infer.sock" --upstream "127.0.0.1:$port" 2>"$run/proxy.log" &
+pids+=($!)
+
+# The worker says ready once the router answers; loopd's own load wait covers the model load.
+for _ in $(seq 600); do
+  state=$("$bin/llama-worker" status --socket "$run/worker.sock" 2>/dev/null | python3 -c \
+    'import json,sys; print(json.load(sys.stdin)["state"])' 2>/dev/null || true)
+  [ "$state" = ready ] && [ -S "$run/infer.sock" ] && break
+  case $state in failed | stopped) echo "local-stack: llama-worker is $state" >&2; exit 1 ;; esac
+  sleep 0.2
+done
+[ "${state:-}" = ready ] || { echo "local-stack: llama-server did not become ready" >&2; exit 1; }
+
+template=$root/fixtures/templates/smollm2-tools-thinking.jinja
+cat >"$run/loopd.toml" <<TOML
+socket = "$run/infer.sock"
+model = "smollm2"
+
+[expect]
+chat_template_sha256 = "$(sha256sum "$template" | cut -d' ' -f1)"
+n_ctx = 4096
+total_slots = 2
+TOML
+
+case $cmd in
+  selftest)
+    "$bin/loopd" selftest --config "$run/loopd.toml"
+    cat <<MSG
+
+To watch one request through the same path (llama-worker, llama-server, inferproxy, loopd):
+  make ask PROMPT="Why is the sky blue?"
+  make ask PROMPT="What is 2 + 3?" THINKING=1
+MSG
+    ;;
+  ask) "$bin/loopd" ask --config "$run/loopd.toml" "$@" ;;
+  verify)
+    UPSTREAM=127.0.0.1:$port MODEL=smollm2 LOOPD_CONFIG=$run/loopd.toml INFERPROXY_BIN=$bin/inferproxy \
+      "$root/scripts/verify-device.sh"
+    ;;
+  *) echo "local-stack: unknown command $cmd (selftest, ask, verify)" >&2; exit 2 ;;
+esac
