@@ -10,10 +10,11 @@ NOSTD_CRATES := -p sse-nostd -p http-nostd -p llama-proto
 DEVICE_TARGET := thumbv7em-none-eabihf
 FUZZ_SECONDS ?= 60
 
-.PHONY: test selftest verify-device fuzz bench serve fixtures llama fmt-check clippy unit no-std
+.PHONY: test selftest ask verify-device verify-local fuzz bench serve fixtures llama fmt-check clippy unit no-std
 
-## test: format, lints, every test (the end-to-end ones against a real llama-server), the no_std build
-test: fmt-check clippy llama unit no-std
+## test: format, lints, every test (the end-to-end ones against a real llama-server), the no_std
+## build, and verify-device against the local router
+test: fmt-check clippy llama unit no-std verify-local
 
 fmt-check:
 	$(CARGO) fmt --all -- --check
@@ -41,15 +42,22 @@ serve: llama
 fixtures: llama
 	scripts/record-fixtures.sh
 
-## selftest: the main job (filled in by the selftest issue)
+## selftest: the main job: local llama-server under llama-worker, inferproxy, `loopd selftest`
 selftest:
-	@echo "make selftest will start the local llama-server and inferproxy and run 'loopd selftest'; not built yet" >&2
-	@exit 1
+	scripts/local-stack.sh selftest
 
-## verify-device: selftest and the device tests against UPSTREAM (filled in by the selftest issue)
+## ask: one request through the same stack, shown as it runs (PROMPT="...", THINKING=1)
+ask:
+	scripts/local-stack.sh ask $(if $(THINKING),--thinking) "$(or $(PROMPT),Why is the sky blue?)"
+
+## verify-device: selftest and the device tests against UPSTREAM (default straylight:11434);
+## needs MODEL EXPECT_SHA256 N_CTX SLOTS, or LOOPD_CONFIG (see scripts/verify-device.sh)
 verify-device:
-	@echo "make verify-device is not built yet" >&2
-	@exit 1
+	scripts/verify-device.sh
+
+## verify-local: verify-device against the local router (part of make test)
+verify-local: llama
+	scripts/local-stack.sh verify
 
 ## fuzz: every cargo-fuzz target for FUZZ_SECONDS each (installs cargo-fuzz when missing)
 fuzz:

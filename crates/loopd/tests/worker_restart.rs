@@ -1,0 +1,65 @@
+//! The whole local stack under a crash: llama-worker runs the router, inferproxy forwards, loopd
+//! streams. Killing llama-server with SIGKILL mid-stream must end in a completed request: the
+//! worker brings the server back and `chat_with_retry` sends the request again.
+
+use std::process::Command;
+
+use llama_harness::{LocalServer, Proxy};
+use loopd::config::Config;
+use loopd::llama::{ChatEvent, ChatMessage, ChatRequest, Client, FinishReason};
+
+#[test]
+fn a_stream_survives_llama_server_being_killed_under_it() {
+    let server = LocalServer::start();
+    let proxy = Proxy::start(server.addr());
+    let mut c = Config::new(proxy.socket(), server.model());
+    c.sampling.temperature = Some(0.0);
+    c.limits.max_tokens = 32;
+    // Polls are connections too: keep them inside inferproxy's 2-per-second accept budget.
+    c.limits.poll_ms = 1000;
+    let client = Client::new(c);
+    let req = ChatRequest {
+        slot: 0,
+        messages: vec![ChatMessage::User {
+            content: "Count from one to twenty in words.".into(),
+        }],
+        tools: Vec::new(),
+        thinking: false,
+    };
+
+    let before = server
+        .server_pid()
+        .expect("the worker reports the server's pid");
+    let mut killed = false;
+    let mut events = Vec::new();
+    let done = client
+        .chat_with_retry(&req, &mut |e| {
+            events.push(e.clone());
+            if !killed && matches!(e, ChatEvent::Content(_)) {
+                killed = true;
+                let status = Command::new("kill")
+                    .args(["-KILL", &before.to_string()])
+                    .status()
+                    .expect("run kill");
+                assert!(status.success(), "kill -KILL {before}");
+            }
+        })
+        .expect("the request completes after the worker restarts the server");
+
+    assert!(killed, "the stream produced content before the kill");
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(e, ChatEvent::Retrying { attempt: 2, .. })),
+        "a Retrying event after the kill: {events:?}"
+    );
+    assert!(matches!(
+        done.finish_reason,
+        FinishReason::Stop | FinishReason::Length
+    ));
+    let after = server.server_pid().expect("the worker reports the new pid");
+    assert_ne!(after, before, "a new llama-server runs");
+    let status = server.worker_status().expect("worker status");
+    assert_eq!(status["state"], "ready", "{status}");
+    assert!(status["total_restarts"].as_u64() >= Some(1), "{status}");
+}
