@@ -227,8 +227,10 @@ impl<S: BorrowMut<[u8; H]>, const H: usize> ResponseReader<S, H> {
                 head::parse(&rest[..take], index)?
             } else {
                 buf[old..old + take].copy_from_slice(&rest[..take]);
-                // A head only ends at an LF; a full buffer gets its verdict now.
-                if rest[..take].contains(&b'\n') || old + take == H {
+                // A head only ends at an empty line, so it is parsed again only when one may have
+                // arrived (or the buffer is full): a head dripped in small reads costs a few
+                // parses, not one per line. An earlier fault is still found then, or by `finish`.
+                if ends_empty_line(&buf[old.saturating_sub(2)..old + take]) || old + take == H {
                     head::parse(&buf[..old + take], index)?
                 } else {
                     None
@@ -291,4 +293,12 @@ impl<S, const H: usize> core::fmt::Debug for ResponseReader<S, H> {
             .field("state", &self.state)
             .finish_non_exhaustive()
     }
+}
+
+/// True if `bytes` holds the end of an empty line (`LF LF` or `LF CR LF`).
+fn ends_empty_line(bytes: &[u8]) -> bool {
+    bytes
+        .windows(2)
+        .enumerate()
+        .any(|(i, w)| w == b"\n\n" || (w == b"\n\r" && bytes.get(i + 2) == Some(&b'\n')))
 }

@@ -659,3 +659,23 @@ fn error_kinds_and_messages() {
     );
     assert_eq!(Framing::Length(3).name(), "length");
 }
+
+#[test]
+fn a_fault_in_an_unfinished_head_is_named_whatever_the_reads() {
+    let pieces: [&[u8]; 2] = [b"HTTP/1.1 200 OK\r\n", b"Bad Name: x\r\n"];
+    assert_eq!(
+        read_pieces(pieces).unwrap_err(),
+        HttpError::InvalidHeaderName
+    );
+    assert_eq!(
+        err(b"HTTP/1.1 200 OK\r\nBad Name: x\r\n"),
+        HttpError::InvalidHeaderName
+    );
+    // Dripped a byte at a time, a head with many folded lines still reads the same.
+    let mut input = b"HTTP/1.1 200 OK\r\nX: a".to_vec();
+    input.extend(b"\r\n b".repeat(500));
+    input.extend_from_slice(b"\r\nContent-Length: 0\r\n\r\n");
+    let r = read_pieces(input.chunks(1)).unwrap();
+    assert_eq!(r.headers[0].1.len(), 1 + 500 * 4);
+    assert_eq!(r.headers[0].1, read(&input).unwrap().headers[0].1);
+}
