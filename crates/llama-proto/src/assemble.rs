@@ -144,6 +144,10 @@ impl<const N: usize> Short<N> {
         len: 0,
     };
 
+    fn bytes(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+
     fn as_str(&self) -> &str {
         // Cannot fail: only whole `&str`s are stored.
         core::str::from_utf8(&self.buf[..self.len]).unwrap_or_default()
@@ -336,7 +340,7 @@ impl<'s, const CONTENT: usize, const REASONING: usize, const CALLS: usize, const
             if id.len() > MAX_COMPLETION_ID {
                 return Err(AssembleError::CompletionIdTooLong);
             }
-            if self.has_id && self.id.as_str() != id {
+            if self.has_id && self.id.bytes() != id.as_bytes() {
                 return Err(AssembleError::CompletionIdChanged);
             }
         }

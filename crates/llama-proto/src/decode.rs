@@ -16,7 +16,7 @@ use crate::unescape::{is_plain, unescape, UnescapeError};
 use crate::{FinishReason, Timings};
 
 /// Most tool-call deltas one chunk may carry (llama-server sends one per chunk).
-pub const MAX_TOOL_CALL_DELTAS: usize = 8;
+pub const MAX_TOOL_CALL_DELTAS: usize = 4;
 
 /// What one `data:` payload said.
 // No allocator to box the chunk, and nearly every payload is a chunk anyway.
