@@ -143,6 +143,15 @@ pub fn tool_call_parses(client: &Client, slot: u32) -> Check {
     }
 }
 
+/// The system prompt of check 3. It is long enough (well over the 64-token allowance of
+/// `cache_outcome`) that a turn 2 which reused nothing is reported as a loss.
+pub const CACHE_SYSTEM_PROMPT: &str = "You are a terse assistant on a small research ship. \
+The crew ask you short questions while they work: about the weather, the instruments, the stores \
+in the hold, the charts, and the names of things they see over the side. Answer each question in \
+a few words, without greetings, lists or explanations, and never ask a question back. If you do \
+not know, say so in three words. Keep every answer on one line. The ship is quiet at night and the \
+watch changes every four hours; the crew are tired and want short answers.";
+
 /// Check 3: a two-turn exchange on `slot`; turn 2 must reuse turn 1's prompt and answer.
 pub fn turn_two_hits_cache(client: &Client, slot: u32) -> Check {
     let name = "cache";
@@ -150,7 +159,7 @@ pub fn turn_two_hits_cache(client: &Client, slot: u32) -> Check {
         slot,
         messages: vec![
             ChatMessage::System {
-                content: "You are a terse assistant.".into(),
+                content: CACHE_SYSTEM_PROMPT.into(),
             },
             ChatMessage::User {
                 content: "Name a colour.".into(),
