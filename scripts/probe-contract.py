@@ -51,16 +51,31 @@ def main():
                       "chat_template (bytes)": len(props["chat_template"].encode())}), "\n")
     show("slots", "GET", f"/slots?model={MODEL}")
     show("unload the model", "POST", "/models/unload", {"model": MODEL})
-    time.sleep(2)
-    show("slots while unloaded", "GET", f"/slots?model={MODEL}")
+    seen = []
+    for _ in range(100):
+        status, out = req("GET", "/models")
+        value = json.loads(out)["data"][0]["status"]["value"]
+        if not seen or seen[-1] != value:
+            seen.append(value)
+        if value == "unloaded":
+            break
+        time.sleep(0.1)
+    print(f"### model status after unload, polled every 100 ms\n{' -> '.join(seen)}\n")
     show("slots while unloaded, autoload=false", "GET", f"/slots?model={MODEL}&autoload=false")
-    show("models while unloaded", "GET", "/models")
-    # A chat request loads the model; /slots is asked while that load runs.
+    show("props while unloaded, autoload=false", "GET", f"/props?model={MODEL}&autoload=false")
+    # A chat request loads the model; /slots (autoload=false) is polled while that load runs.
     t = threading.Thread(target=lambda: show("chat request that loads the model", "POST",
                                              "/v1/chat/completions", chat("Hi")))
     t.start()
-    time.sleep(0.2)
-    show("slots during the load", "GET", f"/slots?model={MODEL}&autoload=false")
+    answers = []
+    while t.is_alive() and len(answers) < 4:
+        status, out = req("GET", f"/slots?model={MODEL}&autoload=false")
+        answer = f"{status} {out[:160].decode(errors='replace')}"
+        if not answers or answers[-1] != answer:
+            answers.append(answer)
+        time.sleep(0.05)
+    print("### slots (autoload=false) while the chat request loads the model, distinct answers")
+    print("\n".join(answers), "\n")
     t.join()
     show("control, unknown id", "POST", "/v1/chat/completions/control",
          {"id": "chatcmpl-nope", "action": "reasoning_end", "model": MODEL})
