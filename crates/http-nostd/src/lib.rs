@@ -33,6 +33,37 @@
 //! assert_eq!(&body, b"hello");
 //! assert_eq!(reader.finish(), Ok(()));
 //! ```
+//!
+//! Collecting a JSON body into 4 MiB of heap storage that never passed through the stack, reading
+//! from any `std::io::Read` (a `UnixStream` in loopd):
+//!
+//! ```
+//! use std::io::Read;
+//! use http_nostd::{BodyBuffer, Progress, ResponseReader, BODY_CAP, HEAD_CAP};
+//!
+//! fn fetch(mut conn: impl Read) -> Result<(u16, Vec<u8>), Box<dyn std::error::Error>> {
+//!     let head: Box<[u8; HEAD_CAP]> = vec![0; HEAD_CAP].into_boxed_slice().try_into().unwrap();
+//!     let body: Box<[u8; BODY_CAP]> = vec![0; BODY_CAP].into_boxed_slice().try_into().unwrap();
+//!     let (mut reader, mut body) = (ResponseReader::new(head), BodyBuffer::new(body));
+//!     let mut buf = [0u8; 4096];
+//!     loop {
+//!         let n = conn.read(&mut buf)?;
+//!         if n == 0 {
+//!             reader.finish()?; // Ok only if the body was complete (Truncated otherwise)
+//!             break;
+//!         }
+//!         // feed_into consumes all of `buf[..n]` unless the body ended inside it.
+//!         if reader.feed_into(&buf[..n], &mut body)?.1 == Progress::Done {
+//!             break;
+//!         }
+//!     }
+//!     let status = reader.head().map_or(0, |h| h.status());
+//!     Ok((status, body.as_bytes().to_vec()))
+//! }
+//!
+//! let wire = &b"HTTP/1.1 200 OK\r\nContent-Length: 11\r\n\r\n{\"ok\":true}"[..];
+//! assert_eq!(fetch(wire).unwrap(), (200, br#"{"ok":true}"#.to_vec()));
+//! ```
 #![no_std]
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
