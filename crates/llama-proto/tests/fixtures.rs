@@ -197,3 +197,17 @@ fn a_transcript_cut_before_its_finish_reason_is_reported() {
     }
     assert_eq!(asm.finish(), Err(AssembleError::NoFinishReason));
 }
+
+#[test]
+fn reasoning_end_stops_the_count_when_the_answer_starts() {
+    let (tokens, total, reasoning, content) = assembled("reasoning_end", |m| {
+        (
+            m.reasoning_tokens,
+            m.timings.predicted_n,
+            m.reasoning_content.map(str::len),
+            m.content.map(str::len),
+        )
+    });
+    assert!(reasoning.is_some() && content.is_some());
+    assert!(tokens > 0 && tokens < total, "{tokens} of {total}");
+}
