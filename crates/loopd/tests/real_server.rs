@@ -1,0 +1,347 @@
+//! loopd against the real local llama-server, through a real inferproxy on a Unix socket.
+//!
+//! One router and one proxy serve the whole file (they stop when the test process exits). The
+//! model is tiny, so the tests check the shape of what comes back, not its wording. The tests
+//! take turns: inferproxy admits 2 connections a second after a burst of 10 (an accident
+//! limit), which parallel tests and fast `/slots` polls would exhaust.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::Duration;
+
+use llama_harness::{LocalServer, Proxy};
+use loopd::config::Config;
+use loopd::llama::{
+    cache_outcome, CacheOutcome, ChatEvent, ChatMessage, ChatRequest, Client, Completion,
+    FinishReason, InferError, ToolCall, ToolSchema,
+};
+
+/// The socket of the shared proxy in front of the shared server.
+fn socket() -> PathBuf {
+    static SHARED: OnceLock<(LocalServer, Proxy)> = OnceLock::new();
+    let (_, proxy) = SHARED.get_or_init(|| {
+        let server = LocalServer::start();
+        let proxy = Proxy::start(server.addr());
+        (server, proxy)
+    });
+    proxy.socket().to_owned()
+}
+
+/// One test at a time against the shared server.
+fn turn() -> MutexGuard<'static, ()> {
+    static TURN: Mutex<()> = Mutex::new(());
+    TURN.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn config() -> Config {
+    let mut c = Config::new(socket(), llama_harness::MODEL_ID);
+    c.limits.max_tokens = 48;
+    c.limits.poll_ms = 500;
+    c.sampling.temperature = Some(0.0);
+    // A 2,048-token batch takes longer than the default 30 s on a loaded 2-core box.
+    c.limits.liveness_ms = 180_000;
+    c
+}
+
+fn user(text: &str) -> ChatMessage {
+    ChatMessage::User {
+        content: text.into(),
+    }
+}
+
+fn chat(client: &Client, req: &ChatRequest) -> (Result<Completion, InferError>, Vec<ChatEvent>) {
+    let mut events = Vec::new();
+    let r = client.chat(req, &mut |e| events.push(e.clone()));
+    (r, events)
+}
+
+fn joined(events: &[ChatEvent], pick: fn(&ChatEvent) -> Option<&str>) -> String {
+    events.iter().filter_map(pick).collect()
+}
+
+fn content_of(e: &ChatEvent) -> Option<&str> {
+    match e {
+        ChatEvent::Content(s) => Some(s),
+        _ => None,
+    }
+}
+
+fn reasoning_of(e: &ChatEvent) -> Option<&str> {
+    match e {
+        ChatEvent::Reasoning(s) => Some(s),
+        _ => None,
+    }
+}
+
+#[test]
+fn plain_streamed_answer() {
+    let _turn = turn();
+    let client = Client::new(config());
+    let req = ChatRequest {
+        slot: 0,
+        messages: vec![user("Name three colours.")],
+        tools: vec![],
+        thinking: false,
+    };
+    let (r, events) = chat(&client, &req);
+    let done = r.unwrap();
+    let text = done.content.clone().unwrap();
+    assert!(!text.is_empty());
+    assert_eq!(
+        joined(&events, content_of),
+        text,
+        "the deltas reassemble exactly"
+    );
+    assert!(done.id.starts_with("chatcmpl-"), "{}", done.id);
+    assert!(matches!(
+        done.finish_reason,
+        FinishReason::Stop | FinishReason::Length
+    ));
+    assert!(
+        done.timings.prompt_n > 0 && done.timings.predicted_n > 0,
+        "{:?}",
+        done.timings
+    );
+    assert!(done.tool_calls.is_empty() && !done.thinking_capped);
+}
+
+#[test]
+fn a_tool_call() {
+    let _turn = turn();
+    let client = Client::new(config());
+    let tool = ToolSchema {
+        name: "get_weather".into(),
+        description: "Get the current weather for a city.".into(),
+        parameters: serde_json::json!({
+            "type": "object",
+            "properties": { "city": { "type": "string", "description": "The city name" } },
+            "required": ["city"],
+        }),
+    };
+    // Two worked examples, then the question: the 135M model copies the pattern
+    // (docs/inference-contract.md).
+    let example = |id: &str, city: &str| ChatMessage::Assistant {
+        content: Some(String::new()),
+        reasoning_content: None,
+        tool_calls: vec![ToolCall {
+            id: id.into(),
+            name: "get_weather".into(),
+            arguments: format!("{{\"city\": \"{city}\"}}"),
+        }],
+    };
+    let req = ChatRequest {
+        slot: 0,
+        messages: vec![
+            ChatMessage::System {
+                content: "You answer every question by calling a tool.".into(),
+            },
+            user("What is the weather in Rome?"),
+            example("call_1", "Rome"),
+            user("What is the weather in Oslo?"),
+            example("call_2", "Oslo"),
+            user("What is the weather in Paris?"),
+        ],
+        tools: vec![tool],
+        thinking: false,
+    };
+    let (r, events) = chat(&client, &req);
+    let done = r.unwrap();
+    assert_eq!(done.finish_reason, FinishReason::ToolCalls, "{done:?}");
+    assert_eq!(done.tool_calls.len(), 1, "{done:?}");
+    let call = &done.tool_calls[0];
+    assert_eq!(call.name, "get_weather");
+    let args: serde_json::Value = serde_json::from_str(&call.arguments).unwrap();
+    assert!(args.get("city").is_some_and(|c| c.is_string()), "{args}");
+    let streamed: String = events
+        .iter()
+        .filter_map(|e| match e {
+            ChatEvent::ToolCallDelta {
+                index: 0,
+                arguments,
+                ..
+            } => Some(arguments.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(streamed, call.arguments);
+}
+
+#[test]
+fn a_thinking_answer_capped_early() {
+    let _turn = turn();
+    let mut c = config();
+    c.limits.thinking_cap = 4;
+    c.limits.max_tokens = 160;
+    let client = Client::new(c);
+    let req = ChatRequest {
+        slot: 1,
+        messages: vec![user("Explain why the sky is blue.")],
+        tools: vec![],
+        thinking: true,
+    };
+    let (r, events) = chat(&client, &req);
+    let done = r.unwrap();
+    let capped = events
+        .iter()
+        .position(|e| matches!(e, ChatEvent::ThinkingCapped { .. }))
+        .expect("capped");
+    assert!(matches!(events[capped], ChatEvent::ThinkingCapped { tokens } if tokens >= 4));
+    assert!(done.thinking_capped);
+    assert!(
+        done.reasoning_tokens >= 4 && done.reasoning_tokens < 4 + 256,
+        "{}",
+        done.reasoning_tokens
+    );
+    assert_eq!(
+        joined(&events, reasoning_of),
+        done.reasoning_content.clone().unwrap_or_default()
+    );
+    // The control call ended reasoning, and the answer followed.
+    assert!(
+        done.content.as_deref().is_some_and(|s| !s.is_empty()),
+        "{done:?}"
+    );
+    assert!(events[capped..].iter().any(|e| content_of(e).is_some()));
+}
+
+fn long_prompt() -> String {
+    let para =
+        "The lighthouse keeper wrote in the log every evening: the wind, the tide, the ships \
+                that passed, and the colour of the sky over the harbour before the lamp was lit. ";
+    para.repeat(60) + "\nIn one sentence, what did the keeper write about?"
+}
+
+#[test]
+fn progress_events_on_a_long_prompt() {
+    let _turn = turn();
+    let mut c = config();
+    c.limits.max_tokens = 8;
+    let client = Client::new(c);
+    let req = ChatRequest {
+        slot: 0,
+        messages: vec![user(&long_prompt())],
+        tools: vec![],
+        thinking: false,
+    };
+    let (r, events) = chat(&client, &req);
+    let done = r.unwrap();
+    let progress: Vec<(u64, u64, u64)> = events
+        .iter()
+        .filter_map(|e| match e {
+            ChatEvent::Progress {
+                total,
+                cache,
+                processed,
+            } => Some((*total, *cache, *processed)),
+            _ => None,
+        })
+        .collect();
+    assert!(progress.len() >= 2, "{progress:?}");
+    let total = progress[0].0;
+    assert!(total > 1_000, "{total}");
+    assert!(
+        progress.windows(2).all(|w| w[0].2 <= w[1].2),
+        "processed never goes back: {progress:?}"
+    );
+    assert_eq!(progress.last().unwrap().2, total);
+    assert_eq!(done.timings.cache_n + done.timings.prompt_n, total);
+}
+
+#[test]
+fn turn_two_hits_the_cache() {
+    let _turn = turn();
+    let client = Client::new(config());
+    let mut messages = vec![
+        ChatMessage::System {
+            content: "You are terse.".into(),
+        },
+        user(&format!("{}\nSummarise that in five words.", long_prompt())),
+    ];
+    let req = |messages: &Vec<ChatMessage>| ChatRequest {
+        slot: 1,
+        messages: messages.clone(),
+        tools: vec![],
+        thinking: false,
+    };
+    let first = chat(&client, &req(&messages)).0.unwrap();
+    messages.push(ChatMessage::Assistant {
+        content: first.content.clone(),
+        reasoning_content: first.reasoning_content.clone(),
+        tool_calls: first.tool_calls.clone(),
+    });
+    messages.push(user("Now in three words."));
+    let second = chat(&client, &req(&messages)).0.unwrap();
+    assert_eq!(
+        cache_outcome(&first.timings, &second.timings),
+        CacheOutcome::Hit,
+        "{:?} then {:?}",
+        first.timings,
+        second.timings
+    );
+    assert!(second.timings.cache_n > 1_000, "{:?}", second.timings);
+}
+
+#[test]
+fn a_request_pinned_to_a_busy_slot_waits_then_completes() {
+    let _turn = turn();
+    // Two clients, so loopd's own gate does not queue the second: the server's slot is busy.
+    let mut long = config();
+    long.limits.max_tokens = 200;
+    let holder = Arc::new(Client::new(long));
+    let blocking = {
+        let holder = holder.clone();
+        std::thread::spawn(move || {
+            let req = ChatRequest {
+                slot: 1,
+                messages: vec![user(&long_prompt())],
+                tools: vec![],
+                thinking: false,
+            };
+            let (r, events) = chat(&holder, &req);
+            r.map(|c| c.finish_reason)
+                .map_err(|e| format!("{e:?} after {events:?}"))
+        })
+    };
+    let client = Client::new(config());
+    // Wait until the server reports slot 1 processing, then send on the same slot.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !client
+        .slots()
+        .unwrap()
+        .iter()
+        .any(|s| s.id == 1 && s.is_processing)
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "slot 1 never got busy"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let req = ChatRequest {
+        slot: 1,
+        messages: vec![user("Say hi.")],
+        tools: vec![],
+        thinking: false,
+    };
+    let (r, events) = chat(&client, &req);
+    assert!(r.is_ok(), "{r:?}");
+    assert_eq!(
+        events.first(),
+        Some(&ChatEvent::Waiting { slot_busy: true }),
+        "{events:?}"
+    );
+    blocking.join().unwrap().unwrap();
+}
+
+#[test]
+fn props_slots_and_tokenize() {
+    let _turn = turn();
+    let client = Client::new(config());
+    let props = client.props().unwrap();
+    assert_eq!(props.total_slots, 2);
+    assert!(props.n_ctx > 0 && !props.chat_template.is_empty());
+    let slots = client.slots().unwrap();
+    assert_eq!(slots.iter().map(|s| s.id).collect::<Vec<_>>(), [0, 1]);
+    let tokens = client.tokenize("Hello world").unwrap();
+    assert!(!tokens.is_empty() && tokens.len() < 5, "{tokens:?}");
+}
