@@ -1,24 +1,5 @@
 //! Folds decoded chunks into one assistant message, without an allocator.
 //!
-//! The three large buffers are the caller's, so a 256 KiB message never sits on the stack.
-//! `loopd` allocates them once on the heap and reuses them for every request:
-//!
-//! ```
-//! use llama_proto::Assembler;
-//! const CONTENT: usize = 256 * 1024;
-//! const REASONING: usize = 256 * 1024;
-//! const CALLS: usize = 8;
-//! const ARGS: usize = 64 * 1024;
-//! // vec! writes zeros straight into the heap block; nothing this size touches the stack.
-//! let mut content: Box<[u8; CONTENT]> = vec![0u8; CONTENT].into_boxed_slice().try_into().unwrap();
-//! let mut reasoning: Box<[u8; REASONING]> =
-//!     vec![0u8; REASONING].into_boxed_slice().try_into().unwrap();
-//! let mut args: Box<[[u8; ARGS]; CALLS]> =
-//!     vec![[0u8; ARGS]; CALLS].into_boxed_slice().try_into().unwrap();
-//! let mut asm = Box::new(Assembler::new(&mut content, &mut reasoning, &mut args));
-//! # let _ = &mut asm;
-//! ```
-//!
 //! A chunk is applied whole or not at all: when a capacity would be exceeded the error
 //! names it and the assembler is unchanged.
 
@@ -197,7 +178,34 @@ impl CallMeta {
 }
 
 /// The delta assembler. `CONTENT` and `REASONING` are byte capacities, `CALLS` the number of
-/// tool calls, `ARGS` the argument bytes per call. See the module docs for allocating it.
+/// tool calls, `ARGS` the argument bytes per call.
+///
+/// A chunk is applied whole or not at all: when a capacity would be exceeded the error names
+/// it and the assembler is unchanged.
+///
+/// The three large buffers are the caller's, so a 256 KiB message never sits on the stack.
+/// `loopd` allocates them once on the heap and reuses them for every request
+/// ([`reset`](Self::reset) between requests):
+///
+/// ```
+/// use llama_proto::Assembler;
+/// const CONTENT: usize = 256 * 1024;
+/// const REASONING: usize = 256 * 1024;
+/// const CALLS: usize = 8;
+/// const ARGS: usize = 64 * 1024;
+/// // vec! writes zeros straight into the heap block; nothing this size touches the stack.
+/// let mut content: Box<[u8; CONTENT]> = vec![0u8; CONTENT].into_boxed_slice().try_into().unwrap();
+/// let mut reasoning: Box<[u8; REASONING]> =
+///     vec![0u8; REASONING].into_boxed_slice().try_into().unwrap();
+/// // One ARGS-sized element is built on the stack and cloned into the heap block.
+/// let mut args: Box<[[u8; ARGS]; CALLS]> =
+///     vec![[0u8; ARGS]; CALLS].into_boxed_slice().try_into().unwrap();
+/// let mut asm = Assembler::new(&mut content, &mut reasoning, &mut args);
+/// assert_eq!(asm.finish(), Err(llama_proto::AssembleError::NoFinishReason));
+/// ```
+///
+/// The assembler itself holds only lengths and the short ids and names (about 220 bytes per
+/// tool call), so it can live on the stack or in a `Box`.
 #[derive(Debug)]
 pub struct Assembler<
     's,
