@@ -192,6 +192,26 @@ fn bench(c: &mut Criterion) {
             cpu
         })
     });
+    // llama-proto's decode_chunk alone over the same payloads, to show where parse time goes.
+    let payloads: Vec<Vec<u8>> = transcript()
+        .iter()
+        .map(|e| e.strip_prefix(b"data: ").unwrap().strip_suffix(b"\n\n").unwrap().to_vec())
+        .filter(|p| p != b"[DONE]")
+        .collect();
+    let mut text = vec![0u8; 64 * 1024];
+    g.bench_function("llama_proto_decode_only", |b| {
+        b.iter_custom(|iters| {
+            let mut cpu = Duration::ZERO;
+            for _ in 0..iters {
+                let t = thread_cpu();
+                for p in &payloads {
+                    std::hint::black_box(llama_proto::decode_chunk(p, &mut text).is_ok());
+                }
+                cpu += thread_cpu() - t;
+            }
+            cpu
+        })
+    });
     g.finish();
 }
 
