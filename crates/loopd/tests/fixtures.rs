@@ -240,3 +240,21 @@ fn a_transcript_cut_anywhere_before_its_last_chunk_is_closed_early() {
         );
     }
 }
+
+#[test]
+fn any_split_of_the_stream_gives_the_same_completion() {
+    let body = fixture("tool_call.sse");
+    let whole = serve("tool_call", |_| {});
+    for (size, delay) in [(1, 0), (7, 0), (64, 1), (997, 2)] {
+        let pieces: Vec<Vec<u8>> = body.chunks(size).map(<[u8]>::to_vec).collect();
+        let reply = Reply::sse(pieces).each_after(std::time::Duration::from_millis(delay));
+        let server = FakeServer::start(vec![(CHAT, vec![reply])]);
+        let client = Client::new(Config::new(server.socket(), "smollm2"));
+        let mut events = Vec::new();
+        let done = client
+            .chat(&request(), &mut |e| events.push(e.clone()))
+            .unwrap();
+        assert_eq!(done, whole.0, "pieces of {size}");
+        assert_eq!(events, whole.1, "pieces of {size}");
+    }
+}
