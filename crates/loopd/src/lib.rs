@@ -5,6 +5,27 @@
 //! gate, timers, thinking cap and retry. Time and jitter come in through [`clock`], so the
 //! timers and the retry schedule are tested without sleeping. Nothing here starts a thread or
 //! opens a TCP connection.
+//!
+//! ```no_run
+//! use loopd::llama::{ChatEvent, ChatMessage, ChatRequest, Client};
+//! use loopd::Config;
+//!
+//! let config = Config::load(std::path::Path::new("/etc/boxmaker/loopd.toml"))?;
+//! let client = Client::new(config);
+//! let req = ChatRequest {
+//!     slot: 0,
+//!     messages: vec![ChatMessage::User { content: "Name three colours.".into() }],
+//!     tools: vec![],
+//!     thinking: false,
+//! };
+//! let done = client.chat_with_retry(&req, &mut |e: &ChatEvent| {
+//!     if let ChatEvent::Content(text) = e {
+//!         print!("{text}");
+//!     }
+//! })?;
+//! println!("\n{:?} after {} tokens", done.finish_reason, done.timings.predicted_n);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
