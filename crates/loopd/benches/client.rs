@@ -195,7 +195,13 @@ fn bench(c: &mut Criterion) {
     // llama-proto's decode_chunk alone over the same payloads, to show where parse time goes.
     let payloads: Vec<Vec<u8>> = transcript()
         .iter()
-        .map(|e| e.strip_prefix(b"data: ").unwrap().strip_suffix(b"\n\n").unwrap().to_vec())
+        .map(|e| {
+            e.strip_prefix(b"data: ")
+                .unwrap()
+                .strip_suffix(b"\n\n")
+                .unwrap()
+                .to_vec()
+        })
         .filter(|p| p != b"[DONE]")
         .collect();
     let mut text = vec![0u8; 64 * 1024];
