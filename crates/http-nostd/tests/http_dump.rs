@@ -2,64 +2,20 @@
 //! response `fixtures/chunked_response.http`, and `{"error":"Truncated"}` with exit status 1
 //! when the response is cut short.
 //!
-//! How the binary is found: `CARGO_BIN_EXE_<name>` exists only for `[[bin]]` targets, and this
-//! crate's example has `test = true`, so `cargo test` builds it only as a test harness, never
-//! as the plain binary; a path guessed next to the test binary would not exist. Instead the
-//! test asks the same cargo that runs it (`env!("CARGO")`, inheriting `CARGO_TARGET_DIR`, the
-//! toolchain and flags) to build the example with `--message-format=json`, and takes the
-//! binary's path from cargo's own `executable` field. The binary is then run directly, once
-//! per case, with the input on stdin.
+//! The binary comes from `llama_harness::workspace_artifact`, which asks the cargo running the
+//! tests to build the example and takes the path cargo reports: this crate's example has
+//! `test = true`, so `cargo test` builds it only as a test harness. It is then run directly,
+//! once per case, with the input on stdin.
 
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 
-/// Builds the example (once per test binary) and returns the path cargo reports for it.
-fn example_bin(package: &str, example: &str) -> PathBuf {
-    let out = Command::new(env!("CARGO"))
-        .args(["build", "-q", "--message-format=json", "-p", package])
-        .args(["--example", example])
-        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
-        .stderr(Stdio::inherit())
-        .output()
-        .expect("cargo runs");
-    assert!(
-        out.status.success(),
-        "cargo build --example {example} failed"
-    );
-    let stdout = String::from_utf8(out.stdout).expect("cargo prints UTF-8");
-    let target = format!("\"name\":\"{example}\"");
-    for line in stdout.lines() {
-        if line.contains("\"reason\":\"compiler-artifact\"")
-            && line.contains(&target)
-            && line.contains("\"kind\":[\"example\"]")
-        {
-            if let Some(path) = json_field_string(line, "executable") {
-                return PathBuf::from(path);
-            }
-        }
-    }
-    panic!("cargo reported no executable for example {example}:\n{stdout}");
-}
-
-/// The string value of `"field":"..."` in one line of cargo's JSON (unescapes `\\` and `\"`).
-fn json_field_string(line: &str, field: &str) -> Option<String> {
-    let start = line.find(&format!("\"{field}\":\""))? + field.len() + 4;
-    let mut value = String::new();
-    let mut chars = line[start..].chars();
-    loop {
-        match chars.next()? {
-            '"' => return Some(value),
-            '\\' => value.push(chars.next()?),
-            c => value.push(c),
-        }
-    }
-}
-
 fn http_dump(stdin: &[u8]) -> Output {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
-    let bin = BIN.get_or_init(|| example_bin("http-nostd", "http_dump"));
+    let bin =
+        BIN.get_or_init(|| llama_harness::workspace_artifact("http-nostd", "example", "http_dump"));
     let mut child = Command::new(bin)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())

@@ -277,17 +277,40 @@ pub fn inferproxy_bin() -> PathBuf {
     if let Some(p) = std::env::var_os("INFERPROXY_BIN") {
         return PathBuf::from(p);
     }
-    let root = workspace_root();
-    let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-        .args(["build", "-q", "-p", "inferproxy"])
-        .current_dir(&root)
-        .status()
-        .expect("run cargo build -p inferproxy");
-    assert!(status.success(), "cargo build -p inferproxy failed");
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root.join("target"));
-    target.join("debug/inferproxy")
+    workspace_artifact("inferproxy", "bin", "inferproxy")
+}
+
+/// Builds one target of a workspace package (`kind` is `bin` or `example`) with the cargo that
+/// runs the tests, and returns the executable's path as cargo reports it.
+///
+/// Cargo's own `executable` field is used rather than a guessed path under `target/`: it follows
+/// `CARGO_TARGET_DIR`, the profile, and examples that `cargo test` builds only as test harnesses.
+pub fn workspace_artifact(package: &str, kind: &str, name: &str) -> PathBuf {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(cargo)
+        .args(["build", "-q", "--message-format=json", "-p", package])
+        .arg(format!("--{kind}"))
+        .arg(name)
+        .current_dir(workspace_root())
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("run cargo build");
+    assert!(
+        out.status.success(),
+        "cargo build -p {package} --{kind} {name} failed"
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    stdout
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|m| m["reason"] == "compiler-artifact" && m["target"]["name"] == name)
+        .filter(|m| {
+            m["target"]["kind"]
+                .as_array()
+                .is_some_and(|k| k.iter().any(|k| k == kind))
+        })
+        .find_map(|m| m["executable"].as_str().map(PathBuf::from))
+        .unwrap_or_else(|| panic!("cargo reported no executable for {kind} {name}"))
 }
 
 /// A port on 127.0.0.1 that was free a moment ago.
