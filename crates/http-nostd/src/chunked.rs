@@ -41,13 +41,44 @@ enum TrailerPhase {
     Cr(bool),
 }
 
+/// Where a chunk-size line split across inputs stands, in the grammar httparse accepts:
+/// `1*HEXDIG *(SP / HTAB) [ ";" *(any byte but CR) ] CR LF`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LinePhase {
+    Digits,
+    Space,
+    Extension,
+    Cr,
+    /// Malformed; reported as `InvalidChunkSize` when the line ends, as for a whole line.
+    Bad,
+}
+
+/// A chunk-size line split across inputs, read a byte at a time. Whole lines are parsed where
+/// they lie; a split one is not gathered (that took a 1 KiB buffer, zeroed per response) but
+/// walked with this state, which gives the same size and the same error as the whole line.
+#[derive(Debug, Clone, Copy)]
+struct PartialLine {
+    len: usize,
+    /// Leading hex digits seen; only the first [`MAX_CHUNK_SIZE_DIGITS`] go into `size`.
+    digits: usize,
+    size: u64,
+    phase: LinePhase,
+}
+
+impl PartialLine {
+    const EMPTY: PartialLine = PartialLine {
+        len: 0,
+        digits: 0,
+        size: 0,
+        phase: LinePhase::Digits,
+    };
+}
+
 /// A push decoder for a chunked body; `T` caps the trailer section (default: the 16 KiB head cap).
 #[derive(Debug, Clone)]
 pub struct ChunkedDecoder<const T: usize = HEAD_CAP> {
     state: State,
-    // A chunk-size line split across inputs is gathered here; whole lines are parsed in place.
-    line: [u8; CHUNK_LINE_CAP],
-    line_len: usize,
+    line: PartialLine,
     trailer_len: usize,
 }
 
@@ -62,8 +93,7 @@ impl<const T: usize> ChunkedDecoder<T> {
     pub const fn new() -> Self {
         Self {
             state: State::SizeLine,
-            line: [0; CHUNK_LINE_CAP],
-            line_len: 0,
+            line: PartialLine::EMPTY,
             trailer_len: 0,
         }
     }
@@ -92,7 +122,7 @@ impl<const T: usize> ChunkedDecoder<T> {
     #[inline]
     fn decode_inner<'i>(&mut self, input: &'i [u8]) -> Result<(usize, Chunk<'i>), HttpError> {
         // The steady state of a stream: a whole `size CRLF data CRLF` chunk in the input.
-        if self.state == State::SizeLine && self.line_len == 0 {
+        if self.state == State::SizeLine && self.line.len == 0 {
             if let Some((n, size)) = fast_size_line(input) {
                 let data = &input[n..];
                 if size > 0 && size < data.len() as u64 {
@@ -165,7 +195,7 @@ impl<const T: usize> ChunkedDecoder<T> {
     /// Reads a chunk-size line; `None` when `rest` ended inside it (all of it is then used).
     #[inline]
     fn size_line(&mut self, rest: &[u8]) -> Result<Option<usize>, HttpError> {
-        let fast = match self.line_len {
+        let fast = match self.line.len {
             0 => fast_size_line(rest),
             _ => None,
         };
@@ -186,12 +216,12 @@ impl<const T: usize> ChunkedDecoder<T> {
     }
 
     /// Any valid chunk-size line, through httparse; `(bytes used, size)`, or `None` when `rest`
-    /// ended inside the line (then it was gathered in `self.line`).
+    /// ended inside the line (all of it was then taken into `self.line`).
     fn full_size_line(&mut self, rest: &[u8]) -> Result<Option<(usize, u64)>, HttpError> {
         let lf = rest.iter().position(|&b| b == b'\n');
         match lf {
             // The whole line is in this input: parse it where it lies.
-            Some(i) if self.line_len == 0 => {
+            Some(i) if self.line.len == 0 => {
                 if i + 1 > CHUNK_LINE_CAP {
                     return Err(HttpError::ChunkLineTooLong);
                 }
@@ -199,16 +229,20 @@ impl<const T: usize> ChunkedDecoder<T> {
             }
             _ => {
                 let end = lf.map_or(rest.len(), |i| i + 1);
-                if self.line_len + end > CHUNK_LINE_CAP {
+                if self.line.len + end > CHUNK_LINE_CAP {
                     return Err(HttpError::ChunkLineTooLong);
                 }
-                self.line[self.line_len..self.line_len + end].copy_from_slice(&rest[..end]);
-                self.line_len += end;
+                let line = &mut self.line;
+                line.len += end;
+                // The LF itself is not stepped: `finish` is what takes it.
+                for &b in &rest[..lf.unwrap_or(end)] {
+                    line.step(b);
+                }
                 if lf.is_none() {
                     return Ok(None);
                 }
-                let size = parse_size_line(&self.line[..self.line_len])?;
-                self.line_len = 0;
+                let size = line.finish()?;
+                self.line = PartialLine::EMPTY;
                 Ok(Some((end, size)))
             }
         }
@@ -265,6 +299,42 @@ fn fast_size_line(rest: &[u8]) -> Option<(usize, u64)> {
     (i > 0 && rest.get(i..i + 2)? == b"\r\n").then_some((i + 2, size))
 }
 
+impl PartialLine {
+    /// Takes one byte of the line before its LF.
+    fn step(&mut self, b: u8) {
+        self.phase = match (self.phase, b) {
+            (LinePhase::Digits, b) if b.is_ascii_hexdigit() => {
+                if self.digits < MAX_CHUNK_SIZE_DIGITS {
+                    // `to_digit` cannot fail on a hex digit; 15 digits are 60 bits, no overflow.
+                    let digit = char::from(b).to_digit(16).unwrap_or(0);
+                    self.size = self.size << 4 | u64::from(digit);
+                }
+                self.digits += 1;
+                LinePhase::Digits
+            }
+            (LinePhase::Digits | LinePhase::Space, b' ' | b'\t') => LinePhase::Space,
+            (LinePhase::Digits | LinePhase::Space, b';') => LinePhase::Extension,
+            (LinePhase::Digits | LinePhase::Space | LinePhase::Extension, b'\r') => LinePhase::Cr,
+            (LinePhase::Extension, _) => LinePhase::Extension,
+            _ => LinePhase::Bad,
+        };
+    }
+
+    /// The line's LF arrived: its size, or the error [`parse_size_line`] gives for it.
+    fn finish(&self) -> Result<u64, HttpError> {
+        if self.digits == 0 {
+            return Err(HttpError::InvalidChunkSize);
+        }
+        if self.digits > MAX_CHUNK_SIZE_DIGITS {
+            return Err(HttpError::ChunkSizeTooLong);
+        }
+        match self.phase {
+            LinePhase::Cr => Ok(self.size),
+            _ => Err(HttpError::InvalidChunkSize),
+        }
+    }
+}
+
 /// One whole chunk-size line, LF included: `1*15HEXDIG [ext] CRLF`.
 fn parse_size_line(line: &[u8]) -> Result<u64, HttpError> {
     // httparse allows an empty or space-led size (read as 0) and 16 digits; we do not.
@@ -279,5 +349,79 @@ fn parse_size_line(line: &[u8]) -> Result<u64, HttpError> {
         Ok(httparse::Status::Complete((used, size))) if used == line.len() => Ok(size),
         // Partial on a whole line means the LF had no CR before it.
         _ => Err(HttpError::InvalidChunkSize),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::vec::Vec;
+
+    /// A whole line (LF included) through the split-line state, a byte at a time.
+    fn walk(line: &[u8]) -> Result<u64, HttpError> {
+        let mut partial = PartialLine::EMPTY;
+        let (last, body) = line.split_last().expect("a line ends in LF");
+        assert_eq!(*last, b'\n');
+        for &b in body {
+            partial.step(b);
+        }
+        partial.finish()
+    }
+
+    /// Every line of up to 5 bytes over an alphabet of the bytes the grammar cares about, plus LF:
+    /// the byte walk gives what httparse gives on the whole line.
+    #[test]
+    fn split_line_state_agrees_with_whole_line_parse_exhaustively() {
+        const ALPHABET: &[u8] = b"0aF; \t\rgx";
+        let mut checked = 0;
+        for len in 0..=5u32 {
+            for mut code in 0..ALPHABET.len().pow(len) {
+                let mut line: Vec<u8> = (0..len)
+                    .map(|_| {
+                        let b = ALPHABET[code % ALPHABET.len()];
+                        code /= ALPHABET.len();
+                        b
+                    })
+                    .collect();
+                line.push(b'\n');
+                assert_eq!(walk(&line), parse_size_line(&line), "{line:?}");
+                checked += 1;
+            }
+        }
+        assert_eq!(checked, 1 + 9 + 81 + 729 + 6561 + 59049);
+    }
+
+    #[test]
+    fn split_line_state_limits_and_values() {
+        assert_eq!(walk(b"fffffffffffffff\r\n"), Ok(0xfff_ffff_ffff_ffff));
+        assert_eq!(
+            walk(b"0000000000000001\r\n"),
+            Err(HttpError::ChunkSizeTooLong)
+        );
+        assert_eq!(walk(b"E6 \t;x=\"y\"; z\r\n"), Ok(0xe6));
+        assert_eq!(walk(b"e6;\r\r\n"), Err(HttpError::InvalidChunkSize));
+        assert_eq!(walk(b"\r\n"), Err(HttpError::InvalidChunkSize));
+    }
+
+    proptest! {
+        #[test]
+        fn split_line_state_agrees_with_whole_line_parse(
+            body in proptest::collection::vec(
+                prop_oneof![
+                    Just(b'0'), Just(b'9'), Just(b'a'), Just(b'F'), Just(b';'), Just(b' '),
+                    Just(b'\t'), Just(b'\r'), any::<u8>().prop_filter("not LF", |b| *b != b'\n'),
+                ],
+                0..40,
+            ),
+            crlf in any::<bool>(),
+        ) {
+            let mut line = body;
+            if crlf {
+                line.push(b'\r');
+            }
+            line.push(b'\n');
+            prop_assert_eq!(walk(&line), parse_size_line(&line));
+        }
     }
 }

@@ -44,7 +44,7 @@ enum State {
 /// `S` is the head buffer, `H` bytes: the status line and header fields must fit in it
 /// ([`HttpError::HeadersTooLarge`] otherwise), and it caps the trailer section too. Pass
 /// `&mut [u8; H]`, a `Box<[u8; H]>`, or (16 KiB being small enough for most stacks) a `[u8; H]`.
-/// The reader itself holds about 2.2 KiB besides `S` (header offsets and a chunk-line buffer).
+/// The reader itself holds about 1.1 KiB besides `S` (mostly the header offsets).
 ///
 /// Interim 1xx responses (such as `100 Continue`) are skipped, as RFC 9110 15.2 asks of a user
 /// agent, up to [`MAX_INTERIM_RESPONSES`]; a `101` is an error since this client never upgrades.
@@ -65,13 +65,14 @@ impl<S: BorrowMut<[u8; H]>, const H: usize> ResponseReader<S, H> {
     const FITS_U32: () = assert!(H <= u32::MAX as usize, "head buffer must be at most 4 GiB");
 
     /// A reader that keeps the head in `storage` (its previous contents are ignored).
+    #[inline]
     pub fn new(storage: S) -> Self {
         let () = Self::FITS_U32;
         Self {
             buf: storage,
             len: 0,
             interim: 0,
-            index: HeadIndex::EMPTY,
+            index: HeadIndex::empty(),
             has_head: false,
             state: State::Head,
             chunked: ChunkedDecoder::new(),

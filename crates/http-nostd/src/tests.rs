@@ -679,3 +679,13 @@ fn a_fault_in_an_unfinished_head_is_named_whatever_the_reads() {
     assert_eq!(r.headers[0].1.len(), 1 + 500 * 4);
     assert_eq!(r.headers[0].1, read(&input).unwrap().headers[0].1);
 }
+
+/// The reader's own state (besides the head buffer) is what every response pays to set up; it
+/// lost its 1 KiB chunk-line buffer, and this keeps it from growing back unnoticed.
+#[test]
+fn reader_state_stays_small() {
+    let reader = core::mem::size_of::<ResponseReader<&mut [u8; HEAD_CAP]>>();
+    let offsets = MAX_HEADERS * 16;
+    assert!(reader <= offsets + 192, "{reader} bytes");
+    assert!(core::mem::size_of::<ChunkedDecoder>() <= 64);
+}
