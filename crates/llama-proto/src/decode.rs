@@ -12,6 +12,7 @@
 use core::fmt;
 
 use crate::raw::{RawChunk, RawError};
+use crate::scan::parse_chunk;
 use crate::unescape::{is_plain, unescape, UnescapeError};
 use crate::{FinishReason, Timings};
 
@@ -38,8 +39,8 @@ pub struct Chunk<'a> {
     pub content: Option<&'a str>,
     /// `choices[0].delta.reasoning_content`.
     pub reasoning_content: Option<&'a str>,
-    tool_calls: [ToolCallDelta<'a>; MAX_TOOL_CALL_DELTAS],
-    tool_calls_len: usize,
+    pub(crate) tool_calls: [ToolCallDelta<'a>; MAX_TOOL_CALL_DELTAS],
+    pub(crate) tool_calls_len: usize,
     /// `choices[0].finish_reason`.
     pub finish_reason: Option<FinishReason>,
     /// `timings` (only `cache_n`, `prompt_n`, `predicted_n`).
@@ -157,58 +158,32 @@ impl From<UnescapeError> for DecodeError {
 /// assert_eq!(c.content, Some("café\n"));
 /// ```
 pub fn decode_chunk<'a>(payload: &'a [u8], text: &'a mut [u8]) -> Result<Payload<'a>, DecodeError> {
-    let (raw, _) =
-        serde_json_core::from_slice::<RawChunk<'a>>(payload).map_err(DecodeError::Json)?;
+    let mut raw = RawChunk::default();
+    parse_chunk(payload, &mut raw).map_err(DecodeError::Json)?;
     let mut out = Text(text);
     if let Some(e) = raw.error {
         return Ok(Payload::Error(server_error(e, &mut out)?));
     }
-    let mut chunk = Chunk {
-        id: out.opt(raw.id)?,
-        timings: raw.timings.map(|t| Timings {
-            cache_n: t.cache_n,
-            prompt_n: t.prompt_n,
-            predicted_n: t.predicted_n,
-        }),
-        prompt_progress: raw.prompt_progress.map(|p| PromptProgress {
-            total: p.total,
-            cache: p.cache,
-            processed: p.processed,
-            time_ms: p.time_ms,
-        }),
-        ..Chunk::default()
-    };
-    let Some(choices) = raw.choices else {
-        return Ok(Payload::Chunk(chunk));
-    };
-    if choices.overflow {
+    // The same checks in the same order as when the chunk was first parsed whole: the id,
+    // `choices`, `finish_reason`, the delta's strings, then `tool_calls`.
+    let mut chunk = raw.chunk;
+    chunk.id = out.opt(chunk.id)?;
+    if raw.too_many_choices {
         return Err(DecodeError::TooManyChoices);
     }
-    let Some(choice) = choices.as_slice().first() else {
-        return Ok(Payload::Chunk(chunk));
-    };
-    if let Some(reason) = choice.finish_reason {
+    if let Some(reason) = raw.finish_reason {
         chunk.finish_reason =
             Some(FinishReason::from_wire(reason).ok_or(DecodeError::UnknownFinishReason)?);
     }
-    if let Some(delta) = choice.delta {
-        chunk.content = out.opt(delta.content)?;
-        chunk.reasoning_content = out.opt(delta.reasoning_content)?;
-        if let Some(calls) = delta.tool_calls {
-            if calls.overflow {
-                return Err(DecodeError::TooManyToolCallDeltas);
-            }
-            for (slot, call) in chunk.tool_calls.iter_mut().zip(calls.as_slice()) {
-                let function = call.function.unwrap_or_default();
-                *slot = ToolCallDelta {
-                    index: call.index,
-                    id: out.opt(call.id)?,
-                    name: out.opt(function.name)?,
-                    arguments: out.opt(function.arguments)?,
-                };
-            }
-            chunk.tool_calls_len = calls.len;
-        }
+    chunk.content = out.opt(chunk.content)?;
+    chunk.reasoning_content = out.opt(chunk.reasoning_content)?;
+    if raw.too_many_tool_calls {
+        return Err(DecodeError::TooManyToolCallDeltas);
+    }
+    for call in &mut chunk.tool_calls[..chunk.tool_calls_len] {
+        call.id = out.opt(call.id)?;
+        call.name = out.opt(call.name)?;
+        call.arguments = out.opt(call.arguments)?;
     }
     Ok(Payload::Chunk(chunk))
 }

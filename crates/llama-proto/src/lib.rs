@@ -25,6 +25,7 @@ pub mod hash;
 #[cfg(feature = "alloc")]
 mod owned;
 mod raw;
+mod scan;
 mod types;
 mod unescape;
 

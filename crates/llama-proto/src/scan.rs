@@ -1,0 +1,384 @@
+//! The top level of a chunk payload, walked by hand; the values the decoder needs in full
+//! (`choices`, `error`) are handed to `serde-json-core`.
+//!
+//! Most of a llama-server chunk is data the client never reads: `created`, `model`,
+//! `system_fingerprint`, `object` and nine `timings` fields, six of them floats. Through
+//! `serde-json-core` every key and every skipped string costs a byte-by-byte scan and a
+//! `from_utf8` pass (about 25 instructions a byte in all); here a skipped value costs one
+//! scan for its end, and the three `timings` counts and the four `prompt_progress` numbers are
+//! read directly. What this walk accepts is checked only as far as the fields the decoder
+//! returns: a skipped value is not validated beyond finding its end (as `serde-json-core`
+//! does for skipped numbers), so a payload `serde_json` would reject may still decode.
+//! Every error is a `serde_json_core::de::Error`, as before.
+
+use serde::de::DeserializeSeed;
+use serde_json_core::de::Error;
+
+use crate::decode::PromptProgress;
+use crate::raw::{ChoicesSeed, Opt, RawChunk, RawError};
+use crate::Timings;
+
+type Result<T> = core::result::Result<T, Error>;
+
+/// Parses `payload` into `out` (which must start as `RawChunk::default()`).
+pub(crate) fn parse_chunk<'a>(payload: &'a [u8], out: &mut RawChunk<'a>) -> Result<()> {
+    let mut s = Scan { b: payload, i: 0 };
+    if s.ws().ok_or(Error::EofWhileParsingValue)? != b'{' {
+        return Err(Error::InvalidType);
+    }
+    s.i += 1;
+    let mut seen = 0u8;
+    let mut first = true;
+    loop {
+        match s.ws().ok_or(Error::EofWhileParsingObject)? {
+            b'}' if first => {
+                s.i += 1;
+                break;
+            }
+            b'"' if first => {}
+            _ if first => return Err(Error::KeyMustBeAString),
+            b',' => {
+                s.i += 1;
+                match s.ws().ok_or(Error::EofWhileParsingValue)? {
+                    b'"' => {}
+                    b'}' => return Err(Error::TrailingComma),
+                    _ => return Err(Error::KeyMustBeAString),
+                }
+            }
+            b'}' => {
+                s.i += 1;
+                break;
+            }
+            _ => return Err(Error::ExpectedObjectCommaOrEnd),
+        }
+        first = false;
+        let key = s.string()?;
+        s.colon()?;
+        let bit = match key {
+            b"choices" => 1,
+            b"id" => 2,
+            b"timings" => 4,
+            b"prompt_progress" => 8,
+            b"error" => 16,
+            _ => 0,
+        };
+        if seen & bit != 0 {
+            // As the derived visitors said for a repeated field.
+            return Err(Error::CustomError);
+        }
+        seen |= bit;
+        match bit {
+            1 => {
+                let value = s.value()?;
+                serde_json_core_value(value, |de| Opt(ChoicesSeed(&mut *out)).deserialize(de))?;
+            }
+            2 => out.chunk.id = s.opt_str()?,
+            4 => {
+                out.chunk.timings = s
+                    .counts(|k| match k {
+                        b"cache_n" => Some(0),
+                        b"prompt_n" => Some(1),
+                        b"predicted_n" => Some(2),
+                        _ => None,
+                    })?
+                    .map(|[cache_n, prompt_n, predicted_n]| Timings {
+                        cache_n,
+                        prompt_n,
+                        predicted_n,
+                    });
+            }
+            8 => {
+                out.chunk.prompt_progress = s
+                    .counts(|k| match k {
+                        b"total" => Some(0),
+                        b"cache" => Some(1),
+                        b"processed" => Some(2),
+                        b"time_ms" => Some(3),
+                        _ => None,
+                    })?
+                    .map(|[total, cache, processed, time_ms]| PromptProgress {
+                        total,
+                        cache,
+                        processed,
+                        time_ms,
+                    });
+            }
+            16 => {
+                let value = s.value()?;
+                serde_json_core_value(value, |de| {
+                    serde::Deserialize::deserialize(de).map(|e: Option<RawError<'a>>| {
+                        out.error = e;
+                    })
+                })?;
+            }
+            _ => {
+                s.value()?;
+            }
+        }
+    }
+    match s.ws() {
+        None => Ok(()),
+        Some(_) => Err(Error::TrailingCharacters),
+    }
+}
+
+/// Runs `f` on a `serde-json-core` deserializer over exactly one value.
+fn serde_json_core_value<'a>(
+    value: &'a [u8],
+    f: impl FnOnce(&mut serde_json_core::de::Deserializer<'a, '_>) -> Result<()>,
+) -> Result<()> {
+    let mut de = serde_json_core::de::Deserializer::new(value, None);
+    f(&mut de)?;
+    de.end().map(drop)
+}
+
+struct Scan<'a> {
+    b: &'a [u8],
+    i: usize,
+}
+
+impl<'a> Scan<'a> {
+    /// Skips whitespace; returns the next byte.
+    fn ws(&mut self) -> Option<u8> {
+        while let Some(&c) = self.b.get(self.i) {
+            if !matches!(c, b' ' | b'\n' | b'\t' | b'\r') {
+                return Some(c);
+            }
+            self.i += 1;
+        }
+        None
+    }
+
+    fn colon(&mut self) -> Result<()> {
+        if self.ws().ok_or(Error::EofWhileParsingObject)? != b':' {
+            return Err(Error::ExpectedColon);
+        }
+        self.i += 1;
+        Ok(())
+    }
+
+    /// A string at `self.i` (the opening quote); returns the raw bytes between the quotes.
+    #[inline(always)]
+    fn string(&mut self) -> Result<&'a [u8]> {
+        let start = self.i + 1;
+        let mut at = start;
+        loop {
+            let rest = self.b.get(at..).ok_or(Error::EofWhileParsingString)?;
+            at += find(rest, in_string).ok_or(Error::EofWhileParsingString)?;
+            if self.b.get(at) == Some(&b'"') {
+                self.i = at + 1;
+                return Ok(self.b.get(start..at).unwrap_or_default());
+            }
+            // A backslash: the next byte is escaped, whatever it is.
+            at += 2;
+        }
+    }
+
+    /// Skips one value; returns it. Strings are skipped as strings; arrays and objects up to
+    /// their matching close; anything else up to the next `,`, `}` or `]`.
+    fn value(&mut self) -> Result<&'a [u8]> {
+        let start = self.i;
+        match self.ws().ok_or(Error::EofWhileParsingValue)? {
+            b'"' => {
+                self.string()?;
+            }
+            b'{' | b'[' => {
+                // One pass: every quote, backslash and bracket, whether in a string or not.
+                let mut depth = 0usize;
+                let mut in_str = false;
+                loop {
+                    let rest = self.b.get(self.i..).unwrap_or_default();
+                    self.i += find(rest, nesting).ok_or(Error::EofWhileParsingValue)?;
+                    match self.b.get(self.i) {
+                        Some(b'"') => in_str = !in_str,
+                        // Skip the escaped byte (only a string can hold a backslash).
+                        Some(b'\\') => self.i += 1,
+                        Some(b'{' | b'[') if !in_str => depth += 1,
+                        Some(_) if !in_str => {
+                            depth = depth.saturating_sub(1);
+                            if depth == 0 {
+                                self.i += 1;
+                                break;
+                            }
+                        }
+                        _ => {}
+                    }
+                    self.i += 1;
+                }
+            }
+            b',' | b'}' | b']' => return Err(Error::ExpectedSomeValue),
+            _ => {
+                let rest = self.b.get(self.i..).unwrap_or_default();
+                self.i += find(rest, delimiter).ok_or(Error::EofWhileParsingValue)?;
+            }
+        }
+        Ok(self.b.get(start..self.i).unwrap_or_default())
+    }
+
+    /// `null` or a string, as `Option<&str>` from `serde-json-core` (escapes kept).
+    fn opt_str(&mut self) -> Result<Option<&'a str>> {
+        match self.ws().ok_or(Error::EofWhileParsingValue)? {
+            b'"' => {
+                let raw = self.string()?;
+                core::str::from_utf8(raw)
+                    .map(Some)
+                    .map_err(|_| Error::InvalidUnicodeCodePoint)
+            }
+            b'n' => self.null().map(|()| None),
+            _ => Err(Error::InvalidType),
+        }
+    }
+
+    fn null(&mut self) -> Result<()> {
+        match self.b.get(self.i..self.i + 4) {
+            Some(b"null") => {
+                self.i += 4;
+                Ok(())
+            }
+            _ => Err(Error::ExpectedSomeIdent),
+        }
+    }
+
+    /// `null`, or an object whose fields `field` numbers are all unsigned integers and required
+    /// (other fields skipped), as a derived struct of `u64`s reads it.
+    fn counts<const N: usize>(
+        &mut self,
+        field: fn(&[u8]) -> Option<usize>,
+    ) -> Result<Option<[u64; N]>> {
+        match self.ws().ok_or(Error::EofWhileParsingValue)? {
+            b'n' => return self.null().map(|()| None),
+            b'{' => self.i += 1,
+            _ => return Err(Error::InvalidType),
+        }
+        let mut vals = [0u64; N];
+        let mut seen = 0u32;
+        let mut first = true;
+        loop {
+            match self.ws().ok_or(Error::EofWhileParsingObject)? {
+                b'}' if first => break,
+                b'"' if first => {}
+                _ if first => return Err(Error::KeyMustBeAString),
+                b',' => {
+                    self.i += 1;
+                    match self.ws().ok_or(Error::EofWhileParsingValue)? {
+                        b'"' => {}
+                        b'}' => return Err(Error::TrailingComma),
+                        _ => return Err(Error::KeyMustBeAString),
+                    }
+                }
+                b'}' => break,
+                _ => return Err(Error::ExpectedObjectCommaOrEnd),
+            }
+            first = false;
+            let key = self.string()?;
+            self.colon()?;
+            match field(key) {
+                Some(k) => {
+                    if seen & (1 << k) != 0 {
+                        return Err(Error::CustomError);
+                    }
+                    seen |= 1 << k;
+                    if let Some(v) = vals.get_mut(k) {
+                        *v = self.u64()?;
+                    }
+                }
+                // A number, the usual case, ends at the next delimiter.
+                None if matches!(self.ws(), Some(b'0'..=b'9' | b'-')) => {
+                    let rest = self.b.get(self.i..).unwrap_or_default();
+                    self.i += find(rest, delimiter).ok_or(Error::EofWhileParsingValue)?;
+                }
+                None => {
+                    self.value()?;
+                }
+            }
+        }
+        self.i += 1;
+        if seen.count_ones() as usize != N {
+            // A missing field, as the derived visitors said.
+            return Err(Error::CustomError);
+        }
+        Ok(Some(vals))
+    }
+
+    /// An unsigned integer, as `serde-json-core` reads a `u64`.
+    fn u64(&mut self) -> Result<u64> {
+        let first = self.ws().ok_or(Error::EofWhileParsingValue)?;
+        match first {
+            b'-' => return Err(Error::InvalidNumber),
+            b'0' => {
+                self.i += 1;
+                return Ok(0);
+            }
+            b'1'..=b'9' => {}
+            _ => return Err(Error::InvalidType),
+        }
+        let mut n = 0u64;
+        while let Some(&c @ b'0'..=b'9') = self.b.get(self.i) {
+            n = n
+                .checked_mul(10)
+                .and_then(|n| n.checked_add(u64::from(c - b'0')))
+                .ok_or(Error::InvalidNumber)?;
+            self.i += 1;
+        }
+        Ok(n)
+    }
+}
+
+// The byte sets `find` looks for, as masks over eight bytes at a time (a byte loop costs
+// about eight instructions a byte; this about two). `x | 0x20` folds `[` into `{` and `]`
+// into `}` and leaves no other byte on either.
+const ONES: u64 = 0x0101_0101_0101_0101;
+const HIGH: u64 = 0x8080_8080_8080_8080;
+
+/// The high bit of each byte of `w` equal to `b`. A set bit above a true match may be
+/// spurious (the subtraction borrows), so only the lowest one is meaningful.
+#[inline(always)]
+fn eq(w: u64, b: u8) -> u64 {
+    let x = w ^ (ONES * u64::from(b));
+    x.wrapping_sub(ONES) & !x & HIGH
+}
+
+/// `"` or `\`: the end of a string or an escape in it.
+fn in_string(w: u64) -> u64 {
+    eq(w, b'"') | eq(w, b'\\')
+}
+
+/// `"`, `{`, `[`, `}` or `]`: what changes the nesting inside an array or object.
+#[inline(always)]
+fn structural(w: u64) -> u64 {
+    let f = w | (ONES * 0x20);
+    eq(w, b'"') | eq(f, b'{') | eq(f, b'}')
+}
+
+/// `"`, `\\`, `{`, `[`, `}` or `]`: what a skipped array or object is walked by.
+fn nesting(w: u64) -> u64 {
+    structural(w) | eq(w, b'\\')
+}
+
+/// `,`, `}` or `]`: the end of a scalar.
+fn delimiter(w: u64) -> u64 {
+    eq(w, b',') | eq(w | (ONES * 0x20), b'}')
+}
+
+/// The position of the first byte of `s` that `set` marks.
+#[inline(always)]
+fn find(s: &[u8], set: fn(u64) -> u64) -> Option<usize> {
+    let mut words = s.chunks_exact(8);
+    let mut at = 0;
+    for word in words.by_ref() {
+        let Ok(bytes) = <[u8; 8]>::try_from(word) else {
+            break;
+        };
+        let m = set(u64::from_le_bytes(bytes));
+        if m != 0 {
+            return Some(at + m.trailing_zeros() as usize / 8);
+        }
+        at += 8;
+    }
+    let mut tail = [0u8; 8];
+    let rest = words.remainder();
+    tail.get_mut(..rest.len())?.copy_from_slice(rest);
+    // The zero padding is in none of the sets.
+    let m = set(u64::from_le_bytes(tail));
+    (m != 0).then(|| at + m.trailing_zeros() as usize / 8)
+}
