@@ -59,12 +59,10 @@ impl Fields {
             return;
         }
         // Length first: most names are neither, and this skips the case-folding compare.
-        let r = if name.len() == 14 && token_eq_lower(name, b"content-length") {
-            self.content_length(value)
-        } else if name.len() == 17 && token_eq_lower(name, b"transfer-encoding") {
-            self.te.add(value)
-        } else {
-            return;
+        let r = match name.len() {
+            14 if token_eq_lower(name, b"content-length") => self.content_length(value),
+            17 if token_eq_lower(name, b"transfer-encoding") => self.te.add(value),
+            _ => return,
         };
         if let Err(e) = r {
             self.fault = Some(e);

@@ -525,6 +525,26 @@ fn header_count_limit() {
     );
 }
 
+/// The offset table is small for up to `FEW_HEADERS` fields and full-size past that: every field
+/// reads back, in order, on both sides of the switch, also when the head is reparsed after a
+/// split read and after an interim response had used the table first.
+#[test]
+fn header_table_sizes_read_back_every_field() {
+    use crate::head::FEW_HEADERS;
+    for n in [0, 1, FEW_HEADERS, FEW_HEADERS + 1, MAX_HEADERS] {
+        let expected: Vec<(String, Vec<u8>)> = (0..n)
+            .map(|i| (std::format!("H{i}"), i.to_string().into_bytes()))
+            .collect();
+        let input = with_headers(n);
+        assert_eq!(read(&input).unwrap().headers, expected, "{n} fields");
+        assert_eq!(read_pieces(input.chunks(7)).unwrap().headers, expected);
+        let mut interim = with_headers(FEW_HEADERS + 1);
+        interim[9..12].copy_from_slice(b"100");
+        interim.extend_from_slice(&input);
+        assert_eq!(read(&interim).unwrap().headers, expected);
+    }
+}
+
 #[test]
 fn malformed_heads() {
     let cases: [(&[u8], HttpError); 7] = [
