@@ -1,7 +1,8 @@
 //! One `data:` payload of a llama-server chat stream into typed, borrowed fields.
 //!
-//! [`decode_chunk`] parses a `chat.completion.chunk` (or an in-stream error) with
-//! `serde-json-core` and unescapes the strings the assembler needs into a buffer the caller
+//! [`decode_chunk`] parses a `chat.completion.chunk` (or an in-stream error): the top level,
+//! `timings` and `prompt_progress` by hand (`scan`), `choices` and `error` with
+//! `serde-json-core`; then it unescapes the strings the assembler needs into a buffer the caller
 //! owns. Unknown fields are skipped. Strings without escapes are borrowed from the payload;
 //! the others are written to `text`, which never needs more than `payload.len()` bytes.
 //! Nothing here allocates or panics.

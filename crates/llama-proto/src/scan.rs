@@ -382,3 +382,101 @@ fn find(s: &[u8], set: fn(u64) -> u64) -> Option<usize> {
     let m = set(u64::from_le_bytes(tail));
     (m != 0).then(|| at + m.trailing_zeros() as usize / 8)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::format;
+    use std::string::String;
+
+    fn parse(p: &str) -> Result<RawChunk<'_>> {
+        let mut out = RawChunk::default();
+        parse_chunk(p.as_bytes(), &mut out).map(|()| out)
+    }
+
+    #[test]
+    fn skipped_values_with_brackets_quotes_and_escapes_inside_strings() {
+        let p =
+            r#"{"x":"a\"}]{[\\","y":[{"z":"]\"["},[1,{}]],"w":-1.5e3,"id":"c","v":{"id":"no"}}"#;
+        assert_eq!(parse(p).unwrap().chunk.id, Some("c"));
+    }
+
+    #[test]
+    fn whitespace_around_every_token() {
+        let p = " \n{ \"id\" :\t\"c\" , \"timings\" : { \"cache_n\" : 1 , \"prompt_n\" : 2 ,\r\n \
+                 \"predicted_n\" : 3 } , \"choices\" : [ { \"delta\" : { \"content\" : \"x\" } } ] } \n";
+        let r = parse(p).unwrap();
+        assert_eq!(r.chunk.id, Some("c"));
+        assert_eq!(r.chunk.content, Some("x"));
+        let t = r.chunk.timings.unwrap();
+        assert_eq!((t.cache_n, t.prompt_n, t.predicted_n), (1, 2, 3));
+    }
+
+    #[test]
+    fn every_string_length_around_the_eight_byte_words() {
+        for n in 0..20 {
+            let s = "a".repeat(n);
+            let p = format!(r#"{{"{s}":"{s}","id":"{s}","{s}x":{n}}}"#);
+            assert_eq!(parse(&p).unwrap().chunk.id, Some(s.as_str()), "{p}");
+            let p = format!(r#"{{"id":"{s}\"{s}"}}"#);
+            let id = format!(r#"{s}\"{s}"#);
+            assert_eq!(parse(&p).unwrap().chunk.id, Some(id.as_str()), "{p}");
+        }
+    }
+
+    #[test]
+    fn counts_read_as_serde_json_core_reads_a_u64() {
+        let t = |v: &str| {
+            let p = format!(r#"{{"timings":{{"cache_n":{v},"prompt_n":0,"predicted_n":0}}}}"#);
+            parse(&p).map(|r| r.chunk.timings.map(|t| t.cache_n))
+        };
+        assert_eq!(t("18446744073709551615"), Ok(Some(u64::MAX)));
+        assert_eq!(t("18446744073709551616"), Err(Error::InvalidNumber));
+        assert_eq!(t("-1"), Err(Error::InvalidNumber));
+        assert_eq!(t("\"1\""), Err(Error::InvalidType));
+        assert_eq!(t("null"), Err(Error::InvalidType));
+        assert_eq!(t("1.5"), Err(Error::ExpectedObjectCommaOrEnd));
+        assert_eq!(parse(r#"{"timings":null}"#).unwrap().chunk.timings, None);
+    }
+
+    #[test]
+    fn missing_and_repeated_fields_are_errors() {
+        let missing = r#"{"timings":{"cache_n":1,"prompt_n":2,"predicted_ms":0.5}}"#;
+        assert_eq!(parse(missing).err(), Some(Error::CustomError));
+        let twice = r#"{"timings":{"cache_n":1,"cache_n":1,"prompt_n":2,"predicted_n":3}}"#;
+        assert_eq!(parse(twice).err(), Some(Error::CustomError));
+        assert_eq!(
+            parse(r#"{"id":"a","id":"b"}"#).err(),
+            Some(Error::CustomError)
+        );
+        // Unknown keys may repeat, as with the derived visitors.
+        assert!(parse(r#"{"model":"a","model":"b"}"#).is_ok());
+    }
+
+    #[test]
+    fn malformed_top_levels_are_the_serde_json_core_errors() {
+        assert_eq!(parse("").err(), Some(Error::EofWhileParsingValue));
+        assert_eq!(parse("[]").err(), Some(Error::InvalidType));
+        assert_eq!(parse("{} x").err(), Some(Error::TrailingCharacters));
+        assert_eq!(parse(r#"{"id":"a",}"#).err(), Some(Error::TrailingComma));
+        assert_eq!(parse(r#"{"id" "a"}"#).err(), Some(Error::ExpectedColon));
+        assert_eq!(
+            parse(r#"{"id":"a" "x":1}"#).err(),
+            Some(Error::ExpectedObjectCommaOrEnd)
+        );
+        assert_eq!(parse(r#"{1:2}"#).err(), Some(Error::KeyMustBeAString));
+        assert_eq!(parse(r#"{"x":,}"#).err(), Some(Error::ExpectedSomeValue));
+        assert_eq!(parse(r#"{"id":nul}"#).err(), Some(Error::ExpectedSomeIdent));
+        assert_eq!(parse(r#"{"id":1}"#).err(), Some(Error::InvalidType));
+    }
+
+    #[test]
+    fn every_prefix_of_a_recorded_chunk_is_an_error_not_a_panic() {
+        let p = r#"{"choices":[{"finish_reason":null,"index":0,"delta":{"content":"a\"b"}}],"created":1,"id":"chatcmpl-x","model":"m","object":"chat.completion.chunk","timings":{"cache_n":0,"prompt_n":24,"prompt_ms":3.5,"predicted_n":1},"prompt_progress":{"total":24,"cache":0,"processed":24,"time_ms":3}}"#;
+        assert!(parse(p).is_ok());
+        for end in 0..p.len() {
+            let cut: String = p[..end].into();
+            assert!(parse(&cut).is_err(), "{cut}");
+        }
+    }
+}
