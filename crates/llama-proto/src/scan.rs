@@ -182,30 +182,7 @@ impl<'a> Scan<'a> {
             b'"' => {
                 self.string()?;
             }
-            b'{' | b'[' => {
-                // One pass: every quote, backslash and bracket, whether in a string or not.
-                let mut depth = 0usize;
-                let mut in_str = false;
-                loop {
-                    let rest = self.b.get(self.i..).unwrap_or_default();
-                    self.i += find(rest, nesting).ok_or(Error::EofWhileParsingValue)?;
-                    match self.b.get(self.i) {
-                        Some(b'"') => in_str = !in_str,
-                        // Skip the escaped byte (only a string can hold a backslash).
-                        Some(b'\\') => self.i += 1,
-                        Some(b'{' | b'[') if !in_str => depth += 1,
-                        Some(_) if !in_str => {
-                            depth = depth.saturating_sub(1);
-                            if depth == 0 {
-                                self.i += 1;
-                                break;
-                            }
-                        }
-                        _ => {}
-                    }
-                    self.i += 1;
-                }
-            }
+            b'{' | b'[' => self.nested()?,
             b',' | b'}' | b']' => return Err(Error::ExpectedSomeValue),
             _ => {
                 let rest = self.b.get(self.i..).unwrap_or_default();
@@ -213,6 +190,35 @@ impl<'a> Scan<'a> {
             }
         }
         Ok(self.b.get(start..self.i).unwrap_or_default())
+    }
+
+    /// Skips the array or object whose opening bracket is at `self.i`, to its matching close.
+    /// One pass over eight bytes at a time: the quotes, backslashes and brackets of a word are
+    /// handled from its masks without going back to memory, so a word with no bracket
+    /// outside a string costs a few instructions whatever its quotes.
+    fn nested(&mut self) -> Result<()> {
+        let mut st = Nesting::default();
+        let mut at = self.i;
+        while let Some(Ok(bytes)) = self.b.get(at..at + 8).map(<[u8; 8]>::try_from) {
+            if let Some(end) = st.word(u64::from_le_bytes(bytes)) {
+                self.i = at + end + 1;
+                return Ok(());
+            }
+            at += 8;
+        }
+        let rest = self.b.get(at..).unwrap_or_default();
+        let mut tail = [b' '; 8];
+        tail.get_mut(..rest.len())
+            .ok_or(Error::EofWhileParsingValue)?
+            .copy_from_slice(rest);
+        // Spaces pad the word and change no state.
+        match st.word(u64::from_le_bytes(tail)) {
+            Some(end) if end < rest.len() => {
+                self.i = at + end + 1;
+                Ok(())
+            }
+            _ => Err(Error::EofWhileParsingValue),
+        }
     }
 
     /// `null` or a string, as `Option<&str>` from `serde-json-core` (escapes kept).
@@ -343,16 +349,64 @@ fn in_string(w: u64) -> u64 {
     eq(w, b'"') | eq(w, b'\\')
 }
 
-/// `"`, `{`, `[`, `}` or `]`: what changes the nesting inside an array or object.
+/// The high bit of each byte of `w` equal to `b`, exactly (no borrow between bytes), for
+/// masks whose every bit is used.
 #[inline(always)]
-fn structural(w: u64) -> u64 {
-    let f = w | (ONES * 0x20);
-    eq(w, b'"') | eq(f, b'{') | eq(f, b'}')
+fn eq_exact(w: u64, b: u8) -> u64 {
+    let x = w ^ (ONES * u64::from(b));
+    !(((x & !HIGH).wrapping_add(!HIGH)) | x | !HIGH)
 }
 
-/// `"`, `\\`, `{`, `[`, `}` or `]`: what a skipped array or object is walked by.
-fn nesting(w: u64) -> u64 {
-    structural(w) | eq(w, b'\\')
+/// Where [`Scan::nested`] is between words.
+#[derive(Default)]
+struct Nesting {
+    depth: usize,
+    in_str: bool,
+    /// The first byte of the next word is escaped.
+    skip_first: bool,
+}
+
+impl Nesting {
+    /// Walks one word (little-endian bytes); returns the byte index of the close that ends
+    /// the value, if it is in this word.
+    #[inline(always)]
+    fn word(&mut self, w: u64) -> Option<usize> {
+        let f = w | (ONES * 0x20);
+        let quote = eq_exact(w, b'"');
+        let backslash = eq_exact(w, b'\\');
+        let open = eq_exact(f, b'{');
+        let close = eq_exact(f, b'}');
+        let mut m = quote | backslash | open | close;
+        if self.skip_first {
+            m &= !0x80;
+            self.skip_first = false;
+        }
+        while m != 0 {
+            let bit = m & m.wrapping_neg();
+            m ^= bit;
+            if self.in_str {
+                if bit & quote != 0 {
+                    self.in_str = false;
+                } else if bit & backslash != 0 {
+                    // The escaped byte is the next one, maybe in the next word.
+                    match bit.checked_shl(8).filter(|&b| b != 0) {
+                        Some(next) => m &= !next,
+                        None => self.skip_first = true,
+                    }
+                }
+            } else if bit & quote != 0 {
+                self.in_str = true;
+            } else if bit & open != 0 {
+                self.depth += 1;
+            } else if bit & close != 0 {
+                self.depth = self.depth.saturating_sub(1);
+                if self.depth == 0 {
+                    return Some(bit.trailing_zeros() as usize / 8);
+                }
+            }
+        }
+        None
+    }
 }
 
 /// `,`, `}` or `]`: the end of a scalar.
@@ -421,6 +475,22 @@ mod tests {
             let p = format!(r#"{{"id":"{s}\"{s}"}}"#);
             let id = format!(r#"{s}\"{s}"#);
             assert_eq!(parse(&p).unwrap().chunk.id, Some(id.as_str()), "{p}");
+        }
+    }
+
+    #[test]
+    fn nested_strings_with_escapes_and_brackets_across_word_boundaries() {
+        for n in 0..20 {
+            let s = "a".repeat(n);
+            for body in [r#"\"]}"#, r#"\\"#, r#"\\\"{["#, "]}", r#"\u005d"#] {
+                let content = format!("{s}{body}{s}");
+                let p = format!(
+                    r#"{{"x":[{{"y":"{content}"}},"{s}"],"choices":[{{"delta":{{"content":"{content}"}}}}],"id":"c"}}"#
+                );
+                let r = parse(&p).unwrap();
+                assert_eq!(r.chunk.content, Some(content.as_str()), "{p}");
+                assert_eq!(r.chunk.id, Some("c"), "{p}");
+            }
         }
     }
 
