@@ -280,8 +280,10 @@ impl<const T: usize> ChunkedDecoder<T> {
 }
 
 /// A whole chunk at the start of `input`, `1*15HEXDIG CRLF data CRLF` (no extension, size not
-/// 0): `(bytes used, data)`; `None` sends anything else to the general path.
-#[inline]
+/// 0): `(bytes used, data)`; `None` sends anything else to the general path. Always inlined: as
+/// a call, its result goes through memory on the loop's critical path (the decoder alone
+/// took about a tenth longer).
+#[inline(always)]
 fn whole_chunk(input: &[u8]) -> Option<(usize, &[u8])> {
     let (n, size) = fast_size_line(input)?;
     let data = &input[n..];
@@ -296,7 +298,7 @@ fn whole_chunk(input: &[u8]) -> Option<(usize, &[u8])> {
 
 /// The common line, `1*15HEXDIG CRLF` with no extension, parsed without httparse (which would
 /// read it twice); `None` sends anything else, or a line not yet complete, to the full path.
-#[inline]
+#[inline(always)]
 fn fast_size_line(rest: &[u8]) -> Option<(usize, u64)> {
     let mut size: u64 = 0;
     let mut i = 0;
