@@ -6,32 +6,8 @@ use std::hint::black_box;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use http_nostd::{Chunk, ChunkedDecoder, Event, ResponseReader, HEAD_CAP, MAX_HEADERS};
 
-/// Heads as llama-server (cpp-httplib) sends them, and a longer one with 20 fields.
-const HEADS: [(&str, &[u8]); 3] = [
-    (
-        "sse",
-        b"HTTP/1.1 200 OK\r\nKeep-Alive: timeout=5, max=100\r\nContent-Type: text/event-stream\r\n\
-          Server: llama.cpp\r\nTransfer-Encoding: chunked\r\nAccess-Control-Allow-Origin: \r\n\r\n",
-    ),
-    (
-        "json",
-        b"HTTP/1.1 200 OK\r\nAccess-Control-Allow-Origin: \r\nContent-Length: 1234\r\n\
-          Content-Type: application/json; charset=utf-8\r\nKeep-Alive: timeout=5, max=5\r\n\
-          Server: llama.cpp\r\n\r\n",
-    ),
-    (
-        "20-fields",
-        b"HTTP/1.1 200 OK\r\nDate: Sun, 29 Nov 2026 17:00:00 GMT\r\nServer: llama.cpp\r\n\
-          Content-Type: application/json; charset=utf-8\r\nContent-Length: 1234\r\n\
-          Cache-Control: no-cache, no-store, must-revalidate\r\nPragma: no-cache\r\nExpires: 0\r\n\
-          Vary: Accept-Encoding\r\nX-Request-Id: 0f8e2c9a-5d4b-4c1e-9a7f-3b2d1e0c9f8a\r\n\
-          X-Slot-Id: 3\r\nX-Model: qwen3-30b-a3b-instruct-q4_k_m.gguf\r\n\
-          Access-Control-Allow-Origin: *\r\nAccess-Control-Allow-Headers: content-type, authorization\r\n\
-          Access-Control-Allow-Methods: GET, POST, OPTIONS\r\nStrict-Transport-Security: max-age=63072000\r\n\
-          X-Content-Type-Options: nosniff\r\nX-Frame-Options: DENY\r\nReferrer-Policy: no-referrer\r\n\
-          Keep-Alive: timeout=5, max=100\r\nConnection: keep-alive\r\n\r\n",
-    ),
-];
+mod inputs;
+use inputs::{chunked_response, HEADS};
 
 fn head(c: &mut Criterion) {
     let mut storage = vec![0u8; HEAD_CAP];
@@ -59,34 +35,9 @@ fn head(c: &mut Criterion) {
     }
 }
 
-/// A llama-server-like event: `data: {...}\n\n`, 230 bytes.
-fn event(i: usize) -> Vec<u8> {
-    let mut e = format!(
-        "data: {{\"choices\":[{{\"finish_reason\":null,\"index\":0,\"delta\":{{\"content\":\" tok{i:05}\"}}}}],\
-         \"created\":1764435600,\"id\":\"chatcmpl-abc\",\"model\":\"qwen\",\"object\":\"chat.completion.chunk\"}}"
-    )
-    .into_bytes();
-    e.resize(228, b' ');
-    e.extend_from_slice(b"\n\n");
-    e
-}
-
 fn chunked(c: &mut Criterion) {
     const EVENTS: usize = 4000;
-    let mut payload = Vec::new();
-    let mut wire =
-        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
-            .to_vec();
-    let head_len = wire.len();
-    for i in 0..EVENTS {
-        let e = event(i);
-        assert_eq!(e.len(), 230);
-        payload.extend_from_slice(&e);
-        wire.extend_from_slice(format!("{:x}\r\n", e.len()).as_bytes());
-        wire.extend_from_slice(&e);
-        wire.extend_from_slice(b"\r\n");
-    }
-    wire.extend_from_slice(b"0\r\n\r\n");
+    let (payload, wire, head_len) = chunked_response(EVENTS);
     let mut out = vec![0u8; payload.len()];
     let mut storage = vec![0u8; HEAD_CAP];
     let storage: &mut [u8; HEAD_CAP] = (&mut storage[..]).try_into().unwrap();
