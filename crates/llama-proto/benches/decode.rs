@@ -130,62 +130,76 @@ const REASONING: usize = 256 * 1024;
 const CALLS: usize = 8;
 const ARGS: usize = 64 * 1024;
 
+/// The transcripts and loopd-sized assembler buffers, shared by both measurements.
+struct Setup {
+    transcripts: Vec<Vec<Vec<u8>>>,
+    events: usize,
+    content: Box<[u8; CONTENT]>,
+    reasoning: Box<[u8; REASONING]>,
+    args: Box<[[u8; ARGS]; CALLS]>,
+    text: Vec<u8>,
+}
+
+impl Setup {
+    fn new() -> Setup {
+        let transcripts = transcripts();
+        let events = transcripts.iter().map(Vec::len).sum();
+        let longest = transcripts
+            .iter()
+            .flatten()
+            .map(Vec::len)
+            .max()
+            .unwrap_or(0);
+        Setup {
+            transcripts,
+            events,
+            content: vec![0u8; CONTENT].into_boxed_slice().try_into().unwrap(),
+            reasoning: vec![0u8; REASONING].into_boxed_slice().try_into().unwrap(),
+            args: vec![[0u8; ARGS]; CALLS]
+                .into_boxed_slice()
+                .try_into()
+                .unwrap(),
+            text: vec![0u8; longest],
+        }
+    }
+
+    /// Every transcript decoded and assembled, as loopd does it.
+    fn ours(&mut self) {
+        let mut asm = Assembler::new(&mut self.content, &mut self.reasoning, &mut self.args);
+        for t in &self.transcripts {
+            asm.reset();
+            for p in t {
+                match decode_chunk(p, &mut self.text) {
+                    Ok(Payload::Chunk(ch)) => asm.push(&ch).expect("fixture assembles"),
+                    other => panic!("fixture chunk: {other:?}"),
+                }
+            }
+            black_box(asm.finish().expect("fixture finishes"));
+        }
+    }
+
+    /// Every chunk into the borrowed struct with serde_json.
+    fn borrowed(&self) {
+        for p in self.transcripts.iter().flatten() {
+            black_box(serde_json::from_slice::<Chunk<'_>>(p).expect("fixture parses"));
+        }
+    }
+
+    /// Every chunk into `serde_json::Value`.
+    fn value(&self) {
+        for p in self.transcripts.iter().flatten() {
+            black_box(serde_json::from_slice::<serde_json::Value>(p).expect("fixture parses"));
+        }
+    }
+}
+
 fn bench(c: &mut Criterion) {
-    let transcripts = transcripts();
-    let events: usize = transcripts.iter().map(Vec::len).sum();
-    let longest = transcripts
-        .iter()
-        .flatten()
-        .map(Vec::len)
-        .max()
-        .unwrap_or(0);
-
-    let mut content: Box<[u8; CONTENT]> = vec![0u8; CONTENT].into_boxed_slice().try_into().unwrap();
-    let mut reasoning: Box<[u8; REASONING]> =
-        vec![0u8; REASONING].into_boxed_slice().try_into().unwrap();
-    let mut args: Box<[[u8; ARGS]; CALLS]> = vec![[0u8; ARGS]; CALLS]
-        .into_boxed_slice()
-        .try_into()
-        .unwrap();
-    let mut asm = Box::new(Assembler::new(&mut content, &mut reasoning, &mut args));
-    let mut text = vec![0u8; longest];
-
+    let mut s = Setup::new();
     let mut g = c.benchmark_group("chunk");
-    g.throughput(Throughput::Elements(events as u64));
-    g.bench_function("llama_proto_decode_assemble", |b| {
-        b.iter(|| {
-            for t in &transcripts {
-                asm.reset();
-                for p in t {
-                    match decode_chunk(p, &mut text) {
-                        Ok(Payload::Chunk(ch)) => asm.push(&ch).expect("fixture assembles"),
-                        other => panic!("fixture chunk: {other:?}"),
-                    }
-                }
-                black_box(asm.finish().expect("fixture finishes"));
-            }
-        })
-    });
-    g.bench_function("serde_json_borrowed", |b| {
-        b.iter(|| {
-            for t in &transcripts {
-                for p in t {
-                    black_box(serde_json::from_slice::<Chunk<'_>>(p).expect("fixture parses"));
-                }
-            }
-        })
-    });
-    g.bench_function("serde_json_value", |b| {
-        b.iter(|| {
-            for t in &transcripts {
-                for p in t {
-                    black_box(
-                        serde_json::from_slice::<serde_json::Value>(p).expect("fixture parses"),
-                    );
-                }
-            }
-        })
-    });
+    g.throughput(Throughput::Elements(s.events as u64));
+    g.bench_function("llama_proto_decode_assemble", |b| b.iter(|| s.ours()));
+    g.bench_function("serde_json_borrowed", |b| b.iter(|| s.borrowed()));
+    g.bench_function("serde_json_value", |b| b.iter(|| s.value()));
     g.finish();
 }
 
@@ -193,51 +207,20 @@ fn bench(c: &mut Criterion) {
 /// shared with parallel builds the load shifts between criterion's back-to-back groups, and
 /// the minimum of interleaved rounds is the figure least touched by it.
 fn interleaved() {
-    let transcripts = transcripts();
-    let events: usize = transcripts.iter().map(Vec::len).sum();
-    let longest = transcripts
-        .iter()
-        .flatten()
-        .map(Vec::len)
-        .max()
-        .unwrap_or(0);
-    let mut content: Box<[u8; CONTENT]> = vec![0u8; CONTENT].into_boxed_slice().try_into().unwrap();
-    let mut reasoning: Box<[u8; REASONING]> =
-        vec![0u8; REASONING].into_boxed_slice().try_into().unwrap();
-    let mut args: Box<[[u8; ARGS]; CALLS]> = vec![[0u8; ARGS]; CALLS]
-        .into_boxed_slice()
-        .try_into()
-        .unwrap();
-    let mut asm = Box::new(Assembler::new(&mut content, &mut reasoning, &mut args));
-    let mut text = vec![0u8; longest];
+    let mut s = Setup::new();
     let mut best = [u128::MAX; 3];
     for _ in 0..2000 {
         let t = std::time::Instant::now();
-        for tr in &transcripts {
-            asm.reset();
-            for p in tr {
-                if let Ok(Payload::Chunk(ch)) = decode_chunk(p, &mut text) {
-                    asm.push(&ch).expect("fixture assembles");
-                }
-            }
-            black_box(asm.finish().expect("fixture finishes"));
-        }
+        s.ours();
         best[0] = best[0].min(t.elapsed().as_nanos());
         let t = std::time::Instant::now();
-        for tr in &transcripts {
-            for p in tr {
-                black_box(serde_json::from_slice::<Chunk<'_>>(p).expect("fixture parses"));
-            }
-        }
+        s.borrowed();
         best[1] = best[1].min(t.elapsed().as_nanos());
         let t = std::time::Instant::now();
-        for tr in &transcripts {
-            for p in tr {
-                black_box(serde_json::from_slice::<serde_json::Value>(p).expect("fixture parses"));
-            }
-        }
+        s.value();
         best[2] = best[2].min(t.elapsed().as_nanos());
     }
+    let events = s.events;
     let per = |ns: u128| ns as f64 / events as f64;
     println!(
         "interleaved, best of 2000 rounds, {events} events: llama_proto {:.0} ns/event, \
