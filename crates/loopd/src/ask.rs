@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use loopd::llama::{ChatEvent, Completion};
 
-use crate::selftest::finish_name;
+use loopd::selftest::finish_name;
 
 const DIM: &str = "\x1b[2m";
 const RESET: &str = "\x1b[0m";

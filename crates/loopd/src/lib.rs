@@ -3,7 +3,8 @@
 //! [`config`] reads `config.toml`; [`http`] and [`sse`] are the std side of the `http-nostd`
 //! and `sse-nostd` parsers over a `UnixStream`; [`llama`] is the client itself, with its slot
 //! gate, timers, thinking cap and retry. Time and jitter come in through [`clock`], so the
-//! timers and the retry schedule are tested without sleeping. Nothing here starts a thread or
+//! timers and the retry schedule are tested without sleeping. [`selftest`] holds the three
+//! startup checks that `loopd selftest` runs. Nothing here starts a thread or
 //! opens a TCP connection.
 //!
 //! ```no_run
@@ -37,3 +38,4 @@ pub mod sse;
 pub use config::{Config, ConfigError};
 pub use llama::{ChatEvent, ChatRequest, Client, InferError};
 pub mod llama;
+pub mod selftest;

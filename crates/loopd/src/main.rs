@@ -1,7 +1,6 @@
 //! The `loopd` command: the startup self-test and a way to watch one request.
 
 mod ask;
-mod selftest;
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -9,6 +8,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use loopd::llama::{ChatMessage, ChatRequest, Client};
+use loopd::selftest;
 use loopd::Config;
 
 const USAGE: &str = "\

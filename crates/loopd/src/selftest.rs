@@ -9,7 +9,7 @@ use std::fmt;
 
 use llama_proto::hash::sha256;
 
-use loopd::llama::{
+use crate::llama::{
     cache_outcome, CacheOutcome, ChatEvent, ChatMessage, ChatRequest, Client, Completion,
     FinishReason, ToolCall, ToolSchema,
 };

@@ -13,7 +13,7 @@ use llama_harness::{LocalServer, Proxy};
 use loopd::config::Config;
 use loopd::llama::{
     cache_outcome, CacheOutcome, ChatEvent, ChatMessage, ChatRequest, Client, Completion,
-    FinishReason, InferError, ToolCall, ToolSchema,
+    FinishReason, InferError,
 };
 
 /// The socket of the shared proxy in front of the shared server.
@@ -109,41 +109,9 @@ fn plain_streamed_answer() {
 fn a_tool_call() {
     let _turn = turn();
     let client = Client::new(config());
-    let tool = ToolSchema {
-        name: "get_weather".into(),
-        description: "Get the current weather for a city.".into(),
-        parameters: serde_json::json!({
-            "type": "object",
-            "properties": { "city": { "type": "string", "description": "The city name" } },
-            "required": ["city"],
-        }),
-    };
-    // Two worked examples, then the question: the 135M model copies the pattern
-    // (docs/inference-contract.md).
-    let example = |id: &str, city: &str| ChatMessage::Assistant {
-        content: Some(String::new()),
-        reasoning_content: None,
-        tool_calls: vec![ToolCall {
-            id: id.into(),
-            name: "get_weather".into(),
-            arguments: format!("{{\"city\": \"{city}\"}}"),
-        }],
-    };
-    let req = ChatRequest {
-        slot: 0,
-        messages: vec![
-            ChatMessage::System {
-                content: "You answer every question by calling a tool.".into(),
-            },
-            user("What is the weather in Rome?"),
-            example("call_1", "Rome"),
-            user("What is the weather in Oslo?"),
-            example("call_2", "Oslo"),
-            user("What is the weather in Paris?"),
-        ],
-        tools: vec![tool],
-        thinking: false,
-    };
+    // The self-test's request: two worked examples, then the question; the 135M model copies
+    // the pattern (docs/inference-contract.md).
+    let req = loopd::selftest::tool_request(0);
     let (r, events) = chat(&client, &req);
     let done = r.unwrap();
     assert_eq!(done.finish_reason, FinishReason::ToolCalls, "{done:?}");
