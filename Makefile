@@ -59,11 +59,13 @@ verify-device:
 verify-local: llama
 	scripts/local-stack.sh verify
 
-## fuzz: every cargo-fuzz target for FUZZ_SECONDS each (installs cargo-fuzz when missing)
+## fuzz: every cargo-fuzz target for FUZZ_SECONDS each, from its corpus and the committed
+## seeds in fuzz/seeds/<target> (installs cargo-fuzz when missing)
 fuzz:
 	command -v cargo-fuzz >/dev/null || $(CARGO) install --locked cargo-fuzz
 	cd fuzz && for t in $$($(CARGO) +nightly fuzz list); do \
-	  $(CARGO) +nightly fuzz run $$t -- -max_total_time=$(FUZZ_SECONDS) || exit 1; \
+	  mkdir -p corpus/$$t seeds/$$t; \
+	  $(CARGO) +nightly fuzz run $$t corpus/$$t seeds/$$t -- -max_total_time=$(FUZZ_SECONDS) || exit 1; \
 	done
 
 ## bench: every criterion benchmark (figures go into docs/benchmarks.md)

@@ -1,11 +1,14 @@
 //! Decoder and assembler together: every input line is one `data:` payload.
 //!
-//! Checks: no panic; a text buffer as long as the payload is always enough; capacities hold;
-//! a refused chunk changes nothing; the same chunks fed to a second assembler give the same
-//! message.
+//! Checks: no panic; a text buffer as long as the payload is always enough; a payload is
+//! refused as too deep exactly when a plain bracket count says it nests past the limit;
+//! capacities hold; a refused chunk changes nothing; the same chunks fed to a second
+//! assembler give the same message. Seeds with deep nesting are in `fuzz/seeds/`.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use llama_proto::{decode_chunk, AssembleError, Assembler, DecodeError, Message, Payload};
+use llama_proto::{
+    decode_chunk, AssembleError, Assembler, DecodeError, Message, Payload, MAX_NESTING,
+};
 
 const C: usize = 64;
 const R: usize = 64;
@@ -41,6 +44,32 @@ fn seen(a: &Asm<'_>) -> Seen {
     }
 }
 
+/// The deepest nesting of arrays and objects outside strings: the obviously right reference.
+fn depth(p: &[u8]) -> usize {
+    let (mut d, mut max, mut in_str, mut escaped) = (0usize, 0, false, false);
+    for &b in p {
+        if in_str {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_str = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_str = true,
+            b'[' | b'{' => {
+                d += 1;
+                max = max.max(d);
+            }
+            b']' | b'}' => d = d.saturating_sub(1),
+            _ => {}
+        }
+    }
+    max
+}
+
 fn run(lines: &[&[u8]], a: &mut Asm<'_>) -> Vec<Result<(), AssembleError>> {
     let mut results = Vec::new();
     for line in lines {
@@ -48,6 +77,10 @@ fn run(lines: &[&[u8]], a: &mut Asm<'_>) -> Vec<Result<(), AssembleError>> {
         let chunk = match decode_chunk(line, &mut text) {
             Ok(Payload::Chunk(c)) => c,
             Ok(Payload::Error(_)) => continue,
+            Err(DecodeError::TooDeep) => {
+                assert!(depth(line) > MAX_NESTING, "refused as too deep but is not");
+                continue;
+            }
             Err(e) => {
                 assert_ne!(
                     e,

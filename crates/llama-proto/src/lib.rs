@@ -20,6 +20,7 @@ extern crate std;
 
 mod assemble;
 pub mod cache;
+mod chunk;
 mod decode;
 pub mod hash;
 #[cfg(feature = "alloc")]
@@ -34,10 +35,11 @@ pub use assemble::{
     MAX_TOOL_NAME,
 };
 pub use cache::{cache_outcome, CacheOutcome, CACHE_LOSS_TOLERANCE};
-pub use decode::{
-    decode_chunk, decode_error_event, Chunk, DecodeError, Payload, PromptProgress, ServerError,
-    ToolCallDelta, MAX_TOOL_CALL_DELTAS,
+pub use chunk::{
+    Chunk, DecodeError, Payload, PromptProgress, ServerError, ToolCallDelta, MAX_NESTING,
+    MAX_TOOL_CALL_DELTAS,
 };
+pub use decode::{decode_chunk, decode_error_event};
 #[cfg(feature = "alloc")]
 pub use owned::{ChatMessage, Completion, ToolCall, ToolSchema};
 pub use types::{FinishReason, Timings};

@@ -11,7 +11,7 @@ use core::fmt;
 
 use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
-use crate::decode::{Chunk, ToolCallDelta};
+use crate::chunk::{Chunk, ToolCallDelta};
 use crate::MAX_TOOL_CALL_DELTAS;
 
 /// One parsed payload. `chunk` holds the strings still escaped and no `finish_reason`.

@@ -9,22 +9,47 @@
 //! read directly. What this walk accepts is checked only as far as the fields the decoder
 //! returns: a skipped value is not validated beyond finding its end (as `serde-json-core`
 //! does for skipped numbers), so a payload `serde_json` would reject may still decode.
-//! Every error is a `serde_json_core::de::Error`, as before.
+//! Every error is a `serde_json_core::de::Error`, as before, except nesting past
+//! [`MAX_NESTING`], which is [`DecodeError::TooDeep`].
+//!
+//! The walk itself keeps a depth count, not a stack, so its own stack use is constant. It is
+//! also what bounds `serde-json-core`'s: every value handed over has been walked to its end
+//! first, so nothing deeper than the limit ever reaches a recursive parser.
 
 use serde::de::DeserializeSeed;
 use serde_json_core::de::Error;
 
-use crate::decode::PromptProgress;
+use crate::chunk::{DecodeError, PromptProgress, MAX_NESTING};
 use crate::raw::{ChoicesSeed, Opt, RawChunk, RawError};
 use crate::Timings;
 
-type Result<T> = core::result::Result<T, Error>;
+type Result<T> = core::result::Result<T, DecodeError>;
+
+impl From<Error> for DecodeError {
+    fn from(e: Error) -> Self {
+        DecodeError::Json(e)
+    }
+}
+
+/// Checks that no array or object in `payload` nests deeper than [`MAX_NESTING`], the
+/// payload's own outer value included. Anything else about the payload is left to its parser.
+pub(crate) fn check_nesting(payload: &[u8]) -> Result<()> {
+    let mut s = Scan { b: payload, i: 0 };
+    match s.ws() {
+        Some(b'{' | b'[') => s.nested(0).map(drop).or_else(|e| match e {
+            DecodeError::TooDeep => Err(e),
+            // Malformed: the parser that runs next says how.
+            _ => Ok(()),
+        }),
+        _ => Ok(()),
+    }
+}
 
 /// Parses `payload` into `out` (which must start as `RawChunk::default()`).
 pub(crate) fn parse_chunk<'a>(payload: &'a [u8], out: &mut RawChunk<'a>) -> Result<()> {
     let mut s = Scan { b: payload, i: 0 };
     if s.ws().ok_or(Error::EofWhileParsingValue)? != b'{' {
-        return Err(Error::InvalidType);
+        return Err(Error::InvalidType.into());
     }
     s.i += 1;
     let mut seen = 0u8;
@@ -36,20 +61,20 @@ pub(crate) fn parse_chunk<'a>(payload: &'a [u8], out: &mut RawChunk<'a>) -> Resu
                 break;
             }
             b'"' if first => {}
-            _ if first => return Err(Error::KeyMustBeAString),
+            _ if first => return Err(Error::KeyMustBeAString.into()),
             b',' => {
                 s.i += 1;
                 match s.ws().ok_or(Error::EofWhileParsingValue)? {
                     b'"' => {}
-                    b'}' => return Err(Error::TrailingComma),
-                    _ => return Err(Error::KeyMustBeAString),
+                    b'}' => return Err(Error::TrailingComma.into()),
+                    _ => return Err(Error::KeyMustBeAString.into()),
                 }
             }
             b'}' => {
                 s.i += 1;
                 break;
             }
-            _ => return Err(Error::ExpectedObjectCommaOrEnd),
+            _ => return Err(Error::ExpectedObjectCommaOrEnd.into()),
         }
         first = false;
         let key = s.string()?;
@@ -64,12 +89,12 @@ pub(crate) fn parse_chunk<'a>(payload: &'a [u8], out: &mut RawChunk<'a>) -> Resu
         };
         if seen & bit != 0 {
             // As the derived visitors said for a repeated field.
-            return Err(Error::CustomError);
+            return Err(Error::CustomError.into());
         }
         seen |= bit;
         match bit {
             1 => {
-                let value = s.value()?;
+                let value = s.value(1)?;
                 serde_json_core_value(value, |de| Opt(ChoicesSeed(&mut *out)).deserialize(de))?;
             }
             2 => out.chunk.id = s.opt_str()?,
@@ -104,7 +129,7 @@ pub(crate) fn parse_chunk<'a>(payload: &'a [u8], out: &mut RawChunk<'a>) -> Resu
                     });
             }
             16 => {
-                let value = s.value()?;
+                let value = s.value(1)?;
                 serde_json_core_value(value, |de| {
                     serde::Deserialize::deserialize(de).map(|e: Option<RawError<'a>>| {
                         out.error = e;
@@ -112,24 +137,24 @@ pub(crate) fn parse_chunk<'a>(payload: &'a [u8], out: &mut RawChunk<'a>) -> Resu
                 })?;
             }
             _ => {
-                s.value()?;
+                s.value(1)?;
             }
         }
     }
     match s.ws() {
         None => Ok(()),
-        Some(_) => Err(Error::TrailingCharacters),
+        Some(_) => Err(Error::TrailingCharacters.into()),
     }
 }
 
 /// Runs `f` on a `serde-json-core` deserializer over exactly one value.
 fn serde_json_core_value<'a>(
     value: &'a [u8],
-    f: impl FnOnce(&mut serde_json_core::de::Deserializer<'a, '_>) -> Result<()>,
+    f: impl FnOnce(&mut serde_json_core::de::Deserializer<'a, '_>) -> core::result::Result<(), Error>,
 ) -> Result<()> {
     let mut de = serde_json_core::de::Deserializer::new(value, None);
     f(&mut de)?;
-    de.end().map(drop)
+    Ok(de.end().map(drop)?)
 }
 
 struct Scan<'a> {
@@ -151,7 +176,7 @@ impl<'a> Scan<'a> {
 
     fn colon(&mut self) -> Result<()> {
         if self.ws().ok_or(Error::EofWhileParsingObject)? != b':' {
-            return Err(Error::ExpectedColon);
+            return Err(Error::ExpectedColon.into());
         }
         self.i += 1;
         Ok(())
@@ -174,16 +199,17 @@ impl<'a> Scan<'a> {
         }
     }
 
-    /// Skips one value; returns it. Strings are skipped as strings; arrays and objects up to
-    /// their matching close; anything else up to the next `,`, `}` or `]`.
-    fn value(&mut self) -> Result<&'a [u8]> {
+    /// Skips one value inside `outer` enclosing arrays and objects; returns it. Strings are
+    /// skipped as strings; arrays and objects up to their matching close (refused past
+    /// [`MAX_NESTING`] in all); anything else up to the next `,`, `}` or `]`.
+    fn value(&mut self, outer: usize) -> Result<&'a [u8]> {
         let start = self.i;
         match self.ws().ok_or(Error::EofWhileParsingValue)? {
             b'"' => {
                 self.string()?;
             }
-            b'{' | b'[' => self.nested()?,
-            b',' | b'}' | b']' => return Err(Error::ExpectedSomeValue),
+            b'{' | b'[' => self.nested(outer)?,
+            b',' | b'}' | b']' => return Err(Error::ExpectedSomeValue.into()),
             _ => {
                 let rest = self.b.get(self.i..).unwrap_or_default();
                 self.i += find(rest, delimiter).ok_or(Error::EofWhileParsingValue)?;
@@ -195,12 +221,16 @@ impl<'a> Scan<'a> {
     /// Skips the array or object whose opening bracket is at `self.i`, to its matching close.
     /// One pass over eight bytes at a time: the quotes, backslashes and brackets of a word are
     /// handled from its masks without going back to memory, so a word with no bracket
-    /// outside a string costs a few instructions whatever its quotes.
-    fn nested(&mut self) -> Result<()> {
-        let mut st = Nesting::default();
+    /// outside a string costs a few instructions whatever its quotes. `outer` arrays and
+    /// objects enclose this one.
+    fn nested(&mut self, outer: usize) -> Result<()> {
+        let mut st = Nesting {
+            room: MAX_NESTING.saturating_sub(outer),
+            ..Nesting::default()
+        };
         let mut at = self.i;
         while let Some(Ok(bytes)) = self.b.get(at..at + 8).map(<[u8; 8]>::try_from) {
-            if let Some(end) = st.word(u64::from_le_bytes(bytes)) {
+            if let Some(end) = st.word(u64::from_le_bytes(bytes))? {
                 self.i = at + end + 1;
                 return Ok(());
             }
@@ -212,12 +242,12 @@ impl<'a> Scan<'a> {
             .ok_or(Error::EofWhileParsingValue)?
             .copy_from_slice(rest);
         // Spaces pad the word and change no state.
-        match st.word(u64::from_le_bytes(tail)) {
+        match st.word(u64::from_le_bytes(tail))? {
             Some(end) if end < rest.len() => {
                 self.i = at + end + 1;
                 Ok(())
             }
-            _ => Err(Error::EofWhileParsingValue),
+            _ => Err(Error::EofWhileParsingValue.into()),
         }
     }
 
@@ -228,10 +258,10 @@ impl<'a> Scan<'a> {
                 let raw = self.string()?;
                 core::str::from_utf8(raw)
                     .map(Some)
-                    .map_err(|_| Error::InvalidUnicodeCodePoint)
+                    .map_err(|_| Error::InvalidUnicodeCodePoint.into())
             }
             b'n' => self.null().map(|()| None),
-            _ => Err(Error::InvalidType),
+            _ => Err(Error::InvalidType.into()),
         }
     }
 
@@ -241,7 +271,7 @@ impl<'a> Scan<'a> {
                 self.i += 4;
                 Ok(())
             }
-            _ => Err(Error::ExpectedSomeIdent),
+            _ => Err(Error::ExpectedSomeIdent.into()),
         }
     }
 
@@ -254,7 +284,7 @@ impl<'a> Scan<'a> {
         match self.ws().ok_or(Error::EofWhileParsingValue)? {
             b'n' => return self.null().map(|()| None),
             b'{' => self.i += 1,
-            _ => return Err(Error::InvalidType),
+            _ => return Err(Error::InvalidType.into()),
         }
         let mut vals = [0u64; N];
         let mut seen = 0u32;
@@ -263,17 +293,17 @@ impl<'a> Scan<'a> {
             match self.ws().ok_or(Error::EofWhileParsingObject)? {
                 b'}' if first => break,
                 b'"' if first => {}
-                _ if first => return Err(Error::KeyMustBeAString),
+                _ if first => return Err(Error::KeyMustBeAString.into()),
                 b',' => {
                     self.i += 1;
                     match self.ws().ok_or(Error::EofWhileParsingValue)? {
                         b'"' => {}
-                        b'}' => return Err(Error::TrailingComma),
-                        _ => return Err(Error::KeyMustBeAString),
+                        b'}' => return Err(Error::TrailingComma.into()),
+                        _ => return Err(Error::KeyMustBeAString.into()),
                     }
                 }
                 b'}' => break,
-                _ => return Err(Error::ExpectedObjectCommaOrEnd),
+                _ => return Err(Error::ExpectedObjectCommaOrEnd.into()),
             }
             first = false;
             let key = self.string()?;
@@ -281,7 +311,7 @@ impl<'a> Scan<'a> {
             match field(key) {
                 Some(k) => {
                     if seen & (1 << k) != 0 {
-                        return Err(Error::CustomError);
+                        return Err(Error::CustomError.into());
                     }
                     seen |= 1 << k;
                     if let Some(v) = vals.get_mut(k) {
@@ -294,14 +324,15 @@ impl<'a> Scan<'a> {
                     self.i += find(rest, delimiter).ok_or(Error::EofWhileParsingValue)?;
                 }
                 None => {
-                    self.value()?;
+                    // Inside the top-level object and this one.
+                    self.value(2)?;
                 }
             }
         }
         self.i += 1;
         if seen.count_ones() as usize != N {
             // A missing field, as the derived visitors said.
-            return Err(Error::CustomError);
+            return Err(Error::CustomError.into());
         }
         Ok(Some(vals))
     }
@@ -310,13 +341,13 @@ impl<'a> Scan<'a> {
     fn u64(&mut self) -> Result<u64> {
         let first = self.ws().ok_or(Error::EofWhileParsingValue)?;
         match first {
-            b'-' => return Err(Error::InvalidNumber),
+            b'-' => return Err(Error::InvalidNumber.into()),
             b'0' => {
                 self.i += 1;
                 return Ok(0);
             }
             b'1'..=b'9' => {}
-            _ => return Err(Error::InvalidType),
+            _ => return Err(Error::InvalidType.into()),
         }
         let mut n = 0u64;
         while let Some(&c @ b'0'..=b'9') = self.b.get(self.i) {
@@ -361,6 +392,8 @@ fn eq_exact(w: u64, b: u8) -> u64 {
 #[derive(Default)]
 struct Nesting {
     depth: usize,
+    /// How deep `depth` may go.
+    room: usize,
     in_str: bool,
     /// The first byte of the next word is escaped.
     skip_first: bool,
@@ -370,7 +403,7 @@ impl Nesting {
     /// Walks one word (little-endian bytes); returns the byte index of the close that ends
     /// the value, if it is in this word.
     #[inline(always)]
-    fn word(&mut self, w: u64) -> Option<usize> {
+    fn word(&mut self, w: u64) -> Result<Option<usize>> {
         let f = w | (ONES * 0x20);
         let quote = eq_exact(w, b'"');
         let backslash = eq_exact(w, b'\\');
@@ -398,14 +431,17 @@ impl Nesting {
                 self.in_str = true;
             } else if bit & open != 0 {
                 self.depth += 1;
+                if self.depth > self.room {
+                    return Err(DecodeError::TooDeep);
+                }
             } else if bit & close != 0 {
                 self.depth = self.depth.saturating_sub(1);
                 if self.depth == 0 {
-                    return Some(bit.trailing_zeros() as usize / 8);
+                    return Ok(Some(bit.trailing_zeros() as usize / 8));
                 }
             }
         }
-        None
+        Ok(None)
     }
 }
 
@@ -443,9 +479,14 @@ mod tests {
     use std::format;
     use std::string::String;
 
-    fn parse(p: &str) -> Result<RawChunk<'_>> {
+    fn parse(p: &str) -> core::result::Result<RawChunk<'_>, Error> {
         let mut out = RawChunk::default();
-        parse_chunk(p.as_bytes(), &mut out).map(|()| out)
+        parse_chunk(p.as_bytes(), &mut out)
+            .map(|()| out)
+            .map_err(|e| match e {
+                DecodeError::Json(e) => e,
+                other => panic!("{other:?}"),
+            })
     }
 
     #[test]
