@@ -112,15 +112,16 @@ fn dump(m: &Message<'_>) -> String {
         })
         .collect();
     format!(
-        "{{\"id\":{},\"content\":{},\"reasoning_content\":{},\"tool_calls\":[{}],\"finish_reason\":{},\"timings\":{{\"cache_n\":{},\"prompt_n\":{},\"predicted_n\":{}}},\"reasoning_tokens\":{}}}",
+        "{{\"id\":{},\"content\":{},\"reasoning_content\":{},\"tool_calls\":[{}],\"finish_reason\":{},\"timings\":{},\"reasoning_tokens\":{}}}",
         s(m.id),
         opt(m.content),
         opt(m.reasoning_content),
         calls.join(","),
         s(m.finish_reason.as_str()),
-        m.timings.cache_n,
-        m.timings.prompt_n,
-        m.timings.predicted_n,
+        m.timings.map_or("null".into(), |t| format!(
+            "{{\"cache_n\":{},\"prompt_n\":{},\"predicted_n\":{}}}",
+            t.cache_n, t.prompt_n, t.predicted_n
+        )),
         m.reasoning_tokens
     )
 }

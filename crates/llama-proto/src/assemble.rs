@@ -470,7 +470,7 @@ impl<'s, const CONTENT: usize, const REASONING: usize, const CALLS: usize, const
                 stride: ARGS,
             },
             finish_reason,
-            timings: self.timings.unwrap_or_default(),
+            timings: self.timings,
             reasoning_tokens: self.reasoning_tokens,
         })
     }
@@ -489,8 +489,8 @@ pub struct Message<'a> {
     pub tool_calls: ToolCalls<'a>,
     /// Why generation stopped.
     pub finish_reason: FinishReason,
-    /// The latest timings (zeros if the stream carried none).
-    pub timings: Timings,
+    /// The latest timings; `None` if the stream carried none.
+    pub timings: Option<Timings>,
     /// Tokens generated while reasoning streamed.
     pub reasoning_tokens: u64,
 }

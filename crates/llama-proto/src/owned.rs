@@ -71,8 +71,8 @@ pub struct Completion {
     pub tool_calls: Vec<ToolCall>,
     /// Why generation stopped.
     pub finish_reason: FinishReason,
-    /// The last timings the stream carried.
-    pub timings: Timings,
+    /// The last timings the stream carried; `None` if it carried none.
+    pub timings: Option<Timings>,
     /// Tokens generated while reasoning streamed (from the per-chunk `predicted_n`).
     pub reasoning_tokens: u64,
     /// Whether the client ended reasoning early (set by `loopd`, never by the assembler).

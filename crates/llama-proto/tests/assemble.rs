@@ -88,11 +88,11 @@ fn content_concatenates_and_finishes() {
     assert_eq!(m.finish_reason, FinishReason::Stop);
     assert_eq!(
         m.timings,
-        Timings {
+        Some(Timings {
             cache_n: 3,
             prompt_n: 5,
             predicted_n: 9
-        }
+        })
     );
     assert_eq!(m.reasoning_tokens, 0);
 }
@@ -310,7 +310,7 @@ fn delta_after_finish_is_refused_timings_are_not() {
         r#"{"id":"c1","choices":[],"timings":{"cache_n":3,"prompt_n":5,"predicted_n":10}}"#,
     )
     .unwrap();
-    assert_eq!(a.finish().unwrap().timings.predicted_n, 10);
+    assert_eq!(a.finish().unwrap().timings.unwrap().predicted_n, 10);
 }
 
 #[test]
@@ -391,11 +391,11 @@ fn into_owned_completion() {
                 arguments: "{}".into()
             }],
             finish_reason: FinishReason::ToolCalls,
-            timings: Timings {
+            timings: Some(Timings {
                 cache_n: 0,
                 prompt_n: 5,
                 predicted_n: 2
-            },
+            }),
             reasoning_tokens: 2,
             thinking_capped: false,
         }

@@ -134,15 +134,19 @@ fn timings_are_the_last_ones_sent() {
                 })
             })
             .expect("fixture carries timings");
-        assert_eq!(assembled(name, |m| m.timings), last, "{name}");
+        assert_eq!(assembled(name, |m| m.timings), Some(last), "{name}");
     }
 }
 
 #[test]
 fn reasoning_tokens_are_counted_while_reasoning_streams() {
-    let (tokens, total) = assembled("thinking", |m| (m.reasoning_tokens, m.timings.predicted_n));
+    let (tokens, total) = assembled("thinking", |m| {
+        (m.reasoning_tokens, m.timings.expect("timings").predicted_n)
+    });
     assert!(tokens > 0 && tokens <= total, "{tokens} of {total}");
-    let (tokens, _) = assembled("plain", |m| (m.reasoning_tokens, m.timings.predicted_n));
+    let (tokens, _) = assembled("plain", |m| {
+        (m.reasoning_tokens, m.timings.expect("timings").predicted_n)
+    });
     assert_eq!(tokens, 0);
 }
 
@@ -203,7 +207,7 @@ fn reasoning_end_stops_the_count_when_the_answer_starts() {
     let (tokens, total, reasoning, content) = assembled("reasoning_end", |m| {
         (
             m.reasoning_tokens,
-            m.timings.predicted_n,
+            m.timings.expect("timings").predicted_n,
             m.reasoning_content.map(str::len),
             m.content.map(str::len),
         )

@@ -67,6 +67,8 @@ fn request() -> ChatRequest {
         }],
         tools: vec![],
         thinking: false,
+        max_tokens: None,
+        sampling: None,
     }
 }
 
@@ -76,7 +78,7 @@ fn loopd_once(client: &Client) -> usize {
     let done = client
         .chat(&request(), &mut |_| events += 1)
         .expect("completion");
-    assert_eq!(done.timings.predicted_n, 9_998);
+    assert_eq!(done.timings.expect("timings").predicted_n, 9_998);
     events
 }
 

@@ -64,14 +64,12 @@ impl<W: Write> Watcher<W> {
             ChatEvent::Reasoning(text) => {
                 self.switch(Part::Reasoning)?;
                 self.first_token.get_or_insert_with(Instant::now);
-                write!(self.out, "{text}")?;
-                self.out.flush()
+                self.text(text)
             }
             ChatEvent::Content(text) => {
                 self.switch(Part::Answer)?;
                 self.first_token.get_or_insert_with(Instant::now);
-                write!(self.out, "{text}")?;
-                self.out.flush()
+                self.text(text)
             }
             ChatEvent::ToolCallDelta {
                 index,
@@ -84,8 +82,7 @@ impl<W: Write> Watcher<W> {
                     self.notice(&format!("tool call {index}: {name} {id}"))?;
                     self.part = Part::Answer;
                 }
-                write!(self.out, "{arguments}")?;
-                self.out.flush()
+                self.text(arguments)
             }
             ChatEvent::ThinkingCapped { tokens } => self.notice(&format!(
                 "thinking capped after {tokens} tokens: asked the server to end reasoning"
@@ -103,7 +100,7 @@ impl<W: Write> Watcher<W> {
 
     /// Shows the end of the request: finish reason, token counts and generation speed.
     pub fn finish(&mut self, done: &Completion) {
-        let t = done.timings;
+        let t = done.timings.unwrap_or_default();
         let speed = match self.first_token {
             Some(start) if t.predicted_n > 0 => {
                 let secs = start.elapsed().as_secs_f64().max(1e-3);
@@ -119,7 +116,7 @@ impl<W: Write> Watcher<W> {
         let _ = self.notice(&format!(
             "finish: {}; prompt {} tokens ({} from cache), generated {} ({} reasoning){speed}{capped}",
             finish_name(done.finish_reason),
-            t.prompt_n + t.cache_n,
+            t.prompt_n.saturating_add(t.cache_n),
             t.cache_n,
             t.predicted_n,
             done.reasoning_tokens,
@@ -133,11 +130,12 @@ impl<W: Write> Watcher<W> {
             ));
         }
         self.switch(Part::Progress)?;
-        let filled = (processed.min(total) * BAR_WIDTH)
-            .checked_div(total)
+        // In u128: the server's counts are any u64, and the product must not overflow.
+        let filled = (u128::from(processed.min(total)) * u128::from(BAR_WIDTH))
+            .checked_div(u128::from(total))
             .unwrap_or(0);
         let bar: String = (0..BAR_WIDTH)
-            .map(|i| if i < filled { '#' } else { '.' })
+            .map(|i| if u128::from(i) < filled { '#' } else { '.' })
             .collect();
         write!(
             self.out,
@@ -146,10 +144,16 @@ impl<W: Write> Watcher<W> {
         self.out.flush()
     }
 
+    /// Model text, without the control characters that would drive the terminal.
+    fn text(&mut self, text: &str) -> std::io::Result<()> {
+        write!(self.out, "{}", Printable(text))?;
+        self.out.flush()
+    }
+
     /// A line of its own, after whatever was streaming.
     fn notice(&mut self, line: &str) -> std::io::Result<()> {
         self.switch(Part::Notice)?;
-        writeln!(self.out, "{line}")?;
+        writeln!(self.out, "{}", Printable(line))?;
         self.part = Part::None;
         self.out.flush()
     }
@@ -172,6 +176,23 @@ impl<W: Write> Watcher<W> {
             _ => {}
         }
         self.part = next;
+        Ok(())
+    }
+}
+
+/// Text from the server as it may reach a terminal: control characters other than newline
+/// and tab are dropped (an escape sequence in model output must not move the cursor, retitle
+/// the window or change colours), so what is left of an escape sequence prints as plain text.
+struct Printable<'a>(&'a str);
+
+impl std::fmt::Display for Printable<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for piece in self
+            .0
+            .split(|c: char| c.is_control() && c != '\n' && c != '\t')
+        {
+            f.write_str(piece)?;
+        }
         Ok(())
     }
 }
@@ -249,6 +270,63 @@ mod tests {
     }
 
     #[test]
+    fn control_characters_from_the_server_never_reach_the_terminal() {
+        let hostile = "a\x1b]0;pwned\x07b\x1b[2Jc\r\u{9b}31md\u{7f}\n\te";
+        for terminal in [false, true] {
+            let mut w = Watcher::new(Vec::new(), terminal);
+            w.event(&ChatEvent::Content(hostile.into()));
+            w.event(&ChatEvent::ToolCallDelta {
+                index: 0,
+                id: Some("\x1b[1m".into()),
+                name: Some("f\x1b[5m".into()),
+                arguments: "{\x08}".into(),
+            });
+            w.event(&ChatEvent::Retrying {
+                attempt: 2,
+                after_ms: 2_000,
+                error: "HTTP 500: \x1b[31mboom".into(),
+            });
+            let out = String::from_utf8(w.out).unwrap();
+            let header = if terminal { "" } else { "[answer]\n" };
+            assert_eq!(
+                out,
+                format!(
+                    "{header}a]0;pwnedb[2Jc31md\n\te\ntool call 0: f[5m [1m\n{{}}\n\
+                     retrying: attempt 2 in 2.0 s after: HTTP 500: [31mboom\n"
+                )
+            );
+        }
+    }
+
+    #[test]
+    fn huge_server_counts_neither_overflow_nor_panic() {
+        let mut w = Watcher::new(Vec::new(), true);
+        w.event(&ChatEvent::Progress {
+            total: u64::MAX,
+            cache: u64::MAX,
+            processed: u64::MAX,
+        });
+        let mut w = Watcher::new(Vec::new(), false);
+        w.finish(&Completion {
+            id: "x".into(),
+            content: None,
+            reasoning_content: None,
+            tool_calls: Vec::new(),
+            finish_reason: FinishReason::Length,
+            timings: Some(Timings {
+                cache_n: u64::MAX,
+                prompt_n: u64::MAX,
+                predicted_n: u64::MAX,
+            }),
+            reasoning_tokens: u64::MAX,
+            thinking_capped: false,
+        });
+        assert!(String::from_utf8(w.out)
+            .unwrap()
+            .starts_with(&format!("finish: length; prompt {} tokens", u64::MAX)));
+    }
+
+    #[test]
     fn the_end_line_names_the_finish_reason_and_counts() {
         let mut w = Watcher::new(Vec::new(), false);
         w.finish(&Completion {
@@ -257,11 +335,11 @@ mod tests {
             reasoning_content: None,
             tool_calls: Vec::new(),
             finish_reason: FinishReason::Stop,
-            timings: Timings {
+            timings: Some(Timings {
                 cache_n: 3,
                 prompt_n: 4,
                 predicted_n: 0,
-            },
+            }),
             reasoning_tokens: 0,
             thinking_capped: false,
         });

@@ -16,7 +16,7 @@ use http_nostd::{BodyBuffer, Event, HttpError, ResponseReader};
 
 pub use http_nostd::{BODY_CAP, HEAD_CAP};
 
-use crate::llama::{capped_body, InferError, ERROR_BODY_CAP};
+use crate::llama::{capped_body, InferError, Silence, ERROR_BODY_CAP};
 
 /// Bytes read from the socket at a time.
 pub const READ_CHUNK: usize = 16 * 1024;
@@ -46,7 +46,7 @@ impl ReadError {
     /// The client error for this, where a timeout means the server went silent.
     pub fn into_infer(self) -> InferError {
         match self {
-            ReadError::Timeout => InferError::Stalled,
+            ReadError::Timeout => InferError::Stalled(Silence::Liveness),
             ReadError::Closed => InferError::StreamClosedEarly,
             // A reset mid-response is the server going away, like a close.
             ReadError::Io(_) => InferError::StreamClosedEarly,
@@ -62,7 +62,11 @@ pub fn request(
     target: &str,
     body: Option<&[u8]>,
 ) -> Result<Response, InferError> {
-    let mut stream = UnixStream::connect(socket).map_err(InferError::Connect)?;
+    let connect = |source| InferError::Connect {
+        socket: socket.to_owned(),
+        source,
+    };
+    let mut stream = UnixStream::connect(socket).map_err(connect)?;
     let mut head = format!(
         "{method} {target} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nAccept: */*\r\n"
     );
@@ -76,7 +80,7 @@ pub fn request(
     // One write for small requests, so the server sees the request whole.
     let mut bytes = head.into_bytes();
     bytes.extend_from_slice(body.unwrap_or_default());
-    stream.write_all(&bytes).map_err(InferError::Connect)?;
+    stream.write_all(&bytes).map_err(connect)?;
     Ok(Response::new(stream))
 }
 
@@ -444,7 +448,7 @@ mod tests {
         );
         let missing = request(&dir.join("none.sock"), "GET", "/", None).unwrap_err();
         assert!(
-            matches!(missing, InferError::Connect(ref e) if e.kind() == io::ErrorKind::NotFound)
+            matches!(missing, InferError::Connect { ref source, .. } if source.kind() == io::ErrorKind::NotFound)
         );
         let _ = std::fs::remove_dir_all(&dir);
     }

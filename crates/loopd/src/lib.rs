@@ -18,13 +18,15 @@
 //!     messages: vec![ChatMessage::User { content: "Name three colours.".into() }],
 //!     tools: vec![],
 //!     thinking: false,
+//!     max_tokens: None,
+//!     sampling: None,
 //! };
 //! let done = client.chat_with_retry(&req, &mut |e: &ChatEvent| {
 //!     if let ChatEvent::Content(text) = e {
 //!         print!("{text}");
 //!     }
 //! })?;
-//! println!("\n{:?} after {} tokens", done.finish_reason, done.timings.predicted_n);
+//! println!("\n{:?} after {} tokens", done.finish_reason, done.timings.expect("timings").predicted_n);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 #![forbid(unsafe_code)]

@@ -191,6 +191,8 @@ fn run_ask(a: AskArgs) -> ExitCode {
         messages: vec![ChatMessage::User { content: a.prompt }],
         tools: Vec::new(),
         thinking: a.thinking,
+        max_tokens: None,
+        sampling: None,
     };
     let stdout = std::io::stdout();
     let terminal = stdout.is_terminal();

@@ -4,18 +4,40 @@
 //! Each check returns a [`Check`] with the figures it compared, so `loopd selftest` can print
 //! one line per check whatever the outcome. A request that fails outright fails its check with
 //! the error as its figure; nothing here panics on what the server says.
+//!
+//! Every request pins its sampling ([`SAMPLING`]: temperature 0 and a seed) and a small
+//! `max_tokens`, so the answers do not vary from run to run and the three checks stay near the
+//! design's 1,000 tokens: no turn can ramble until the slot's context is full.
 
 use std::fmt;
 
 use llama_proto::hash::sha256;
 
+use crate::config::Sampling;
 use crate::llama::{
     cache_outcome, CacheOutcome, ChatEvent, ChatMessage, ChatRequest, Client, Completion,
-    FinishReason, ToolCall, ToolSchema,
+    FinishReason, ToolCall, ToolSchema, CACHE_LOSS_TOLERANCE,
 };
 
 /// The tool of check 2.
 pub const TOOL_NAME: &str = "get_weather";
+
+/// The sampling of every self-test request: greedy, with a fixed seed.
+pub const SAMPLING: Sampling = Sampling {
+    temperature: Some(0.0),
+    top_p: None,
+    top_k: None,
+    min_p: None,
+    presence_penalty: None,
+    repeat_penalty: None,
+    seed: Some(20_260_917),
+};
+
+/// `max_tokens` of check 2: a call of [`TOOL_NAME`] with a city is about 25 tokens.
+pub const TOOL_MAX_TOKENS: u64 = 64;
+
+/// `max_tokens` of each turn of check 3: the answers are a few words.
+pub const CACHE_MAX_TOKENS: u64 = 24;
 
 /// The outcome of one check: its name, whether it passed, and the figures it compared.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -110,6 +132,8 @@ pub fn tool_request(slot: u32) -> ChatRequest {
             }),
         }],
         thinking: false,
+        max_tokens: Some(TOOL_MAX_TOKENS),
+        sampling: Some(SAMPLING),
     }
 }
 
@@ -152,10 +176,9 @@ a few words, without greetings, lists or explanations, and never ask a question 
 not know, say so in three words. Keep every answer on one line. The ship is quiet at night and the \
 watch changes every four hours; the crew are tired and want short answers.";
 
-/// Check 3: a two-turn exchange on `slot`; turn 2 must reuse turn 1's prompt and answer.
-pub fn turn_two_hits_cache(client: &Client, slot: u32) -> Check {
-    let name = "cache";
-    let mut req = ChatRequest {
+/// The first turn of check 3.
+pub fn cache_request(slot: u32) -> ChatRequest {
+    ChatRequest {
         slot,
         messages: vec![
             ChatMessage::System {
@@ -167,7 +190,16 @@ pub fn turn_two_hits_cache(client: &Client, slot: u32) -> Check {
         ],
         tools: Vec::new(),
         thinking: false,
-    };
+        max_tokens: Some(CACHE_MAX_TOKENS),
+        sampling: Some(SAMPLING),
+    }
+}
+
+/// Check 3: a two-turn exchange on `slot`; turn 2 must reuse turn 1's prompt and answer. A
+/// server that sends no `timings` fails it: nothing would show a hit.
+pub fn turn_two_hits_cache(client: &Client, slot: u32) -> Check {
+    let name = "cache";
+    let mut req = cache_request(slot);
     let first = match client.chat_with_retry(&req, &mut ignore) {
         Ok(c) => c,
         Err(e) => return fail(name, format!("turn 1 failed: {e}")),
@@ -180,15 +212,23 @@ pub fn turn_two_hits_cache(client: &Client, slot: u32) -> Check {
         Ok(c) => c,
         Err(e) => return fail(name, format!("turn 2 failed: {e}")),
     };
-    let previous = first.timings.cache_n + first.timings.prompt_n + first.timings.predicted_n;
-    let outcome = cache_outcome(&first.timings, &second.timings);
+    let (Some(before), Some(after)) = (first.timings, second.timings) else {
+        let turn = if first.timings.is_none() { 1 } else { 2 };
+        return fail(
+            name,
+            format!("expected timings on both turns; the server sent none on turn {turn}"),
+        );
+    };
+    let outcome = cache_outcome(&before, &after);
     Check {
         name,
         passed: !matches!(outcome, CacheOutcome::Loss { .. }),
         detail: format!(
-            "turn 2 expected to reuse about {previous} tokens (at most 64 short); got cache_n {} \
-             (prompt_n {})",
-            second.timings.cache_n, second.timings.prompt_n
+            "turn 2 expected to reuse about {} tokens (at most {CACHE_LOSS_TOLERANCE} short); got \
+             cache_n {} (prompt_n {})",
+            before.total(),
+            after.cache_n,
+            after.prompt_n
         ),
     }
 }

@@ -11,6 +11,8 @@ pub use sse_nostd::LOOPD_CAP as SSE_CAP;
 
 use crate::http::heap_array;
 use crate::llama::InferError;
+#[cfg(test)]
+use crate::llama::Silence;
 
 /// One thing the stream said.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -148,9 +150,9 @@ mod tests {
         let mut seen = 0;
         let r = s.feed(b"data: 1\n\ndata: 2\n\n", &mut |_| {
             seen += 1;
-            Err(InferError::Stalled)
+            Err(InferError::Stalled(Silence::Liveness))
         });
-        assert!(matches!(r, Err(InferError::Stalled)));
+        assert!(matches!(r, Err(InferError::Stalled(Silence::Liveness))));
         assert_eq!(seen, 1);
     }
 }

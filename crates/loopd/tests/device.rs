@@ -45,6 +45,8 @@ fn ask(text: &str, thinking: bool) -> ChatRequest {
         }],
         tools: Vec::new(),
         thinking,
+        max_tokens: None,
+        sampling: None,
     }
 }
 

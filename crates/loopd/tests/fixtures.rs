@@ -24,6 +24,8 @@ fn request() -> ChatRequest {
         }],
         tools: vec![],
         thinking: false,
+        max_tokens: None,
+        sampling: None,
     }
 }
 
@@ -84,8 +86,14 @@ fn plain_reassembles_to_the_non_streamed_answer() {
         })
     );
     let t = json("plain.response.json")["timings"].clone();
-    assert_eq!(done.timings.prompt_n, t["prompt_n"].as_u64().unwrap());
-    assert_eq!(done.timings.predicted_n, t["predicted_n"].as_u64().unwrap());
+    assert_eq!(
+        done.timings.expect("timings").prompt_n,
+        t["prompt_n"].as_u64().unwrap()
+    );
+    assert_eq!(
+        done.timings.expect("timings").predicted_n,
+        t["predicted_n"].as_u64().unwrap()
+    );
 }
 
 #[test]
@@ -103,7 +111,10 @@ fn thinking_reassembles_reasoning_and_counts_its_tokens() {
     );
     // Every generated token was reasoning here but the last, the end of the turn, which came
     // with the final chunk and no reasoning text.
-    assert_eq!(done.reasoning_tokens + 1, done.timings.predicted_n);
+    assert_eq!(
+        done.reasoning_tokens + 1,
+        done.timings.expect("timings").predicted_n
+    );
     assert!(!done.thinking_capped && server.requests_to(CONTROL).is_empty());
 }
 

@@ -82,6 +82,8 @@ fn plain_streamed_answer() {
         messages: vec![user("Name three colours.")],
         tools: vec![],
         thinking: false,
+        max_tokens: None,
+        sampling: None,
     };
     let (r, events) = chat(&client, &req);
     let done = r.unwrap();
@@ -98,7 +100,8 @@ fn plain_streamed_answer() {
         FinishReason::Stop | FinishReason::Length
     ));
     assert!(
-        done.timings.prompt_n > 0 && done.timings.predicted_n > 0,
+        done.timings.expect("timings").prompt_n > 0
+            && done.timings.expect("timings").predicted_n > 0,
         "{:?}",
         done.timings
     );
@@ -146,6 +149,8 @@ fn a_thinking_answer_capped_early() {
         messages: vec![user("Explain why the sky is blue.")],
         tools: vec![],
         thinking: true,
+        max_tokens: None,
+        sampling: None,
     };
     let (r, events) = chat(&client, &req);
     let done = r.unwrap();
@@ -190,6 +195,8 @@ fn progress_events_on_a_long_prompt() {
         messages: vec![user(&long_prompt())],
         tools: vec![],
         thinking: false,
+        max_tokens: None,
+        sampling: None,
     };
     let (r, events) = chat(&client, &req);
     let done = r.unwrap();
@@ -212,7 +219,10 @@ fn progress_events_on_a_long_prompt() {
         "processed never goes back: {progress:?}"
     );
     assert_eq!(progress.last().unwrap().2, total);
-    assert_eq!(done.timings.cache_n + done.timings.prompt_n, total);
+    assert_eq!(
+        done.timings.expect("timings").cache_n + done.timings.expect("timings").prompt_n,
+        total
+    );
 }
 
 #[test]
@@ -230,6 +240,8 @@ fn turn_two_hits_the_cache() {
         messages: messages.clone(),
         tools: vec![],
         thinking: false,
+        max_tokens: None,
+        sampling: None,
     };
     let first = chat(&client, &req(&messages)).0.unwrap();
     messages.push(ChatMessage::Assistant {
@@ -240,13 +252,20 @@ fn turn_two_hits_the_cache() {
     messages.push(user("Now in three words."));
     let second = chat(&client, &req(&messages)).0.unwrap();
     assert_eq!(
-        cache_outcome(&first.timings, &second.timings),
+        cache_outcome(
+            &first.timings.expect("timings"),
+            &second.timings.expect("timings")
+        ),
         CacheOutcome::Hit,
         "{:?} then {:?}",
         first.timings,
         second.timings
     );
-    assert!(second.timings.cache_n > 1_000, "{:?}", second.timings);
+    assert!(
+        second.timings.expect("timings").cache_n > 1_000,
+        "{:?}",
+        second.timings
+    );
 }
 
 #[test]
@@ -264,6 +283,8 @@ fn a_request_pinned_to_a_busy_slot_waits_then_completes() {
                 messages: vec![user(&long_prompt())],
                 tools: vec![],
                 thinking: false,
+                max_tokens: None,
+                sampling: None,
             };
             let (r, events) = chat(&holder, &req);
             r.map(|c| c.finish_reason)
@@ -290,6 +311,8 @@ fn a_request_pinned_to_a_busy_slot_waits_then_completes() {
         messages: vec![user("Say hi.")],
         tools: vec![],
         thinking: false,
+        max_tokens: None,
+        sampling: None,
     };
     let (r, events) = chat(&client, &req);
     assert!(r.is_ok(), "{r:?}");

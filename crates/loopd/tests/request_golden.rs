@@ -34,6 +34,8 @@ fn req(messages: Vec<ChatMessage>) -> ChatRequest {
         messages,
         tools: vec![],
         thinking: false,
+        max_tokens: None,
+        sampling: None,
     }
 }
 

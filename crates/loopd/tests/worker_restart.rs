@@ -25,6 +25,8 @@ fn a_stream_survives_llama_server_being_killed_under_it() {
         }],
         tools: Vec::new(),
         thinking: false,
+        max_tokens: None,
+        sampling: None,
     };
 
     let before = server

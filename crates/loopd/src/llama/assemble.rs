@@ -260,11 +260,11 @@ mod tests {
         assert_eq!(done.finish_reason, FinishReason::ToolCalls);
         assert_eq!(
             done.timings,
-            Timings {
+            Some(Timings {
                 cache_n: 2,
                 prompt_n: 8,
                 predicted_n: 9
-            }
+            })
         );
         assert_eq!((done.reasoning_tokens, done.thinking_capped), (1, false));
     }

@@ -27,7 +27,7 @@ use crate::http::{self, ReadError, Response};
 use crate::sse::{EventStream, Item};
 
 use super::assemble::{Buffers, Folder, Step};
-use super::{info, request, ChatEvent, ChatRequest, Client, Completion, InferError};
+use super::{info, request, ChatEvent, ChatRequest, Client, Completion, InferError, Silence};
 
 /// What one `/slots` poll said about the request's slot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,7 +77,9 @@ impl FirstByteWait {
             SlotSeen::Unavailable if held >= ms(self.limits.load_wait_ms) => {
                 Err(InferError::LoadTimeout)
             }
-            SlotSeen::Idle if held >= ms(self.limits.idle_grace_ms) => Err(InferError::Stalled),
+            SlotSeen::Idle if held >= ms(self.limits.idle_grace_ms) => {
+                Err(InferError::Stalled(Silence::IdleGrace))
+            }
             _ => Ok(()),
         }
     }
@@ -165,7 +167,10 @@ pub fn stream(
     let ms = Duration::from_millis;
     let mut resp = http::request(&config.socket, "POST", "/v1/chat/completions", Some(body))?;
     resp.set_timeout(Some(ms(limits.poll_ms)))
-        .map_err(InferError::Connect)?;
+        .map_err(|source| InferError::Connect {
+            socket: config.socket.clone(),
+            source,
+        })?;
     resp.set_timeout_after_first_byte(ms(limits.liveness_ms));
     let mut wait = FirstByteWait::new(limits, clock.now());
     let status = loop {
@@ -323,7 +328,7 @@ mod tests {
         assert_eq!(outcome(&mut w, SlotSeen::Idle, 299), None);
         assert_eq!(
             outcome(&mut w, SlotSeen::Idle, 300),
-            Some(InferError::Stalled.to_string())
+            Some(InferError::Stalled(Silence::IdleGrace).to_string())
         );
     }
 
@@ -335,7 +340,7 @@ mod tests {
         assert_eq!(outcome(&mut w, SlotSeen::Idle, 1_150), None);
         assert_eq!(
             outcome(&mut w, SlotSeen::Idle, 1_200),
-            Some(InferError::Stalled.to_string())
+            Some(InferError::Stalled(Silence::IdleGrace).to_string())
         );
         // Loading after busy: the busy time does not count toward the load limit.
         let mut w = FirstByteWait::new(limits(), at(0));

@@ -82,7 +82,10 @@ pub fn call_json<T: for<'de> Deserialize<'de>>(
 ) -> Result<T, InferError> {
     let mut resp = http::request(socket, method, target, body)?;
     resp.set_timeout(Some(timeout))
-        .map_err(InferError::Connect)?;
+        .map_err(|source| InferError::Connect {
+            socket: socket.to_owned(),
+            source,
+        })?;
     let status = resp.head().map_err(ReadError::into_infer)?;
     if status != 200 {
         return Err(resp.into_http_error());

@@ -9,7 +9,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use crate::clock::{Clock, Jitter, SystemClock, SystemJitter};
-use crate::config::Config;
+use crate::config::{Config, Sampling};
 
 pub mod assemble;
 pub mod chat;
@@ -20,7 +20,7 @@ pub mod retry;
 
 pub use llama_proto::{
     cache_outcome, CacheOutcome, ChatMessage, Completion, FinishReason, Timings, ToolCall,
-    ToolSchema,
+    ToolSchema, CACHE_LOSS_TOLERANCE,
 };
 
 /// One chat request: the messages, the tools and the slot it is pinned to.
@@ -34,6 +34,12 @@ pub struct ChatRequest {
     pub tools: Vec<ToolSchema>,
     /// Whether the model thinks before answering.
     pub thinking: bool,
+    /// `max_tokens` for this request, when lower than the config's backstop
+    /// (`limits.max_tokens`, which it never raises).
+    pub max_tokens: Option<u64>,
+    /// Sampling for this request in place of the config's `[sampling]` (the self-test pins
+    /// temperature 0 and a seed so that its answers do not vary).
+    pub sampling: Option<Sampling>,
 }
 
 /// What comes back while a request runs.
@@ -95,13 +101,18 @@ pub enum InferError {
     /// loopd's queue for the slot is full.
     Busy,
     /// The socket could not be reached or written.
-    Connect(std::io::Error),
-    /// The slot stayed busy past `busy_wait_ms`.
+    Connect {
+        /// The inference socket the config names.
+        socket: std::path::PathBuf,
+        /// What connecting or writing said.
+        source: std::io::Error,
+    },
+    /// The slot stayed busy past `limits.busy_wait_ms`.
     WaitTimeout,
-    /// The server stayed unavailable past `load_wait_ms`.
+    /// The server stayed unavailable past `limits.load_wait_ms`.
     LoadTimeout,
-    /// Silence past the liveness limit (or an idle slot that never answered).
-    Stalled,
+    /// The server sent nothing for as long as the named limit allows.
+    Stalled(Silence),
     /// The stream ended before its final chunk.
     StreamClosedEarly,
     /// Reasoning went on past the cap, or the server refused to end it.
@@ -117,6 +128,25 @@ pub enum InferError {
     Protocol(String),
 }
 
+/// Which limit a silent server ran out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Silence {
+    /// No first byte while `/slots` said the slot was idle: `limits.idle_grace_ms`.
+    IdleGrace,
+    /// No byte at all, after the first one or on an info call: `limits.liveness_ms`.
+    Liveness,
+}
+
+impl Silence {
+    /// The config key of the limit, as written in config.toml.
+    pub fn key(self) -> &'static str {
+        match self {
+            Silence::IdleGrace => "limits.idle_grace_ms",
+            Silence::Liveness => "limits.liveness_ms",
+        }
+    }
+}
+
 /// Bytes of an error body kept in [`InferError::Http`].
 pub const ERROR_BODY_CAP: usize = 4 * 1024;
 
@@ -124,12 +154,21 @@ impl fmt::Display for InferError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             InferError::Busy => f.write_str("the request queue for the slot is full"),
-            InferError::Connect(e) => write!(f, "cannot reach the inference socket: {e}"),
-            InferError::WaitTimeout => f.write_str("the slot stayed busy past the wait limit"),
+            InferError::Connect { socket, source } => write!(
+                f,
+                "cannot reach the inference socket {}: {source}",
+                socket.display()
+            ),
+            InferError::WaitTimeout => f.write_str("the slot stayed busy past limits.busy_wait_ms"),
             InferError::LoadTimeout => {
-                f.write_str("the server stayed unavailable past the load limit")
+                f.write_str("the server stayed unavailable past limits.load_wait_ms")
             }
-            InferError::Stalled => f.write_str("the server went silent past the liveness limit"),
+            InferError::Stalled(Silence::IdleGrace) => f.write_str(
+                "the slot was idle but the server sent nothing within limits.idle_grace_ms",
+            ),
+            InferError::Stalled(Silence::Liveness) => {
+                f.write_str("the server went silent past limits.liveness_ms")
+            }
             InferError::StreamClosedEarly => f.write_str("the stream ended before its last chunk"),
             InferError::ThinkingOverrun => f.write_str("reasoning ran on past the thinking cap"),
             InferError::Http { status, body } => write!(f, "HTTP {status}: {body}"),
@@ -141,7 +180,7 @@ impl fmt::Display for InferError {
 impl std::error::Error for InferError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            InferError::Connect(e) => Some(e),
+            InferError::Connect { source, .. } => Some(source),
             _ => None,
         }
     }
@@ -239,9 +278,32 @@ mod tests {
             body: "the prompt does not fit".into(),
         };
         assert_eq!(e.to_string(), "HTTP 400: the prompt does not fit");
-        let io = std::io::Error::from(std::io::ErrorKind::NotFound);
-        let e = InferError::Connect(io);
+        let e = InferError::Connect {
+            socket: "/run/loopd/infer.sock".into(),
+            source: std::io::Error::from(std::io::ErrorKind::NotFound),
+        };
         assert!(std::error::Error::source(&e).is_some());
+        assert_eq!(
+            e.to_string(),
+            "cannot reach the inference socket /run/loopd/infer.sock: entity not found"
+        );
+        // Each timeout names the config key that fired.
+        assert_eq!(
+            InferError::Stalled(Silence::Liveness).to_string(),
+            "the server went silent past limits.liveness_ms"
+        );
+        assert_eq!(
+            InferError::Stalled(Silence::IdleGrace).to_string(),
+            "the slot was idle but the server sent nothing within limits.idle_grace_ms"
+        );
+        assert_eq!(
+            InferError::WaitTimeout.to_string(),
+            "the slot stayed busy past limits.busy_wait_ms"
+        );
+        assert_eq!(
+            InferError::LoadTimeout.to_string(),
+            "the server stayed unavailable past limits.load_wait_ms"
+        );
         assert_eq!(
             InferError::Busy.to_string(),
             "the request queue for the slot is full"

@@ -2,7 +2,8 @@
 //!
 //! Every request carries, from the config: `model`, `id_slot`, `cache_prompt: true`,
 //! `stream: true`, `return_progress: true`, `timings_per_token: true`,
-//! `reasoning_control: true`, `max_tokens` and the sampling settings that are set. Thinking on
+//! `reasoning_control: true`, `max_tokens` and the sampling settings that are set (the
+//! request's own `max_tokens`, capped by the config's, and its own sampling, where it has them). Thinking on
 //! or off travels as `chat_template_kwargs.enable_thinking`, which the template reads. The
 //! fields are written in a fixed order, so the same inputs give the same bytes (a retry sends
 //! the same request again, and M2b checks each request extends the one before).
@@ -88,8 +89,11 @@ impl Serialize for Body<'_> {
         m.serialize_entry("return_progress", &true)?;
         m.serialize_entry("timings_per_token", &true)?;
         m.serialize_entry("reasoning_control", &true)?;
-        m.serialize_entry("max_tokens", &c.limits.max_tokens)?;
-        sampling(&mut m, &c.sampling)?;
+        let max_tokens = r
+            .max_tokens
+            .map_or(c.limits.max_tokens, |n| n.min(c.limits.max_tokens));
+        m.serialize_entry("max_tokens", &max_tokens)?;
+        sampling(&mut m, r.sampling.as_ref().unwrap_or(&c.sampling))?;
         m.serialize_entry("chat_template_kwargs", &EnableThinking(r.thinking))?;
         m.end()
     }
@@ -228,6 +232,8 @@ mod tests {
             }],
             tools: vec![],
             thinking: false,
+            max_tokens: None,
+            sampling: None,
         }
     }
 

@@ -19,9 +19,9 @@ use super::{ChatEvent, ChatRequest, Client, Completion, InferError};
 pub fn is_retryable(e: &InferError) -> bool {
     matches!(
         e,
-        InferError::Connect(_)
+        InferError::Connect { .. }
             | InferError::StreamClosedEarly
-            | InferError::Stalled
+            | InferError::Stalled(_)
             | InferError::LoadTimeout
             | InferError::Http { status: 503, .. }
     )
@@ -99,9 +99,13 @@ impl Client {
 mod tests {
     use super::*;
     use crate::clock::{FakeClock, FakeJitter};
+    use crate::llama::Silence;
 
     fn io(kind: std::io::ErrorKind) -> InferError {
-        InferError::Connect(kind.into())
+        InferError::Connect {
+            socket: "/run/infer.sock".into(),
+            source: kind.into(),
+        }
     }
 
     /// Runs the default schedule over scripted outcomes; each attempt takes `took` on the clock.
@@ -146,7 +150,7 @@ mod tests {
     fn exact_schedule_without_jitter_then_the_last_error() {
         let (r, events, sleeps, calls) = script(
             vec![
-                Err(InferError::Stalled),
+                Err(InferError::Stalled(Silence::Liveness)),
                 Err(InferError::StreamClosedEarly),
                 Err(InferError::LoadTimeout),
                 Err(InferError::Http {
@@ -168,7 +172,11 @@ mod tests {
         assert_eq!(
             events,
             [
-                retrying(2, 2_000, &InferError::Stalled.to_string()),
+                retrying(
+                    2,
+                    2_000,
+                    &InferError::Stalled(Silence::Liveness).to_string()
+                ),
                 retrying(3, 8_000, &InferError::StreamClosedEarly.to_string()),
                 retrying(4, 30_000, &InferError::LoadTimeout.to_string()),
             ]
@@ -180,8 +188,8 @@ mod tests {
         let (r, events, sleeps, _) = script(
             vec![
                 Err(io(std::io::ErrorKind::NotFound)),
-                Err(InferError::Stalled),
-                Err(InferError::Stalled),
+                Err(InferError::Stalled(Silence::Liveness)),
+                Err(InferError::Stalled(Silence::Liveness)),
                 Ok(7),
             ],
             // Exactly -25%, +25%, and one past +25% (clamped to +25%).
@@ -210,15 +218,18 @@ mod tests {
             &clock,
             &jitter,
             &mut |_| {},
-            |_| -> Result<(), _> { Err(InferError::Stalled) },
+            |_| -> Result<(), _> { Err(InferError::Stalled(Silence::Liveness)) },
         );
         assert_eq!(jitter.spreads(), [500, 2_000, 7_500]);
     }
 
     #[test]
     fn success_on_a_retry_returns_it() {
-        let (r, events, sleeps, calls) =
-            script(vec![Err(InferError::Stalled), Ok(1)], &[], Duration::ZERO);
+        let (r, events, sleeps, calls) = script(
+            vec![Err(InferError::Stalled(Silence::Liveness)), Ok(1)],
+            &[],
+            Duration::ZERO,
+        );
         assert_eq!((r.unwrap(), calls), (1, 2));
         assert_eq!(events.len(), 1);
         assert_eq!(sleeps, [Duration::from_secs(2)]);
@@ -277,7 +288,7 @@ mod tests {
             } else {
                 Duration::ZERO
             });
-            Err::<(), _>(InferError::Stalled)
+            Err::<(), _>(InferError::Stalled(Silence::Liveness))
         });
         assert!(r.is_err());
         assert_eq!(calls, 2);
