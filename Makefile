@@ -10,7 +10,7 @@ NOSTD_CRATES := -p sse-nostd -p http-nostd -p llama-proto
 DEVICE_TARGET := thumbv7em-none-eabihf
 FUZZ_SECONDS ?= 60
 
-.PHONY: test selftest ask verify-device verify-local fuzz bench serve fixtures llama fmt-check clippy unit no-std
+.PHONY: test selftest ask verify-device verify-local fuzz bench serve fixtures soak llama fmt-check clippy unit no-std
 
 ## test: format, lints, every test (the end-to-end ones against a real llama-server), the no_std
 ## build, and verify-device against the local router
@@ -40,7 +40,12 @@ serve: llama
 
 ## fixtures: record the fixtures again from the local llama-server
 fixtures: llama
-	scripts/record-fixtures.sh
+	scripts/record-fixtures.py
+
+## soak: every test that runs real processes, and make selftest, N times each (N=5); prints
+## the pass count of each (ONLY=<suite> runs one; see scripts/soak.sh)
+soak: llama
+	scripts/soak.sh
 
 ## selftest: the main job: local llama-server under llama-worker, inferproxy, `loopd selftest`
 selftest:

@@ -44,6 +44,28 @@ pub fn temp_dir(tag: &str) -> PathBuf {
     dir
 }
 
+/// Polls `probe` every 100 ms until it says `Ok`, for at most `timeout`, and returns its value.
+///
+/// A test against a real process waits for the condition it needs this way instead of
+/// asserting a state at one instant. On timeout it panics naming `what` and the last thing
+/// the probe saw.
+pub fn wait_for<T>(
+    what: &str,
+    timeout: Duration,
+    mut probe: impl FnMut() -> Result<T, String>,
+) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        match probe() {
+            Ok(v) => return v,
+            Err(seen) if Instant::now() >= deadline => {
+                panic!("waited {timeout:?} for {what}; last saw: {seen}")
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(100)),
+        }
+    }
+}
+
 /// A process group started with a watchdog that ends it when this process goes away.
 struct Group {
     child: Child,
@@ -173,6 +195,21 @@ impl LocalServer {
         std::io::BufReader::new(s).read_line(&mut line)?;
         serde_json::from_str(&line)
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+    }
+
+    /// Waits up to `timeout` for the worker's status to satisfy `pred`, and returns it; panics
+    /// with the last status seen (or why none could be read).
+    pub fn wait_worker(
+        &self,
+        what: &str,
+        timeout: Duration,
+        pred: impl Fn(&serde_json::Value) -> bool,
+    ) -> serde_json::Value {
+        wait_for(what, timeout, || match self.worker_status() {
+            Ok(s) if pred(&s) => Ok(s),
+            Ok(s) => Err(s.to_string()),
+            Err(e) => Err(format!("no status: {e}")),
+        })
     }
 
     /// The pid of the `llama-server` router the worker runs now.

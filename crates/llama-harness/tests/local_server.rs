@@ -1,7 +1,9 @@
 //! The local llama-server answers a streamed chat request with chunks of the shape the client
 //! relies on (docs/inference-contract.md), and the harness stops everything it started.
 
-use llama_harness::{http_request, LocalServer};
+use std::time::Duration;
+
+use llama_harness::{http_request, wait_for, LocalServer};
 
 #[test]
 fn a_streamed_chat_request_gets_chunks_then_done() {
@@ -43,10 +45,27 @@ fn a_streamed_chat_request_gets_chunks_then_done() {
         .collect();
     assert!(!content.is_empty(), "some content streamed");
 
-    let worker = server.worker_status().expect("worker status");
-    assert_eq!(worker["state"], "ready");
-    let pid = server.server_pid().expect("server pid");
+    let worker = server.wait_worker("state ready", Duration::from_secs(30), |s| {
+        s["state"] == "ready"
+    });
+    let pid = worker["pid"].as_u64().expect("server pid");
     drop(server);
-    let alive = std::path::Path::new(&format!("/proc/{pid}")).exists();
-    assert!(!alive, "llama-server {pid} is gone after the harness stops");
+    let proc_dir = format!("/proc/{pid}");
+    wait_for(
+        "llama-server to be gone after the harness stops",
+        Duration::from_secs(10),
+        || match std::fs::read_to_string(format!("{proc_dir}/stat")) {
+            Err(_) => Ok(()),
+            // A zombie has exited; only its parent's wait is left.
+            Ok(stat)
+                if stat
+                    .rsplit(')')
+                    .next()
+                    .is_some_and(|r| r.trim_start().starts_with('Z')) =>
+            {
+                Ok(())
+            }
+            Ok(stat) => Err(stat),
+        },
+    );
 }

@@ -293,19 +293,15 @@ fn a_request_pinned_to_a_busy_slot_waits_then_completes() {
     };
     let client = Client::new(config());
     // Wait until the server reports slot 1 processing, then send on the same slot.
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while !client
-        .slots()
-        .unwrap()
-        .iter()
-        .any(|s| s.id == 1 && s.is_processing)
-    {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "slot 1 never got busy"
-        );
-        std::thread::sleep(Duration::from_millis(300));
-    }
+    llama_harness::wait_for(
+        "slot 1 to be processing",
+        Duration::from_secs(60),
+        || match client.slots() {
+            Ok(slots) if slots.iter().any(|s| s.id == 1 && s.is_processing) => Ok(()),
+            Ok(slots) => Err(format!("{slots:?}")),
+            Err(e) => Err(e.to_string()),
+        },
+    );
     let req = ChatRequest {
         slot: 1,
         messages: vec![user("Say hi.")],

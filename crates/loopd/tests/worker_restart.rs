@@ -3,6 +3,7 @@
 //! worker brings the server back and `chat_with_retry` sends the request again.
 
 use std::process::Command;
+use std::time::Duration;
 
 use llama_harness::{LocalServer, Proxy};
 use loopd::config::Config;
@@ -59,9 +60,16 @@ fn a_stream_survives_llama_server_being_killed_under_it() {
         done.finish_reason,
         FinishReason::Stop | FinishReason::Length
     ));
-    let after = server.server_pid().expect("the worker reports the new pid");
-    assert_ne!(after, before, "a new llama-server runs");
-    let status = server.worker_status().expect("worker status");
-    assert_eq!(status["state"], "ready", "{status}");
-    assert!(status["total_restarts"].as_u64() >= Some(1), "{status}");
+    // The retried request may complete before the worker's next readiness probe: wait for the
+    // worker to say so rather than asking once.
+    let status = server.wait_worker(
+        "the worker ready again with a new llama-server",
+        Duration::from_secs(120),
+        |s| {
+            s["state"] == "ready"
+                && s["pid"].as_u64().is_some_and(|p| p != u64::from(before))
+                && s["total_restarts"].as_u64() >= Some(1)
+        },
+    );
+    assert_ne!(status["pid"], before, "a new llama-server runs: {status}");
 }

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# make soak: the tests that run real processes (the real llama-server, llama-worker, inferproxy),
+# and `make selftest`, N times each (N=5 by default), with the pass count of each at the end.
+# One green run proves little; this is the count that goes into a closing note.
+#
+#   N=20 scripts/soak.sh            every suite 20 times
+#   ONLY=selftest N=20 scripts/soak.sh   one suite (a name from the list below)
+#
+# Each run's output is kept under $SOAK_DIR (a temp dir by default) and a failed run's log path
+# is printed. Exit status 0 only when every run of every suite passed.
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+N=${N:-5}
+ONLY=${ONLY:-}
+SOAK_DIR=${SOAK_DIR:-$(mktemp -d "${TMPDIR:-/tmp}/boxmaker-soak-XXXXXX")}
+mkdir -p "$SOAK_DIR"
+
+# name | command. The cargo suites are the integration tests that start real processes.
+suites=(
+  "loopd-real-server|cargo test -q -p loopd --test real_server"
+  "loopd-worker-restart|cargo test -q -p loopd --test worker_restart"
+  "harness-local-server|cargo test -q -p llama-harness --test local_server"
+  "worker-real-server|cargo test -q -p llama-worker --test real_server"
+  "worker-group|cargo test -q -p llama-worker --test group"
+  "worker-cli|cargo test -q -p llama-worker --test cli"
+  "inferproxy-lifecycle|cargo test -q -p inferproxy --test lifecycle"
+  "inferproxy-limits|cargo test -q -p inferproxy --test limits"
+  "verify-local|scripts/local-stack.sh verify"
+  "selftest|scripts/local-stack.sh selftest"
+)
+
+scripts/llama-server.sh all >/dev/null
+# Build everything once, so that no run pays for (or races) a build.
+cargo test -q --workspace --no-run >/dev/null 2>&1 || cargo test --workspace --no-run
+cargo build -q -p loopd -p inferproxy -p llama-worker
+
+declare -A passed
+failures=()
+for ((i = 1; i <= N; i++)); do
+  for entry in "${suites[@]}"; do
+    name=${entry%%|*}
+    cmd=${entry#*|}
+    [ -n "$ONLY" ] && [ "$ONLY" != "$name" ] && continue
+    log="$SOAK_DIR/$name-$i.log"
+    start=$(date +%s)
+    if bash -c "$cmd" >"$log" 2>&1; then
+      passed[$name]=$((${passed[$name]:-0} + 1))
+      verdict=pass
+    else
+      failures+=("$log")
+      verdict=FAIL
+    fi
+    printf 'soak: run %d of %d  %-22s %s (%d s)\n' "$i" "$N" "$name" "$verdict" $(($(date +%s) - start))
+  done
+done
+
+echo
+echo "soak: $N runs each, logs in $SOAK_DIR"
+total_failed=0
+for entry in "${suites[@]}"; do
+  name=${entry%%|*}
+  [ -n "$ONLY" ] && [ "$ONLY" != "$name" ] && continue
+  p=${passed[$name]:-0}
+  total_failed=$((total_failed + N - p))
+  printf '%-22s %d of %d passed\n' "$name" "$p" "$N"
+done
+for f in "${failures[@]}"; do echo "failed run: $f"; done
+[ "$total_failed" -eq 0 ]
