@@ -1,7 +1,8 @@
 //! Decoder and assembler together: every input line is one `data:` payload.
 //!
 //! Checks: no panic; a text buffer as long as the payload is always enough; a payload is
-//! refused as too deep exactly when a plain bracket count says it nests past the limit;
+//! valid JSON is refused as too deep only when a plain bracket count says it nests past the
+//! limit;
 //! capacities hold; a refused chunk changes nothing; the same chunks fed to a second
 //! assembler give the same message. Seeds with deep nesting are in `fuzz/seeds/`.
 #![no_main]
@@ -78,7 +79,11 @@ fn run(lines: &[&[u8]], a: &mut Asm<'_>) -> Vec<Result<(), AssembleError>> {
             Ok(Payload::Chunk(c)) => c,
             Ok(Payload::Error(_)) => continue,
             Err(DecodeError::TooDeep) => {
-                assert!(depth(line) > MAX_NESTING, "refused as too deep but is not");
+                // Only valid JSON has one reading of where its strings are; on malformed input
+                // the decoder and the reference may split tokens differently.
+                if serde_json::from_slice::<serde::de::IgnoredAny>(line).is_ok() {
+                    assert!(depth(line) > MAX_NESTING, "refused as too deep but is not");
+                }
                 continue;
             }
             Err(e) => {
