@@ -248,7 +248,9 @@ pub mod stack {
             unsafe { core::ptr::write_volatile(p as *mut u32, PAINT) };
             p += 4;
         }
-        let r = f();
+        // Through a frame of its own: were `f` inlined here, its locals would sit in this
+        // frame, above `sp`, and go uncounted.
+        let r = call(f);
         let mut low = end;
         while low < sp {
             // SAFETY: as above; only read.
@@ -258,5 +260,10 @@ pub mod stack {
             low += 4;
         }
         (r, sp - low)
+    }
+
+    #[inline(never)]
+    fn call<R>(f: impl FnOnce() -> R) -> R {
+        f()
     }
 }

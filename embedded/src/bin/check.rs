@@ -368,7 +368,7 @@ fn check_caps(report: &mut Report, scratch: &mut [u8]) {
 
 /// Where a deep value can sit in a chunk, and how many arrays and objects enclose it there
 /// (llama-proto's tests/nesting.rs).
-const PLACES: [(&str, usize, &[u8], &[u8]); 4] = [
+const PLACES: [(&str, usize, &[u8], &[u8]); 6] = [
     (
         "top level",
         1,
@@ -393,17 +393,33 @@ const PLACES: [(&str, usize, &[u8], &[u8]); 4] = [
         br#"{"choices":[{"delta":{"content":"a","tool_calls":[{"index":0,"function":{"name":"f","arguments":"{}","x":"#,
         b"}}]}}]}",
     ),
+    (
+        "timings",
+        2,
+        br#"{"choices":[{"delta":{"content":"a"}}],"timings":{"cache_n":1,"prompt_n":2,"predicted_n":3,"x":"#,
+        b"}}",
+    ),
+    (
+        "prompt_progress",
+        2,
+        br#"{"choices":[{"delta":{"content":"a"}}],"prompt_progress":{"total":1,"cache":0,"processed":1,"time_ms":1,"x":"#,
+        b"}}",
+    ),
 ];
 
-/// A chunk with `depth` levels in all: `depth - outer` nested objects at the place.
-fn nested(scratch: &mut [u8], place: usize, depth: usize) -> usize {
+/// The two shapes of a deep value: nested objects and nested arrays (open, close).
+const SHAPES: [(&str, &[u8], &[u8]); 2] = [("objects", br#"{"k":"#, b"}"), ("arrays", b"[", b"]")];
+
+/// A chunk with `depth` levels in all: `depth - outer` nested objects or arrays at the place.
+fn nested(scratch: &mut [u8], place: usize, shape: usize, depth: usize) -> usize {
     let (_, outer, open, close) = PLACES[place];
+    let (_, deeper, shallower) = SHAPES[shape];
     let inner = depth - outer;
     let mut s = Scratch::new(scratch);
     s.push(open)
-        .repeat(br#"{"k":"#, inner)
+        .repeat(deeper, inner)
         .push(b"1")
-        .repeat(b"}", inner)
+        .repeat(shallower, inner)
         .push(close);
     s.len
 }
@@ -466,26 +482,28 @@ fn check_nesting(report: &mut Report, scratch: &mut [u8], bufs: &mut Buffers) ->
     let mut peak = 0;
     let mut path_peak = 0;
     for (i, (name, _, _, _)) in PLACES.iter().enumerate() {
-        let mut line = Line::new();
-        let n = nested(scratch, i, MAX_NESTING);
-        let (at, at_stack) = decode_measured(&scratch[..n], &mut bufs.text);
-        // The same payload through http -> sse -> decode -> assemble.
-        let len = scratch.len();
-        scratch.copy_within(..n, len - n);
-        let r = response_with(scratch, n);
-        let (path, path_stack) = path_measured(bufs, &scratch[..r]);
-        let path_ok = path.is_ok_and(|s| s.events == 2 && s.done);
-        let n = nested(scratch, i, MAX_NESTING + 1);
-        let (past, past_stack) = decode_measured(&scratch[..n], &mut bufs.text);
-        peak = peak.max(at_stack).max(past_stack);
-        path_peak = path_peak.max(path_stack);
-        let _ = write!(
+        for (k, (shape, _, _)) in SHAPES.iter().enumerate() {
+            let mut line = Line::new();
+            let n = nested(scratch, i, k, MAX_NESTING);
+            let (at, at_stack) = decode_measured(&scratch[..n], &mut bufs.text);
+            // The same payload through http -> sse -> decode -> assemble.
+            let len = scratch.len();
+            scratch.copy_within(..n, len - n);
+            let r = response_with(scratch, n);
+            let (path, path_stack) = path_measured(bufs, &scratch[..r]);
+            let path_ok = path.is_ok_and(|s| s.events == 2 && s.done);
+            let n = nested(scratch, i, k, MAX_NESTING + 1);
+            let (past, past_stack) = decode_measured(&scratch[..n], &mut bufs.text);
+            peak = peak.max(at_stack).max(past_stack);
+            path_peak = path_peak.max(path_stack);
+            let _ = write!(
             line,
-            "in {name}: {MAX_NESTING} deep {at:?} (stack {at_stack} B; whole path {path_stack} B), {} deep {past:?} ({past_stack} B)",
+            "{shape} in {name}: {MAX_NESTING} deep {at:?}, stack {at_stack} B (whole path {path_stack} B); {} deep {past:?}, {past_stack} B",
             MAX_NESTING + 1
         );
-        let ok = at == Ok(true) && path_ok && past == Err(DecodeError::TooDeep);
-        report.check("nesting", ok, &line);
+            let ok = at == Ok(true) && path_ok && past == Err(DecodeError::TooDeep);
+            report.check("nesting", ok, &line);
+        }
     }
     let text = &mut bufs.text;
     // A line-cap flood of `[` inside choices: refused before anything recurses.
@@ -503,6 +521,32 @@ fn check_nesting(report: &mut Report, scratch: &mut [u8], bufs: &mut Buffers) ->
     );
     report.check("nesting", flood == Err(DecodeError::TooDeep), &line);
     (peak, path_peak)
+}
+
+/// The anchor: the stack of httparse alone parsing the recorded head (its 16 slots included),
+/// beside http-nostd reading the same head (the reader's state included).
+fn check_head_stack(report: &mut Report, head_buf: &mut [u8; HEAD_CAP]) -> usize {
+    let input = core::hint::black_box(&exp::FIXTURE[..exp::HEAD_LEN]);
+    let (alone, alone_stack) = stack::measure(|| {
+        let mut slots = [httparse::EMPTY_HEADER; HEADER_FIELDS];
+        let mut response = httparse::Response::new(&mut slots);
+        let parsed = response.parse(core::hint::black_box(input));
+        matches!(parsed, Ok(httparse::Status::Complete(n)) if n == exp::HEAD_LEN)
+            && response.code == Some(exp::STATUS)
+    });
+    let (ours, ours_stack) = stack::measure(|| {
+        let mut reader: Reader<'_> = ResponseReader::with_field_cap(head_buf);
+        let fed = reader.feed(core::hint::black_box(input));
+        fed == Ok((exp::HEAD_LEN, HttpEvent::Head))
+            && reader.head().is_some_and(|h| h.status() == exp::STATUS)
+    });
+    let mut line = Line::new();
+    let _ = write!(
+        line,
+        "the recorded head: httparse alone {alone_stack} B of stack (16 slots included), http-nostd {ours_stack} B (reader included)"
+    );
+    report.check("anchor", alone && ours, &line);
+    ours_stack
 }
 
 #[entry]
@@ -557,6 +601,7 @@ fn main() -> ! {
         );
         report.check("stream", oks[i], &name);
     }
+    check_head_stack(&mut report, &mut bufs.head);
     check_sha256(&mut report, scratch);
     check_caps(&mut report, scratch);
     let (nesting_stack, nesting_path_stack) = check_nesting(&mut report, scratch, bufs);
