@@ -218,10 +218,20 @@ pub mod stack {
         )
     }
 
-    /// Bytes of stack ever used since the last paint: from the top down to the lowest word
-    /// that no longer holds the paint.
-    #[inline(never)]
+    use core::sync::atomic::{AtomicUsize, Ordering};
+
+    /// The deepest mark seen before a [`measure`] painted over it.
+    static DEEPEST: AtomicUsize = AtomicUsize::new(0);
+
+    /// Bytes of stack ever used since boot: from the top down to the lowest word that no longer
+    /// holds the paint, or deeper if a [`measure`] painted over a deeper mark.
     pub fn high_water() -> usize {
+        mark().max(DEEPEST.load(Ordering::Relaxed))
+    }
+
+    /// Bytes of stack used since the last paint.
+    #[inline(never)]
+    fn mark() -> usize {
         let (top, end) = bounds();
         let mut p = end;
         while p < top {
@@ -238,6 +248,7 @@ pub mod stack {
     /// below this function's frame (its own frames, and everything it called).
     #[inline(never)]
     pub fn measure<R>(f: impl FnOnce() -> R) -> (R, usize) {
+        DEEPEST.fetch_max(mark(), Ordering::Relaxed);
         let (_, end) = bounds();
         let sp = cortex_m::register::msp::read() as usize;
         // Nothing lives below the stack pointer (no interrupts are enabled): paint it all. The

@@ -324,6 +324,11 @@ fn http_verdict(input: &[u8], step: usize) -> Result<usize, HttpError> {
 
 fn check_caps(report: &mut Report, scratch: &mut [u8]) {
     for step in [1, 64, usize::MAX] {
+        let mut reads = Line::new();
+        let _ = match step {
+            usize::MAX => write!(reads, "one read"),
+            n => write!(reads, "reads of {n}"),
+        };
         let mut line = Line::new();
         let at = sse_line(scratch, LINE_CAP);
         let at = sse_verdict(&scratch[..at], step);
@@ -331,8 +336,9 @@ fn check_caps(report: &mut Report, scratch: &mut [u8]) {
         let past = sse_verdict(&scratch[..past], step);
         let _ = write!(
             line,
-            "SSE line of {LINE_CAP} bytes: {at:?}; {} bytes: {past:?} (reads of {step})",
-            LINE_CAP + 1
+            "SSE line of {LINE_CAP} bytes: {at:?}; {} bytes: {past:?} ({})",
+            LINE_CAP + 1,
+            reads.as_str()
         );
         let ok = at == Ok(LINE_CAP - 6) && past == Err(SseError::LineTooLong);
         report.check("line cap", ok, &line);
@@ -344,8 +350,9 @@ fn check_caps(report: &mut Report, scratch: &mut [u8]) {
         let past = http_verdict(&scratch[..past], step);
         let _ = write!(
             line,
-            "head of {HEAD_CAP} bytes: body {at:?}; {} bytes: {past:?} (reads of {step})",
-            HEAD_CAP + 1
+            "head of {HEAD_CAP} bytes: body {at:?}; {} bytes: {past:?} ({})",
+            HEAD_CAP + 1,
+            reads.as_str()
         );
         let ok = at == Ok(2) && past == Err(HttpError::HeadersTooLarge);
         report.check("head cap", ok, &line);
@@ -358,8 +365,9 @@ fn check_caps(report: &mut Report, scratch: &mut [u8]) {
         let past = http_verdict(&scratch[..past], step);
         let _ = write!(
             line,
-            "{HEADER_FIELDS} header fields: body {at:?}; {}: {past:?} (reads of {step})",
-            HEADER_FIELDS + 1
+            "{HEADER_FIELDS} header fields: body {at:?}; {}: {past:?} ({})",
+            HEADER_FIELDS + 1,
+            reads.as_str()
         );
         let ok = at == Ok(2) && past == Err(HttpError::TooManyHeaders);
         report.check("fields", ok, &line);
@@ -565,7 +573,6 @@ fn main() -> ! {
     for (i, &read) in READS.iter().enumerate() {
         (oks[i], run_stack[i]) = stream_once(bufs, read, &mut lines[i]);
     }
-    let boot_stack = stack::high_water();
 
     let mut report = Report {
         passed: 0,
@@ -610,7 +617,7 @@ fn main() -> ! {
     let run_peak = run_stack.iter().copied().max().unwrap_or(0);
     let peak = state + run_peak.max(nesting_path_stack);
     hprintln!(
-        "stack     run(): {} B on the recording, {} B at the worst nesting accepted (decode_chunk alone {} B); state (reader {} + parser {} + assembler {}) {} B; since boot, the stream phase with this image's main: {} B",
+        "stack     run(): {} B on the recording, {} B at the worst nesting accepted (decode_chunk alone {} B); state (reader {} + parser {} + assembler {}) {} B; high-water mark since boot, this whole image with its formatting: {} B",
         run_peak,
         nesting_path_stack,
         nesting_stack,
@@ -618,7 +625,7 @@ fn main() -> ! {
         size_of::<Sse<'_>>(),
         size_of::<Asm<'_>>(),
         state,
-        boot_stack
+        stack::high_water()
     );
     let mut line = Line::new();
     let _ = write!(line, "path peak (state + deepest run) {peak} B <= 4096 B");
