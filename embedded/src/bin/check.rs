@@ -19,7 +19,7 @@ use cortex_m_rt::entry;
 use cortex_m_semihosting::hprintln;
 use http_nostd::{Event as HttpEvent, HttpError, ResponseReader};
 use llama_proto::hash::{sha256, Hash32, Sha256};
-use llama_proto::{decode_chunk, Assembler, DecodeError, Payload, MAX_NESTING};
+use llama_proto::{decode_chunk, decode_error_event, Assembler, DecodeError, Payload, MAX_NESTING};
 use sse_nostd::{Event as SseEvent, Parser, SseError};
 
 /// Reads the recorded response is split into: a byte at a time, odd sizes, and all at once.
@@ -374,44 +374,81 @@ fn check_caps(report: &mut Report, scratch: &mut [u8]) {
     }
 }
 
-/// Where a deep value can sit in a chunk, and how many arrays and objects enclose it there
-/// (llama-proto's tests/nesting.rs).
-const PLACES: [(&str, usize, &[u8], &[u8]); 6] = [
+/// Where a deep value can sit in a payload, how many arrays and objects enclose it there
+/// (llama-proto's tests/nesting.rs), and whether the payload is the data of an `event: error`
+/// (decoded by `decode_error_event`) rather than a chunk.
+type Place = (&'static str, usize, &'static [u8], &'static [u8], bool);
+
+const PLACES: [Place; 10] = [
     (
         "top level",
         1,
         br#"{"choices":[{"delta":{"content":"a"}}],"x":"#,
         b"}",
+        false,
     ),
     (
         "choices",
         3,
         br#"{"choices":[{"index":0,"delta":{"content":"a"},"x":"#,
         b"}]}",
+        false,
     ),
     (
         "delta",
         4,
         br#"{"choices":[{"delta":{"content":"a","x":"#,
         b"}}]}",
+        false,
     ),
     (
         "tool call",
         7,
         br#"{"choices":[{"delta":{"content":"a","tool_calls":[{"index":0,"function":{"name":"f","arguments":"{}","x":"#,
         b"}}]}}]}",
+        false,
     ),
     (
         "timings",
         2,
         br#"{"choices":[{"delta":{"content":"a"}}],"timings":{"cache_n":1,"prompt_n":2,"predicted_n":3,"x":"#,
         b"}}",
+        false,
     ),
     (
         "prompt_progress",
         2,
         br#"{"choices":[{"delta":{"content":"a"}}],"prompt_progress":{"total":1,"cache":0,"processed":1,"time_ms":1,"x":"#,
         b"}}",
+        false,
+    ),
+    (
+        "error",
+        2,
+        br#"{"error":{"code":500,"message":"a","x":"#,
+        b"}}",
+        false,
+    ),
+    (
+        "event error",
+        2,
+        br#"{"error":{"code":500,"message":"a","x":"#,
+        b"}}",
+        true,
+    ),
+    (
+        "bare event error",
+        1,
+        br#"{"code":500,"message":"a","x":"#,
+        b"}",
+        true,
+    ),
+    (
+        "second choice",
+        2,
+        br#"{"choices":[{"delta":{"content":"a"}},"#,
+        b"]}",
+        false,
     ),
 ];
 
@@ -420,7 +457,7 @@ const SHAPES: [(&str, &[u8], &[u8]); 2] = [("objects", br#"{"k":"#, b"}"), ("arr
 
 /// A chunk with `depth` levels in all: `depth - outer` nested objects or arrays at the place.
 fn nested(scratch: &mut [u8], place: usize, shape: usize, depth: usize) -> usize {
-    let (_, outer, open, close) = PLACES[place];
+    let (_, outer, open, close, _) = PLACES[place];
     let (_, deeper, shallower) = SHAPES[shape];
     let inner = depth - outer;
     let mut s = Scratch::new(scratch);
@@ -432,28 +469,36 @@ fn nested(scratch: &mut [u8], place: usize, shape: usize, depth: usize) -> usize
     s.len
 }
 
-/// Decodes `payload` on a freshly painted stack; returns the content and the peak stack.
+/// Decodes `payload` (a chunk, or the data of an `event: error`) on a freshly painted stack;
+/// returns whether it said `a` (the content, or the error's message) and the peak stack.
 #[inline(never)]
 fn decode_measured(
     payload: &[u8],
+    event: bool,
     text: &mut [u8; TEXT_CAP],
 ) -> (Result<bool, DecodeError>, usize) {
-    stack::measure(
-        || match decode_chunk(core::hint::black_box(payload), text) {
+    let payload = core::hint::black_box(payload);
+    stack::measure(|| {
+        if event {
+            return decode_error_event(payload, text).map(|e| e.message == "a");
+        }
+        match decode_chunk(payload, text) {
             Ok(Payload::Chunk(c)) => Ok(c.content == Some("a")),
-            Ok(Payload::Error(_)) => Ok(false),
+            Ok(Payload::Error(e)) => Ok(e.message == "a"),
             Err(e) => Err(e),
-        },
-    )
+        }
+    })
 }
 
-/// A whole streamed response whose one chunk is `payload`, then `[DONE]`.
-fn response_with(scratch: &mut [u8], payload_len: usize) -> usize {
+/// A whole streamed response whose one event is `payload` (an `event: error` if `event`), then
+/// `[DONE]`.
+fn response_with(scratch: &mut [u8], payload_len: usize, event: bool) -> usize {
     const HEAD: &[u8] =
         b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n";
     // The payload sits at the end of the scratch buffer; the response is built at its start.
     let (out, payload) = scratch.split_at_mut(scratch.len() - payload_len);
-    let body_len = 6 + payload_len + 2 + 14;
+    let event_line: &[u8] = if event { b"event: error\n" } else { b"" };
+    let body_len = event_line.len() + 6 + payload_len + 2 + 14;
     let hex = |n: usize| -> [u8; 3] {
         let d = |v: usize| b"0123456789abcdef"[v & 15];
         [d(n >> 8), d(n >> 4), d(n)]
@@ -461,7 +506,9 @@ fn response_with(scratch: &mut [u8], payload_len: usize) -> usize {
     let mut s = Scratch::new(out);
     s.push(HEAD)
         .push(&hex(body_len))
-        .push(b"\r\ndata: ")
+        .push(b"\r\n")
+        .push(event_line)
+        .push(b"data: ")
         .push(payload)
         .push(b"\n\ndata: [DONE]\n\n\r\n0\r\n\r\n");
     s.len
@@ -489,19 +536,31 @@ fn path_measured(bufs: &mut Buffers, input: &[u8]) -> (Result<Stream, PathError>
 fn check_nesting(report: &mut Report, scratch: &mut [u8], bufs: &mut Buffers) -> (usize, usize) {
     let mut peak = 0;
     let mut path_peak = 0;
-    for (i, (name, _, _, _)) in PLACES.iter().enumerate() {
+    for (i, &(name, _, _, _, event)) in PLACES.iter().enumerate() {
+        // A server error ends the stream: the path says so, with the message decoded. A second
+        // choice is checked for depth first, then refused.
+        let error = name.contains("error");
+        let refused = name == "second choice";
+        let expected_at = match refused {
+            true => Err(DecodeError::TooManyChoices),
+            false => Ok(true),
+        };
         for (k, (shape, _, _)) in SHAPES.iter().enumerate() {
             let mut line = Line::new();
             let n = nested(scratch, i, k, MAX_NESTING);
-            let (at, at_stack) = decode_measured(&scratch[..n], &mut bufs.text);
+            let (at, at_stack) = decode_measured(&scratch[..n], event, &mut bufs.text);
             // The same payload through http -> sse -> decode -> assemble.
             let len = scratch.len();
             scratch.copy_within(..n, len - n);
-            let r = response_with(scratch, n);
+            let r = response_with(scratch, n, event);
             let (path, path_stack) = path_measured(bufs, &scratch[..r]);
-            let path_ok = path.is_ok_and(|s| s.events == 2 && s.done);
+            let path_ok = match path {
+                Ok(s) => !error && !refused && s.events == 2 && s.done,
+                Err(PathError::ServerError) => error,
+                Err(e) => refused && e == PathError::Decode(DecodeError::TooManyChoices),
+            };
             let n = nested(scratch, i, k, MAX_NESTING + 1);
-            let (past, past_stack) = decode_measured(&scratch[..n], &mut bufs.text);
+            let (past, past_stack) = decode_measured(&scratch[..n], event, &mut bufs.text);
             peak = peak.max(at_stack).max(past_stack);
             path_peak = path_peak.max(path_stack);
             let _ = write!(
@@ -509,7 +568,7 @@ fn check_nesting(report: &mut Report, scratch: &mut [u8], bufs: &mut Buffers) ->
             "{shape} in {name}: {MAX_NESTING} deep {at:?}, stack {at_stack} B (whole path {path_stack} B); {} deep {past:?}, {past_stack} B",
             MAX_NESTING + 1
         );
-            let ok = at == Ok(true) && path_ok && past == Err(DecodeError::TooDeep);
+            let ok = at == expected_at && path_ok && past == Err(DecodeError::TooDeep);
             report.check("nesting", ok, &line);
         }
     }
@@ -520,7 +579,7 @@ fn check_nesting(report: &mut Report, scratch: &mut [u8], bufs: &mut Buffers) ->
     let fill = LINE_CAP - s.len;
     s.repeat(b"[", fill);
     let n = s.len;
-    let (flood, flood_stack) = decode_measured(&scratch[..n], text);
+    let (flood, flood_stack) = decode_measured(&scratch[..n], false, text);
     peak = peak.max(flood_stack);
     let mut line = Line::new();
     let _ = write!(
@@ -617,7 +676,7 @@ fn main() -> ! {
     let run_peak = run_stack.iter().copied().max().unwrap_or(0);
     let peak = state + run_peak.max(nesting_path_stack);
     hprintln!(
-        "stack     run(): {} B on the recording, {} B at the worst nesting accepted (decode_chunk alone {} B); state (reader {} + parser {} + assembler {}) {} B; high-water mark since boot, this whole image with its formatting: {} B",
+        "stack     run(): {} B on the recording, {} B at the worst nesting accepted (the decoder alone {} B); state (reader {} + parser {} + assembler {}) {} B; high-water mark since boot, this whole image with its formatting: {} B",
         run_peak,
         nesting_path_stack,
         nesting_stack,
