@@ -10,11 +10,11 @@ NOSTD_CRATES := -p sse-nostd -p http-nostd -p llama-proto
 DEVICE_TARGET := thumbv7em-none-eabihf
 FUZZ_SECONDS ?= 60
 
-.PHONY: test selftest ask verify-device verify-local fuzz bench serve fixtures soak llama fmt-check clippy unit no-std
+.PHONY: test selftest ask verify-device verify-local fuzz bench serve fixtures soak llama fmt-check clippy unit no-std embedded
 
 ## test: format, lints, every test (the end-to-end ones against a real llama-server), the no_std
-## build, and verify-device against the local router
-test: fmt-check clippy llama unit no-std verify-local
+## build, the firmware image under QEMU, and verify-device against the local router
+test: fmt-check clippy llama unit no-std embedded verify-local
 
 fmt-check:
 	$(CARGO) fmt --all -- --check
@@ -29,6 +29,18 @@ unit: llama
 no-std:
 	rustup target list --installed | grep -qx $(DEVICE_TARGET) || rustup target add $(DEVICE_TARGET)
 	$(CARGO) build $(NOSTD_CRATES) --target $(DEVICE_TARGET)
+
+## embedded: the no_std path on an emulated Cortex-M3 (embedded/, QEMU lm3s6965evb): the recorded
+## tool-call response, SHA-256 and every cap checked on the device, peak stack reported
+## (docs/benchmarks/embedded.md); installs the target and qemu-system-arm (apt) when missing
+EMBEDDED_TARGET := thumbv7m-none-eabi
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
+embedded:
+	rustup target list --installed | grep -qx $(EMBEDDED_TARGET) || rustup target add $(EMBEDDED_TARGET)
+	command -v qemu-system-arm >/dev/null || { $(SUDO) apt-get update -qq && \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends qemu-system-arm; }
+	cd embedded && $(CARGO) build --release --bins
+	cd embedded && timeout 120 $(CARGO) run -q --release --bin check
 
 ## llama: fetch, verify, build and cache llama-server and the test model (a no-op once cached)
 llama:

@@ -5,9 +5,13 @@ Starts scripts/serve.sh on a free port, sends each request below, and writes for
   fixtures/NAME.request.json   the request body sent
   fixtures/NAME.sse            the response body as the server sent it (HTTP framing removed)
   fixtures/NAME.response.json  for pairs: the non-streamed response to the same request
-and fixtures/chunked_response.http, one raw HTTP response (head and chunked body) as received.
+and the raw HTTP responses (head and chunked body, as received) of RAW below.
 Nothing here is edited by hand afterwards; fixtures/README.md describes each one.
 Standard library only.
+
+  scripts/record-fixtures.py                 records everything
+  scripts/record-fixtures.py --only NAME...  records only these (a NAME of PAIRS, STREAMS or RAW,
+                                             or reasoning_end), leaving the others as they are
 """
 import http.client
 import json
@@ -85,6 +89,12 @@ PAIRS = {
 }
 STREAMS = {
     "progress": base([{"role": "user", "content": long_prompt()}], False, 16),
+}
+# Raw HTTP responses, written to fixtures/<file>: the plain stream, and a streamed tool call (what
+# the firmware image under embedded/ feeds through the whole no_std path).
+RAW = {
+    "chunked_response": ("chunked_response.http", PAIRS["plain"]),
+    "chunked_tool_call": ("chunked_tool_call.http", PAIRS["tool_call"]),
 }
 
 
@@ -175,8 +185,8 @@ def record_reasoning_end(srv):
            + "\n").encode())
 
 
-def record_raw_chunked(srv):
-    body = json.dumps(PAIRS["plain"]).encode()
+def record_raw_chunked(srv, file, request):
+    body = json.dumps(request).encode()
     s = socket.create_connection(("127.0.0.1", srv.port))
     s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
               b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
@@ -187,22 +197,33 @@ def record_raw_chunked(srv):
             break
         raw += d
     s.close()
-    write("chunked_response.http", raw)
+    write(file, raw)
 
 
 def main():
+    only = set(sys.argv[2:]) if sys.argv[1:2] == ["--only"] else None
+    known = set(PAIRS) | set(STREAMS) | set(RAW) | {"reasoning_end"}
+    if (only is not None and not only <= known) or (only is None and len(sys.argv) > 1):
+        sys.exit(f"usage: record-fixtures.py [--only NAME...], NAME one of {sorted(known)}")
+    wanted = lambda name: only is None or name in only
     srv = Server()
     try:
         for name, body in PAIRS.items():
+            if not wanted(name):
+                continue
             record_body(srv, name, body)
             status, out = srv.request("POST", "/v1/chat/completions", dict(body, stream=False,
                                        return_progress=False, timings_per_token=False))
             assert status == 200, (name, status, out[:300])
             write(f"{name}.response.json", out)
         for name, body in STREAMS.items():
-            record_body(srv, name, body)
-        record_reasoning_end(srv)
-        record_raw_chunked(srv)
+            if wanted(name):
+                record_body(srv, name, body)
+        if wanted("reasoning_end"):
+            record_reasoning_end(srv)
+        for name, (file, request) in RAW.items():
+            if wanted(name):
+                record_raw_chunked(srv, file, request)
     finally:
         srv.stop()
 

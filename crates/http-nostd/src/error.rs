@@ -8,7 +8,7 @@ use core::fmt;
 pub enum HttpError {
     /// The status line and headers did not end within the head buffer (`H` bytes).
     HeadersTooLarge,
-    /// More header fields than [`MAX_HEADERS`](crate::MAX_HEADERS).
+    /// More header fields than the reader's cap `F` ([`MAX_HEADERS`](crate::MAX_HEADERS) by default).
     TooManyHeaders,
     /// The status line does not start with `HTTP/1.0` or `HTTP/1.1`.
     InvalidVersion,

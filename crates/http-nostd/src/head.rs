@@ -5,7 +5,7 @@
 use core::mem::MaybeUninit;
 
 use crate::framing::{self, Framing};
-use crate::{HttpError, MAX_HEADERS};
+use crate::HttpError;
 
 /// The HTTP version of the response.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -26,7 +26,8 @@ impl Version {
     }
 }
 
-/// A byte range of the head buffer. `u32` keeps the span table at 1 KiB; `H` is checked to fit.
+/// A byte range of the head buffer. `u32` keeps a span at 8 bytes (the table of 64 at 1 KiB);
+/// `H` is checked to fit.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Span {
     start: u32,
@@ -70,41 +71,43 @@ pub(crate) struct HeaderSpan {
     value: Span,
 }
 
-/// Everything the reader remembers about a parsed head, as offsets into the head buffer.
+/// Everything the reader remembers about a parsed head, as offsets into the head buffer; at
+/// most `F` header fields.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct HeadIndex {
+pub(crate) struct HeadIndex<const F: usize> {
     pub(crate) version: Version,
     pub(crate) status: u16,
     reason: Span,
     pub(crate) framing: Framing,
     pub(crate) verdict: Result<Framing, HttpError>,
     count: usize,
-    spans: Spans,
+    spans: Spans<F>,
 }
 
 /// How many header offsets a typical head needs (llama-server sends 5 or 6 fields).
 pub(crate) const FEW_HEADERS: usize = 16;
 
 /// The header offset table, sized on first use: a reader is built per response, and filling
-/// 1 KiB of offsets it may never use was a measurable part of reading a head. Safe Rust has no
-/// uninitialised array, so the table starts as no table and the small one covers common heads.
+/// 1 KiB of offsets (64 fields) it may never use was a measurable part of reading a head. Safe
+/// Rust has no uninitialised array, so the table starts as no table and the small one covers
+/// common heads. With `F` at most [`FEW_HEADERS`] the full table is the small one or smaller.
 #[derive(Debug, Clone, Copy)]
 // The size difference is the point: building the small variant writes only its 256 bytes.
 #[allow(clippy::large_enum_variant)]
-enum Spans {
+enum Spans<const F: usize> {
     None,
     Few([HeaderSpan; FEW_HEADERS]),
-    Many([HeaderSpan; MAX_HEADERS]),
+    Many([HeaderSpan; F]),
 }
 
-impl Spans {
-    /// A zeroed table of at least `n` offsets (`n` at most [`MAX_HEADERS`]).
+impl<const F: usize> Spans<F> {
+    /// A zeroed table of at least `n` offsets (`n` at most `F`).
     #[inline]
     fn with_room(&mut self, n: usize) -> &mut [HeaderSpan] {
-        if n <= FEW_HEADERS {
+        if n <= FEW_HEADERS && F > FEW_HEADERS {
             *self = Spans::Few([HeaderSpan::default(); FEW_HEADERS]);
         } else {
-            *self = Spans::Many([HeaderSpan::default(); MAX_HEADERS]);
+            *self = Spans::Many([HeaderSpan::default(); F]);
         }
         self.all_mut()
     }
@@ -129,7 +132,10 @@ impl Spans {
 /// Parses a response head from the start of `buf` into `index`; `Some((end, folded))` once the
 /// head is complete, `folded` telling whether it held obs-fold. Framing is decided later, after
 /// obs-fold has been rewritten in the copy the reader keeps.
-pub(crate) fn parse(buf: &[u8], index: &mut HeadIndex) -> Result<Option<(usize, bool)>, HttpError> {
+pub(crate) fn parse<const F: usize>(
+    buf: &[u8],
+    index: &mut HeadIndex<F>,
+) -> Result<Option<(usize, bool)>, HttpError> {
     let mut config = httparse::ParserConfig::default();
     // Strict first: obs-fold is rare, and the lenient pass must look one byte past each line end.
     match parse_with(buf, &config, index) {
@@ -143,12 +149,12 @@ pub(crate) fn parse(buf: &[u8], index: &mut HeadIndex) -> Result<Option<(usize, 
 
 // Inlined into `parse`: one call frame less on every head.
 #[inline(always)]
-fn parse_with(
+fn parse_with<const F: usize>(
     buf: &[u8],
     config: &httparse::ParserConfig,
-    index: &mut HeadIndex,
+    index: &mut HeadIndex<F>,
 ) -> Result<Option<usize>, HttpError> {
-    let mut slots = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
+    let mut slots = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; F];
     let mut response = httparse::Response::new(&mut []);
     let end = match config.parse_response_with_uninit_headers(&mut response, buf, &mut slots)? {
         httparse::Status::Complete(end) => end,
@@ -180,11 +186,11 @@ fn parse_with(
     Ok(Some(end))
 }
 
-impl HeadIndex {
+impl<const F: usize> HeadIndex<F> {
     /// An index with no head yet; only a few words are written (the offset table is not there
     /// yet). Not a `const`, which could be copied in whole from read-only data.
     #[inline]
-    pub(crate) fn empty() -> HeadIndex {
+    pub(crate) fn empty() -> Self {
         HeadIndex {
             version: Version::Http11,
             status: 0,
@@ -230,39 +236,50 @@ impl HeadIndex {
 #[derive(Clone, Copy)]
 pub struct Head<'a> {
     buf: &'a [u8],
-    index: &'a HeadIndex,
+    reason: Span,
+    version: Version,
+    status: u16,
+    framing: Framing,
+    spans: &'a [HeaderSpan],
 }
 
 impl<'a> Head<'a> {
-    pub(crate) fn new(buf: &'a [u8], index: &'a HeadIndex) -> Self {
-        Head { buf, index }
+    pub(crate) fn new<const F: usize>(buf: &'a [u8], index: &'a HeadIndex<F>) -> Self {
+        Head {
+            buf,
+            reason: index.reason,
+            version: index.version,
+            status: index.status,
+            framing: index.framing,
+            spans: index.spans(),
+        }
     }
 
     /// `HTTP/1.0` or `HTTP/1.1`.
     pub fn version(&self) -> Version {
-        self.index.version
+        self.version
     }
 
     /// The status code, 100 to 999.
     pub fn status(&self) -> u16 {
-        self.index.status
+        self.status
     }
 
     /// The reason phrase; empty when absent or when it held non-ASCII bytes.
     pub fn reason(&self) -> &'a str {
-        core::str::from_utf8(self.index.reason.get(self.buf)).unwrap_or("")
+        core::str::from_utf8(self.reason.get(self.buf)).unwrap_or("")
     }
 
     /// How the body is delimited.
     pub fn framing(&self) -> Framing {
-        self.index.framing
+        self.framing
     }
 
     /// The header fields in order, as (name, value). A value has no leading or trailing
     /// whitespace, and each obs-fold in it reads as spaces.
     pub fn headers(&self) -> impl Iterator<Item = (&'a str, &'a [u8])> + 'a {
         let buf = self.buf;
-        self.index.spans().iter().map(move |h| {
+        self.spans.iter().map(move |h| {
             // Names were checked by httparse to be token characters, hence ASCII.
             let name = core::str::from_utf8(h.name.get(buf)).unwrap_or("");
             (name, h.value.get(buf))

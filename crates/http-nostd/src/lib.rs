@@ -4,7 +4,8 @@
 //! httparse tokenizes the head and the chunk-size lines; the framing (RFC 9112 6.3), the caps and
 //! the body state machine are this crate's.
 //!
-//! - The head is gathered in a caller-provided buffer of `H` bytes ([`HEAD_CAP`], 16 KiB).
+//! - The head is gathered in a caller-provided buffer of `H` bytes ([`HEAD_CAP`], 16 KiB), with
+//!   at most `F` header fields ([`MAX_HEADERS`], 64; [`ResponseReader::with_field_cap`]).
 //! - The body comes out as slices of the caller's input ([`Event::Body`], no copy; for SSE) or is
 //!   collected into a [`BodyBuffer`] of `N` bytes ([`BODY_CAP`], 4 MiB; for JSON).
 //! - Large buffers are always the caller's storage, so none is ever built on the stack.
@@ -93,7 +94,8 @@ pub const HEAD_CAP: usize = 16 * 1024;
 /// The body buffer size the design uses for bodies that are not streams: 4 MiB.
 pub const BODY_CAP: usize = 4 * 1024 * 1024;
 
-/// At most this many header fields in a head (httparse needs a fixed slot array).
+/// The header field cap the design uses: at most 64 fields in a head (httparse needs a fixed
+/// slot array). A reader's `F` sets its own.
 pub const MAX_HEADERS: usize = 64;
 
 /// At most this many interim (1xx) responses are skipped before the final one.

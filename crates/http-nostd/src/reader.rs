@@ -5,7 +5,7 @@ use core::borrow::BorrowMut;
 use crate::body::BodyBuffer;
 use crate::chunked::{Chunk, ChunkedDecoder};
 use crate::head::{self, Head, HeadIndex};
-use crate::{Framing, HttpError, MAX_INTERIM_RESPONSES};
+use crate::{Framing, HttpError, MAX_HEADERS, MAX_INTERIM_RESPONSES};
 
 /// What [`ResponseReader::feed`] found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,29 +44,52 @@ enum State {
 /// `S` is the head buffer, `H` bytes: the status line and header fields must fit in it
 /// ([`HttpError::HeadersTooLarge`] otherwise), and it caps the trailer section too. Pass
 /// `&mut [u8; H]`, a `Box<[u8; H]>`, or (16 KiB being small enough for most stacks) a `[u8; H]`.
-/// The reader itself holds about 1.1 KiB besides `S` (mostly the header offsets).
+///
+/// `F` caps the header fields of a head ([`HttpError::TooManyHeaders`] past it; default
+/// [`MAX_HEADERS`], 64). The reader holds 16 bytes of offsets per field besides `S` (at least 16
+/// fields' worth), about 1.1 KiB at the default, and parsing a head puts `F` httparse slots on
+/// the stack (16 bytes each on a 32-bit target, 32 on a 64-bit one). A small host picks both caps:
+///
+/// ```
+/// use http_nostd::{Event, HttpError, ResponseReader};
+///
+/// let mut head = [0u8; 64];
+/// let mut reader = ResponseReader::<_, 64, 2>::with_field_cap(&mut head);
+/// let input = b"HTTP/1.1 200 OK\r\nA: 1\r\nB: 2\r\nC: 3\r\n\r\n";
+/// assert_eq!(reader.feed(input), Err(HttpError::TooManyHeaders));
+/// ```
 ///
 /// Interim 1xx responses (such as `100 Continue`) are skipped, as RFC 9110 15.2 asks of a user
 /// agent, up to [`MAX_INTERIM_RESPONSES`]; a `101` is an error since this client never upgrades.
 /// A response to `HEAD` or to `CONNECT` is not supported: its framing depends on the request.
-pub struct ResponseReader<S, const H: usize = { crate::HEAD_CAP }> {
+pub struct ResponseReader<S, const H: usize = { crate::HEAD_CAP }, const F: usize = MAX_HEADERS> {
     buf: S,
     len: usize,
     interim: usize,
     // Valid once `has_head`; kept in place (1 KiB) rather than moved through return values.
-    index: HeadIndex,
+    index: HeadIndex<F>,
     has_head: bool,
     state: State,
     chunked: ChunkedDecoder<H>,
 }
 
 impl<S: BorrowMut<[u8; H]>, const H: usize> ResponseReader<S, H> {
+    /// A reader that keeps the head in `storage` (its previous contents are ignored), with at
+    /// most [`MAX_HEADERS`] header fields; [`with_field_cap`](Self::with_field_cap) picks another.
+    #[inline]
+    pub fn new(storage: S) -> Self {
+        Self::with_field_cap(storage)
+    }
+}
+
+impl<S: BorrowMut<[u8; H]>, const H: usize, const F: usize> ResponseReader<S, H, F> {
     // Head offsets are stored as u32; refuse at compile time a head buffer they cannot address.
     const FITS_U32: () = assert!(H <= u32::MAX as usize, "head buffer must be at most 4 GiB");
 
-    /// A reader that keeps the head in `storage` (its previous contents are ignored).
+    /// A reader with `F` header fields at most that keeps the head in `storage` (its previous
+    /// contents are ignored). [`new`](Self::new) is this with the default [`MAX_HEADERS`].
     #[inline]
-    pub fn new(storage: S) -> Self {
+    pub fn with_field_cap(storage: S) -> Self {
         let () = Self::FITS_U32;
         Self {
             buf: storage,
@@ -287,7 +310,7 @@ impl<S: BorrowMut<[u8; H]>, const H: usize> ResponseReader<S, H> {
     }
 }
 
-impl<S, const H: usize> core::fmt::Debug for ResponseReader<S, H> {
+impl<S, const H: usize, const F: usize> core::fmt::Debug for ResponseReader<S, H, F> {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("ResponseReader")
             .field("head_len", &self.len)

@@ -709,3 +709,87 @@ fn reader_state_stays_small() {
     assert!(reader <= offsets + 192, "{reader} bytes");
     assert!(core::mem::size_of::<ChunkedDecoder>() <= 64);
 }
+
+/// Reads `input` in pieces of `step` with a reader of `H` head bytes and `F` header fields;
+/// returns the header count and the body.
+fn read_capped<const H: usize, const F: usize>(
+    input: &[u8],
+    step: usize,
+) -> Result<(usize, Vec<u8>), HttpError> {
+    let mut storage = [0u8; H];
+    let mut reader = ResponseReader::<_, H, F>::with_field_cap(&mut storage);
+    let mut body = Vec::new();
+    'outer: for piece in input.chunks(step) {
+        let mut pos = 0;
+        loop {
+            let (used, event) = reader.feed(&piece[pos..])?;
+            pos += used;
+            match event {
+                Event::NeedMore => break,
+                Event::Head => {}
+                Event::Body(b) => body.extend_from_slice(b),
+                Event::End => break 'outer,
+            }
+        }
+    }
+    reader.finish()?;
+    Ok((reader.head().expect("a head").headers().count(), body))
+}
+
+/// A small host's caps behave as the defaults do: the same errors at the limit and one past,
+/// whole or split into reads.
+#[test]
+fn small_caps_at_the_limit_and_one_past() {
+    for step in [1, 7, usize::MAX] {
+        // Head buffer of 64 bytes.
+        assert_eq!(
+            read_capped::<64, 4>(&head_of(64), step),
+            Ok((1, b"body".to_vec()))
+        );
+        assert_eq!(
+            read_capped::<64, 4>(&head_of(65), step),
+            Err(HttpError::HeadersTooLarge)
+        );
+        // Two header fields, and as many as the small offset table holds.
+        assert_eq!(
+            read_capped::<256, 2>(&with_headers(2), step),
+            Ok((2, Vec::new()))
+        );
+        assert_eq!(
+            read_capped::<256, 2>(&with_headers(3), step),
+            Err(HttpError::TooManyHeaders)
+        );
+        const FEW: usize = crate::head::FEW_HEADERS;
+        assert_eq!(
+            read_capped::<512, FEW>(&with_headers(FEW), step),
+            Ok((FEW, Vec::new()))
+        );
+        assert_eq!(
+            read_capped::<512, FEW>(&with_headers(FEW + 1), step),
+            Err(HttpError::TooManyHeaders)
+        );
+        // The trailer section is capped by the same 64 bytes.
+        assert_eq!(
+            read_capped::<64, 4>(&trailers_of(64), step),
+            Ok((1, Vec::new()))
+        );
+        assert_eq!(
+            read_capped::<64, 4>(&trailers_of(65), step),
+            Err(HttpError::TrailersTooLarge)
+        );
+    }
+}
+
+/// The header offsets grow with the field cap and no further: 16 bytes a field, never fewer
+/// than the small table's.
+#[test]
+fn reader_state_follows_the_field_cap() {
+    use crate::head::FEW_HEADERS;
+    let size = |f: usize| match f {
+        2 => core::mem::size_of::<ResponseReader<&mut [u8; 64], 64, 2>>(),
+        16 => core::mem::size_of::<ResponseReader<&mut [u8; 64], 64, 16>>(),
+        _ => core::mem::size_of::<ResponseReader<&mut [u8; 64], 64, 64>>(),
+    };
+    assert_eq!(size(2), size(FEW_HEADERS));
+    assert_eq!(size(64) - size(16), (64 - FEW_HEADERS) * 16);
+}

@@ -1,0 +1,50 @@
+//! The path alone, for its flash and RAM (docs/benchmarks/embedded.md): the recorded response
+//! through http-nostd -> sse-nostd -> llama-proto in reads of 64 bytes, the finished message
+//! compared with the host's answer, exit 0 or 1. Nothing is formatted, so `core::fmt` stays out
+//! unless the crates pull it in. `baseline` is this image without the path.
+#![no_std]
+#![no_main]
+
+use boxmaker_embedded::expected as exp;
+use boxmaker_embedded::{run, Asm, Buffers, Reader, Sse};
+use cortex_m_rt::entry;
+use http_nostd::ResponseReader;
+use llama_proto::Assembler;
+use sse_nostd::Parser;
+
+#[panic_handler]
+fn panic(_: &core::panic::PanicInfo) -> ! {
+    boxmaker_embedded::exit(false)
+}
+
+#[entry]
+fn main() -> ! {
+    static mut BUFFERS: Buffers = Buffers::ZERO;
+    let Buffers {
+        head,
+        line,
+        text,
+        content,
+        reasoning,
+        args,
+    } = BUFFERS;
+    let mut reader: Reader<'_> = ResponseReader::with_field_cap(head);
+    let mut sse: Sse<'_> = Parser::new(line);
+    let mut asm: Asm<'_> = Assembler::new(content, reasoning, args);
+    // black_box: the input is not known to the optimizer, as a socket's would not be.
+    let input = core::hint::black_box(exp::FIXTURE);
+    let ok = run(input, 64, &mut reader, &mut sse, text, &mut asm).is_ok()
+        && asm.finish().is_ok_and(|m| {
+            m.tool_calls.len() == exp::TOOL_CALLS.len()
+                && m.tool_calls
+                    .iter()
+                    .zip(exp::TOOL_CALLS)
+                    .all(|(c, &(id, name, args))| {
+                        c.id == id && c.name == name && c.arguments == args
+                    })
+                && m.content == exp::CONTENT
+                && m.reasoning_content == exp::REASONING
+                && m.finish_reason.as_str() == exp::FINISH_REASON
+        });
+    boxmaker_embedded::exit(ok)
+}
