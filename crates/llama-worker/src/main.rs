@@ -4,7 +4,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use llama_worker::status::{bind_status_socket, query, spawn_status_server};
+use llama_worker::client::query;
+use llama_worker::serve::{bind_status_socket, spawn_status_server};
 use llama_worker::{Config, State, SystemClock, Worker};
 
 const USAGE: &str = "\

@@ -14,6 +14,15 @@ pub const MAX_HEAD_BYTES: usize = 8192;
 /// Most response headers accepted.
 const MAX_HEADERS: usize = 32;
 
+/// What one readiness probe of one path got.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProbeOutcome {
+    /// An HTTP answer with this status code (200 is ready).
+    Status(u16),
+    /// No HTTP answer.
+    Error(ProbeError),
+}
+
 /// Why a probe did not get a status code.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]

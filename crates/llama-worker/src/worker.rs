@@ -17,21 +17,12 @@ use crate::clock::Clock;
 use crate::config::{CommandSpec, Config, ConfigError, Timings};
 use crate::cpu;
 use crate::policy::{Action, FailReason, Policy, Readiness, Refusal, StallVerdict, State};
-use crate::probe::{self, ProbeError};
+use crate::probe::{self, ProbeError, ProbeOutcome};
 use crate::process::ServerProcess;
 use crate::status::{ReadinessRecord, Status};
 
 /// Longest the driving loop sleeps: how late an exit of the server is noticed at worst.
 pub const MAX_IDLE: Duration = Duration::from_millis(100);
-
-/// What one readiness probe of one path got.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ProbeOutcome {
-    /// An HTTP answer with this status code (200 is ready).
-    Status(u16),
-    /// No HTTP answer.
-    Error(ProbeError),
-}
 
 #[derive(Debug)]
 struct Inner {

@@ -107,7 +107,7 @@ stop_grace_s = 1
     assert_eq!(members.len(), 3, "{members:?}");
     assert!(ask(&socket, "stall").starts_with("{\"stall\":\"not_stalled\",\"since_progress_s\":"));
     assert_eq!(
-        llama_worker::status::query(&socket, "bogus").unwrap(),
+        llama_worker::client::query(&socket, "bogus").unwrap(),
         "{\"error\":\"unknown command; use status, start, stop or stall\"}"
     );
     let end = Instant::now() + Duration::from_secs(5);

@@ -207,7 +207,7 @@ fn readiness_that_keeps_failing_ends_failed_and_leaves_no_process() {
         let r = h.status().last_readiness.unwrap();
         assert_eq!(
             r.outcome,
-            llama_worker::worker::ProbeOutcome::Status(503),
+            llama_worker::probe::ProbeOutcome::Status(503),
             "{r:?}"
         );
         assert_eq!(r.path, "/health");
@@ -244,7 +244,7 @@ fn unready_case(script: &str, mode: Mode, expect_restart: bool) {
             .last_readiness
             .unwrap()
             .outcome
-            .eq(&llama_worker::worker::ProbeOutcome::Status(200)));
+            .eq(&llama_worker::probe::ProbeOutcome::Status(200)));
     }
     let pgid = w.pgid();
     h.stop();
