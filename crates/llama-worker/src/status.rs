@@ -30,8 +30,8 @@ pub struct Status {
     pub pid: Option<u32>,
     /// The server's port.
     pub port: u16,
-    /// Restarts inside the crash-loop window.
-    pub restarts_in_window: usize,
+    /// Restarts in a row (see [`crate::policy`]): one more than `max_restarts_per_window` fails.
+    pub consecutive_restarts: u32,
     /// Restarts since the worker began.
     pub total_restarts: u64,
     /// Processes spawned since the worker began.
@@ -62,7 +62,7 @@ struct StatusJson<'a> {
     state: &'static str,
     pid: Option<u32>,
     port: u16,
-    restarts_in_window: usize,
+    consecutive_restarts: u32,
     total_restarts: u64,
     spawns: u64,
     last_cause: Option<&'static str>,
@@ -107,7 +107,7 @@ impl Status {
             state: self.state.as_str(),
             pid: self.pid,
             port: self.port,
-            restarts_in_window: self.restarts_in_window,
+            consecutive_restarts: self.consecutive_restarts,
             total_restarts: self.total_restarts,
             spawns: self.spawns,
             last_cause: self.last_cause.map(RestartCause::as_str),
@@ -132,7 +132,7 @@ mod tests {
             state: State::Stopped,
             pid: None,
             port: 8080,
-            restarts_in_window: 0,
+            consecutive_restarts: 0,
             total_restarts: 0,
             spawns: 0,
             last_cause: None,
@@ -144,13 +144,13 @@ mod tests {
         };
         assert_eq!(
             s.to_json(),
-            "{\"state\":\"stopped\",\"pid\":null,\"port\":8080,\"restarts_in_window\":0,\
+            "{\"state\":\"stopped\",\"pid\":null,\"port\":8080,\"consecutive_restarts\":0,\
              \"total_restarts\":0,\"spawns\":0,\"last_cause\":null,\"cpu_ticks\":null,\
              \"cpu_progress_age_s\":null,\"last_readiness\":null,\"inflight\":0}"
         );
         s.state = State::Restarting;
         s.pid = Some(42);
-        s.restarts_in_window = 2;
+        s.consecutive_restarts = 2;
         s.last_cause = Some(RestartCause::Unready);
         s.cpu_ticks = Some(1234);
         s.cpu_progress_age = Some(Duration::from_millis(1500));
@@ -162,7 +162,7 @@ mod tests {
         s.readiness_age = Some(Duration::from_micros(250_999));
         assert_eq!(
             s.to_json(),
-            "{\"state\":\"restarting\",\"pid\":42,\"port\":8080,\"restarts_in_window\":2,\
+            "{\"state\":\"restarting\",\"pid\":42,\"port\":8080,\"consecutive_restarts\":2,\
              \"total_restarts\":0,\"spawns\":0,\"last_cause\":\"unready\",\"cpu_ticks\":1234,\
              \"cpu_progress_age_s\":1.5,\"last_readiness\":{\"ok\":false,\
              \"path\":\"/v1/\\\"models\\\"\\n\",\"answer\":\"timeout\",\"age_s\":0.25},\"inflight\":0}"
@@ -179,7 +179,7 @@ mod tests {
             state: State::Ready,
             pid: Some(7),
             port: 1,
-            restarts_in_window: 1,
+            consecutive_restarts: 1,
             total_restarts: u64::MAX,
             spawns: 3,
             last_cause: Some(RestartCause::StartupTimeout),

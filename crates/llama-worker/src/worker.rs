@@ -86,7 +86,7 @@ impl<C: Clock> WorkerHandle<C> {
             state: g.policy.state(),
             pid: g.pid,
             port: self.port,
-            restarts_in_window: g.policy.restarts_in_window(now),
+            consecutive_restarts: g.policy.consecutive_restarts(now),
             total_restarts: g.policy.total_restarts(),
             spawns: g.spawns,
             last_cause: g.policy.last_cause(),
@@ -195,6 +195,7 @@ pub struct Worker<C: Clock> {
     next_cpu_at: Duration,
     proc_root: PathBuf,
     logged_state: State,
+    logged_restarts: u64,
 }
 
 impl<C: Clock> Worker<C> {
@@ -225,6 +226,7 @@ impl<C: Clock> Worker<C> {
             next_cpu_at: Duration::ZERO,
             proc_root: PathBuf::from("/proc"),
             logged_state: State::Stopped,
+            logged_restarts: 0,
         })
     }
 
@@ -413,6 +415,16 @@ impl<C: Clock> Worker<C> {
 
     fn log_state(&mut self) {
         let g = self.shared.lock();
+        let total = g.policy.total_restarts();
+        if total != self.logged_restarts {
+            eprintln!(
+                "llama-worker: restart {} in a row (at most {}): {}",
+                g.policy.consecutive_restarts(self.clock.now()),
+                self.timings.policy.max_restarts_per_window,
+                g.policy.last_cause().map_or("", |c| c.as_str())
+            );
+            self.logged_restarts = total;
+        }
         let state = g.policy.state();
         if state != self.logged_state {
             let cause = g.policy.last_cause().map_or("", |c| c.as_str());

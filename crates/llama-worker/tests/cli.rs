@@ -98,7 +98,7 @@ stop_grace_s = 1
     assert!(meta.file_type().is_socket());
     assert_eq!(meta.permissions().mode() & 0o777, 0o600);
     assert_eq!(field(&status, "port"), ep.port.to_string());
-    assert_eq!(field(&status, "restarts_in_window"), "0");
+    assert_eq!(field(&status, "consecutive_restarts"), "0");
     assert!(
         status.contains("\"last_readiness\":{\"ok\":true,\"path\":\"/v1/models\",\"answer\":200,")
     );
@@ -270,7 +270,7 @@ fn exit_on_failed_exits_3_and_socket_commands_stop_and_start() {
             .unwrap(),
     );
     let s = wait_status(&socket, "failed");
-    assert_eq!(field(&s, "restarts_in_window"), "2");
+    assert_eq!(field(&s, "consecutive_restarts"), "2");
     assert_eq!(field(&s, "last_cause"), "exited");
     let s = ask(&socket, "stop");
     assert_eq!(field(&s, "state"), "stopped");
@@ -288,5 +288,99 @@ fn exit_on_failed_exits_3_and_socket_commands_stop_and_start() {
     );
     assert!(sigterm(child.0.id()));
     assert!(child.0.wait().unwrap().success());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Runs `llama-worker args...` to its exit, at most `limit`; its exit code and stderr. On
+/// timeout it is killed and the test fails with what it printed.
+fn run_bounded(args: &[&str], limit: Duration) -> (Option<i32>, String) {
+    let mut child = KillOnDrop(
+        Command::new(BIN)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut pipe = child.0.stderr.take().unwrap();
+    let reader = thread::spawn(move || {
+        let mut s = String::new();
+        let _ = std::io::Read::read_to_string(&mut pipe, &mut s);
+        s
+    });
+    let end = Instant::now() + limit;
+    let status = loop {
+        if let Some(s) = child.0.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() >= end {
+            child.0.kill().unwrap();
+            child.0.wait().unwrap();
+            panic!(
+                "llama-worker {args:?} still running after {limit:?}; stderr:\n{}",
+                reader.join().unwrap()
+            );
+        }
+        thread::sleep(Duration::from_millis(20));
+    };
+    (status.code(), reader.join().unwrap())
+}
+
+/// Issue 12: a server that never gets ready, with the default proportions scaled down 100
+/// times (120 s deadline, 2 s backoff, 600 s window, 5 restarts), ends in failed: six spawns.
+#[test]
+fn a_never_ready_server_with_the_default_proportions_ends_failed() {
+    let ep = Endpoint::start(Mode::Unavailable);
+    let dir = temp_dir("neverready");
+    let config = dir.join("worker.toml");
+    std::fs::write(
+        &config,
+        r#"
+command = "/bin/sh"
+args = ["-c", "sleep 300"]
+startup_deadline_s = 1.2
+startup_probe_interval_s = 0.005
+probe_interval_s = 0.05
+probe_timeout_s = 0.05
+unready_restart_s = 0.3
+cpu_probe_interval_s = 0.05
+stall_timeout_s = 1.2
+restart_window_s = 6
+max_restarts_per_window = 5
+restart_backoff_s = 0.02
+stop_grace_s = 0.05
+"#,
+    )
+    .unwrap();
+    let port = ep.port.to_string();
+    let started = Instant::now();
+    let (code, err) = run_bounded(
+        &[
+            "run",
+            "--exit-on-failed",
+            "--port",
+            &port,
+            "--config",
+            config.to_str().unwrap(),
+        ],
+        Duration::from_secs(30),
+    );
+    let took = started.elapsed();
+    assert_eq!(code, Some(3), "{err}");
+    assert_eq!(err.matches("spawned /bin/sh").count(), 6, "{err}");
+    for n in 1..=5 {
+        let line = format!("restart {n} in a row (at most 5): startup_timeout\n");
+        assert_eq!(err.matches(&line).count(), 1, "{line}{err}");
+    }
+    assert!(
+        err.contains("restarting -> failed startup_timeout"),
+        "{err}"
+    );
+    // 6 deadlines of 1.2 s and 5 backoffs of 0.02 s: 7.3 s, plus kills and scheduling.
+    assert!(
+        took >= Duration::from_millis(7300) && took < Duration::from_secs(15),
+        "{took:?}"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -172,7 +172,7 @@ fn crash_loop_ends_failed_after_max_restarts_with_backoff_on_the_fake_clock() {
     assert_eq!(h.admit().err(), Some(Refusal::Failed));
     let s = h.status();
     assert_eq!(
-        (s.restarts_in_window, s.last_cause),
+        (s.consecutive_restarts, s.last_cause),
         (3, Some(RestartCause::Exited))
     );
     // Failed stays failed as time passes...
@@ -184,7 +184,7 @@ fn crash_loop_ends_failed_after_max_restarts_with_backoff_on_the_fake_clock() {
     h.start();
     w.tick();
     assert_eq!(h.status().spawns, 5);
-    assert_eq!(h.status().restarts_in_window, 0);
+    assert_eq!(h.status().consecutive_restarts, 0);
 }
 
 #[test]
