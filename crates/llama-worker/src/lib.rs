@@ -12,6 +12,7 @@ pub mod client;
 pub mod clock;
 pub mod config;
 pub mod cpu;
+pub mod listen;
 pub mod policy;
 pub mod probe;
 pub mod process;

@@ -5,7 +5,8 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use llama_worker::client::query;
-use llama_worker::serve::{bind_status_socket, spawn_status_server};
+use llama_worker::listen;
+use llama_worker::serve::spawn_status_server;
 use llama_worker::{Config, State, SystemClock, Worker};
 
 const USAGE: &str = "\
@@ -18,7 +19,8 @@ usage:
       status: print the state as JSON; start: start again (after failed or stop);
       stop: stop the server (the daemon keeps serving status); stall: report a stall.
   llama-worker check-config --config FILE [--port PORT]
-      validate FILE and print the command line it would run.
+      validate FILE, check that its command is an executable file and that log_file's
+      folder exists, and print the command line it would run.
 ";
 
 /// Set from the signal handler; read by the run loop.
@@ -75,6 +77,16 @@ fn load(a: &Args) -> Result<Config, String> {
     Config::from_file(path).map_err(|e| format!("{}: {e}", path.display()))
 }
 
+/// [`load`], and the files the config names must be there (`command`, `log_file`'s folder).
+fn load_checked(a: &Args) -> Result<Config, String> {
+    let cfg = load(a)?;
+    cfg.check_files().map_err(|e| {
+        let path = a.config.as_deref().unwrap_or(std::path::Path::new(""));
+        format!("{}: {e}", path.display())
+    })?;
+    Ok(cfg)
+}
+
 fn socket_path(a: &Args) -> Result<PathBuf, String> {
     if let Some(s) = &a.socket {
         return Ok(s.clone());
@@ -85,17 +97,25 @@ fn socket_path(a: &Args) -> Result<PathBuf, String> {
 }
 
 fn run(a: &Args) -> Result<ExitCode, String> {
-    let cfg = load(a)?;
+    let cfg = load_checked(a)?;
     let port = a.port.ok_or("--port PORT is required")?;
     let socket = a.socket.clone().or_else(|| cfg.status_socket.clone());
     let mut worker = Worker::new(cfg, port, SystemClock::new()).map_err(|e| e.to_string())?;
     let handle = worker.handle();
     install_stop_signals();
-    if let Some(path) = &socket {
-        let l = bind_status_socket(path)
-            .map_err(|e| format!("status socket {}: {e}", path.display()))?;
-        spawn_status_server(l, handle.clone());
-    }
+    let bound = match &socket {
+        Some(path) => {
+            let b =
+                listen::bind(path).map_err(|e| format!("status socket {}: {e}", path.display()))?;
+            let l = b
+                .listener
+                .try_clone()
+                .map_err(|e| format!("status socket {}: {e}", path.display()))?;
+            spawn_status_server(l, handle.clone());
+            Some(b)
+        }
+        None => None,
+    };
     handle.start();
     let mut code = ExitCode::SUCCESS;
     worker.run_until(|state| {
@@ -109,8 +129,8 @@ fn run(a: &Args) -> Result<ExitCode, String> {
         false
     });
     worker.shutdown();
-    if let Some(path) = &socket {
-        let _ = std::fs::remove_file(path);
+    if let Some(b) = &bound {
+        b.remove_file();
     }
     eprintln!("llama-worker: stopped");
     Ok(code)
@@ -135,7 +155,7 @@ fn main_inner() -> Result<ExitCode, String> {
             Ok(ExitCode::SUCCESS)
         }
         "check-config" => {
-            let cfg = load(&a)?;
+            let cfg = load_checked(&a)?;
             let spec = cfg.command_spec(a.port.unwrap_or(0));
             for (k, v) in &spec.env {
                 print!("{k}={v} ");

@@ -1,13 +1,11 @@
-//! The daemon side of the status socket (mode 0600): one command per connection.
+//! The daemon side of the status socket (created by [`crate::listen`]): one command per
+//! connection.
 //!
 //! Protocol: the client writes one line, `status`, `start`, `stop` or `stall`; the daemon
 //! answers one JSON line and closes. `start` is how a failed worker is started again.
 
-use std::fs;
 use std::io::{self, BufRead, BufReader, Read, Write};
-use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::Path;
 use std::thread;
 use std::time::Duration;
 
@@ -23,28 +21,6 @@ pub const MAX_COMMAND_BYTES: usize = 64;
 
 /// How long a socket client may take to send its command or read the answer.
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// Binds the status socket at `path` with mode 0600 from the first moment it is visible:
-/// bound under a temporary name, chmod-ed, then renamed into place. A stale socket at `path`
-/// is replaced; any other kind of file there is an error (never delete what is not ours).
-pub fn bind_status_socket(path: &Path) -> io::Result<UnixListener> {
-    if let Ok(meta) = fs::symlink_metadata(path) {
-        if !meta.file_type().is_socket() {
-            return Err(io::Error::new(
-                io::ErrorKind::AlreadyExists,
-                "status socket path exists and is not a socket",
-            ));
-        }
-    }
-    let mut staged = path.as_os_str().to_owned();
-    staged.push(format!(".{}.tmp", std::process::id()));
-    let staged = Path::new(&staged);
-    let _ = fs::remove_file(staged);
-    let listener = UnixListener::bind(staged)?;
-    fs::set_permissions(staged, fs::Permissions::from_mode(0o600))?;
-    fs::rename(staged, path)?;
-    Ok(listener)
-}
 
 /// The answers that are not a [`crate::Status`].
 #[derive(Serialize)]

@@ -384,3 +384,120 @@ stop_grace_s = 0.05
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn check_config_names_a_missing_command_and_a_missing_log_folder() {
+    let dir = temp_dir("checkfiles");
+    let config = dir.join("worker.toml");
+    let plain = dir.join("not-executable");
+    std::fs::write(&plain, "#!/bin/sh\n").unwrap();
+    std::fs::set_permissions(&plain, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let missing_log = dir.join("no-such-folder/server.log");
+    let cases = [
+        (
+            "command = \"/nonexistent/llama-server\"".to_string(),
+            "config: `command` \"/nonexistent/llama-server\" is not a file (a bare name is \
+             looked up in PATH)"
+                .to_string(),
+        ),
+        (
+            format!("command = {plain:?}"),
+            format!("config: `command` {} is not executable", plain.display()),
+        ),
+        (
+            format!("command = \"/bin/sh\"\nlog_file = {missing_log:?}"),
+            format!(
+                "config: the folder of `log_file` does not exist: {}",
+                missing_log.parent().unwrap().display()
+            ),
+        ),
+        (
+            "command = \"/bin/sh\"\nrestart_window_s = 0".to_string(),
+            "config: `restart_window_s` must be greater than 0".to_string(),
+        ),
+    ];
+    for (text, reason) in cases {
+        std::fs::write(&config, &text).unwrap();
+        for cmd in ["check-config", "run"] {
+            let out = Command::new(BIN)
+                .args([cmd, "--port", "1", "--config"])
+                .arg(&config)
+                .output()
+                .unwrap();
+            assert_eq!(out.status.code(), Some(2), "{cmd} {text}: {out:?}");
+            assert_eq!(
+                String::from_utf8(out.stderr).unwrap(),
+                format!("llama-worker: {}: {reason}\n", config.display()),
+                "{cmd} {text}"
+            );
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Starts `llama-worker run` with `config` on `ep`, stderr discarded.
+fn spawn_run(config: &Path, ep: &Endpoint) -> KillOnDrop {
+    KillOnDrop(
+        Command::new(BIN)
+            .args(["run", "--port", &ep.port.to_string(), "--config"])
+            .arg(config)
+            .stdin(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    )
+}
+
+#[test]
+fn the_status_socket_is_not_taken_from_a_live_worker_nor_removed_when_not_ours() {
+    let ep = Endpoint::start(Mode::Ok);
+    let dir = temp_dir("sockets");
+    let socket = dir.join("worker.sock");
+    let config = dir.join("worker.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "command = \"/bin/sh\"\nargs = [\"-c\", \"sleep 300\"]\nstatus_socket = {socket:?}\n\
+             startup_probe_interval_s = 0.05\nstop_grace_s = 1\n"
+        ),
+    )
+    .unwrap();
+    let mut first = spawn_run(&config, &ep);
+    let s = wait_status(&socket, "ready");
+    let pid = field(&s, "pid");
+    // A second worker on the same socket is refused before it spawns anything.
+    let (code, err) = run_bounded(
+        &[
+            "run",
+            "--port",
+            &ep.port.to_string(),
+            "--config",
+            config.to_str().unwrap(),
+        ],
+        Duration::from_secs(10),
+    );
+    assert_eq!(code, Some(2), "{err}");
+    assert_eq!(
+        err,
+        format!(
+            "llama-worker: status socket {}: another process is listening on it\n",
+            socket.display()
+        )
+    );
+    assert_eq!(
+        field(&ask(&socket, "status"), "pid"),
+        pid,
+        "the first one answers"
+    );
+    // Someone puts another socket at the path; the first worker must not remove it on exit.
+    std::fs::remove_file(&socket).unwrap();
+    let theirs = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    assert!(sigterm(first.0.id()));
+    assert!(first.0.wait().unwrap().success());
+    assert!(
+        std::fs::symlink_metadata(&socket).is_ok(),
+        "the worker removed a socket it did not create"
+    );
+    drop(theirs);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
