@@ -26,8 +26,10 @@ pub struct ReadinessRecord {
 pub struct Status {
     /// Lifecycle state.
     pub state: State,
-    /// The server's pid (= its process group id) while one runs.
+    /// The server's pid while one runs.
     pub pid: Option<u32>,
+    /// Its process group's id (the guard's pid, see [`crate::process`]) while one runs.
+    pub pgid: Option<i32>,
     /// The server's port.
     pub port: u16,
     /// Restarts in a row (see [`crate::policy`]): one more than `max_restarts_per_window` fails.
@@ -61,6 +63,7 @@ pub fn secs(d: Duration) -> f64 {
 struct StatusJson<'a> {
     state: &'static str,
     pid: Option<u32>,
+    pgid: Option<i32>,
     port: u16,
     consecutive_restarts: u32,
     total_restarts: u64,
@@ -106,6 +109,7 @@ impl Status {
         let json = StatusJson {
             state: self.state.as_str(),
             pid: self.pid,
+            pgid: self.pgid,
             port: self.port,
             consecutive_restarts: self.consecutive_restarts,
             total_restarts: self.total_restarts,
@@ -131,6 +135,7 @@ mod tests {
         let mut s = Status {
             state: State::Stopped,
             pid: None,
+            pgid: None,
             port: 8080,
             consecutive_restarts: 0,
             total_restarts: 0,
@@ -144,12 +149,13 @@ mod tests {
         };
         assert_eq!(
             s.to_json(),
-            "{\"state\":\"stopped\",\"pid\":null,\"port\":8080,\"consecutive_restarts\":0,\
+            "{\"state\":\"stopped\",\"pid\":null,\"pgid\":null,\"port\":8080,\"consecutive_restarts\":0,\
              \"total_restarts\":0,\"spawns\":0,\"last_cause\":null,\"cpu_ticks\":null,\
              \"cpu_progress_age_s\":null,\"last_readiness\":null,\"inflight\":0}"
         );
         s.state = State::Restarting;
         s.pid = Some(42);
+        s.pgid = Some(41);
         s.consecutive_restarts = 2;
         s.last_cause = Some(RestartCause::Unready);
         s.cpu_ticks = Some(1234);
@@ -162,7 +168,7 @@ mod tests {
         s.readiness_age = Some(Duration::from_micros(250_999));
         assert_eq!(
             s.to_json(),
-            "{\"state\":\"restarting\",\"pid\":42,\"port\":8080,\"consecutive_restarts\":2,\
+            "{\"state\":\"restarting\",\"pid\":42,\"pgid\":41,\"port\":8080,\"consecutive_restarts\":2,\
              \"total_restarts\":0,\"spawns\":0,\"last_cause\":\"unready\",\"cpu_ticks\":1234,\
              \"cpu_progress_age_s\":1.5,\"last_readiness\":{\"ok\":false,\
              \"path\":\"/v1/\\\"models\\\"\\n\",\"answer\":\"timeout\",\"age_s\":0.25},\"inflight\":0}"
@@ -178,6 +184,7 @@ mod tests {
         let s = Status {
             state: State::Ready,
             pid: Some(7),
+            pgid: Some(6),
             port: 1,
             consecutive_restarts: 1,
             total_restarts: u64::MAX,
