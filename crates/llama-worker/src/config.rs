@@ -1,7 +1,7 @@
 //! The worker's TOML configuration: the server command, its environment, and every number the
 //! policy and the probes run on. Unknown keys are an error, so a typo never silently falls back
 //! to a default. Defaults suit a real `llama-server` on a CPU: loads take seconds, long
-//! prefills minutes.
+//! prefills minutes. Zero is refused wherever it would turn a safety off or make a loop spin.
 
 use core::fmt;
 use std::collections::BTreeMap;
@@ -53,9 +53,10 @@ pub struct Config {
     pub cpu_probe_interval_s: f64,
     /// A reported stall restarts only after this long without progress (default 120).
     pub stall_timeout_s: f64,
-    /// The crash-loop window (default 600).
+    /// Ready this long sets the crash-loop restart count back to zero (default 600).
     pub restart_window_s: f64,
-    /// More restarts than this inside the window makes the worker failed (default 5).
+    /// More restarts in a row than this (see [`crate::policy`]) makes the worker failed
+    /// (default 5).
     pub max_restarts_per_window: u32,
     /// Wait between killing the old server and spawning the next (default 2).
     pub restart_backoff_s: f64,

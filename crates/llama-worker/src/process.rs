@@ -12,8 +12,8 @@
 //! and it runs `kill -KILL 0`, which reaches every process of the group at once, whatever the
 //! server command is (a wrapper script that does not `exec`, a server whose children outlive
 //! it). `PR_SET_PDEATHSIG` alone reaches only the worker's direct child; it stays on the server
-//! for a server that moves itself out of the group. A server that starts its own session or
-//! group escapes both; under systemd `KillMode=control-group` still catches it.
+//! for a server that moves itself out of the group. A process deeper down that starts its own
+//! session or group escapes both; under systemd `KillMode=control-group` still catches it.
 
 use std::fs::OpenOptions;
 use std::io;
