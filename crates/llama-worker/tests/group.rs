@@ -128,6 +128,33 @@ fn server_death_is_server_died_and_comes_back() {
     w.tick();
 }
 
+/// Without its guard a server would outlive a SIGKILLed worker: a killed guard is a lost server.
+#[test]
+fn a_killed_guard_restarts_the_server_and_its_group_goes() {
+    let ep = Endpoint::start(Mode::Ok);
+    let clock = FakeClock::new();
+    let mut w = Worker::new(config(FAMILY), ep.port, clock.clone()).unwrap();
+    let h = w.handle();
+    h.start();
+    assert!(tick_until(&mut w, T, |w| state(w) == State::Ready));
+    let old = w.pgid().unwrap();
+    let members = wait_members(old, 4);
+    let mut work = h.admit().unwrap();
+    kill_one(old); // the guard leads the group: its pid is the pgid
+    assert!(tick_until(&mut w, T, |w| state(w) == State::Restarting));
+    assert_eq!(work.failure(), Some(FailReason::ServerDied));
+    assert_eq!(h.status().last_cause, Some(RestartCause::Exited));
+    assert_eq!(live(old), Vec::<i32>::new());
+    for pid in members {
+        assert!(dead(pid), "pid {pid} survived");
+    }
+    clock.advance(Duration::from_secs(2));
+    assert!(tick_until(&mut w, T, |w| state(w) == State::Ready));
+    assert_ne!(w.pgid(), Some(old));
+    h.stop();
+    w.tick();
+}
+
 /// SIGKILL to one pid through the `kill` command (the library only signals groups).
 fn kill_one(pid: i32) {
     let ok = std::process::Command::new("kill")
