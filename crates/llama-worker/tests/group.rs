@@ -223,7 +223,10 @@ fn crash_loop_ends_failed_after_max_restarts_with_backoff_on_the_fake_clock() {
 fn readiness_that_keeps_failing_ends_failed_and_leaves_no_process() {
     let ep = Endpoint::start(Mode::Unavailable);
     let clock = FakeClock::new();
-    let mut w = Worker::new(config("sleep 300 & wait"), ep.port, clock.clone()).unwrap();
+    let mut cfg = config("sleep 300 & wait");
+    // The test reads the one probe of each spawn: give a loaded machine time to answer it.
+    cfg.probe_timeout_s = 5.0;
+    let mut w = Worker::new(cfg, ep.port, clock.clone()).unwrap();
     let h = w.handle();
     h.start();
     let mut groups = Vec::new();
