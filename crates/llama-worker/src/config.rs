@@ -1,11 +1,14 @@
 //! The worker's TOML configuration: the server command, its environment, and every number the
 //! policy and the probes run on. Unknown keys are an error, so a typo never silently falls back
 //! to a default. Defaults suit a real `llama-server` on a CPU: loads take seconds, long
-//! prefills minutes.
+//! prefills minutes. Zero is refused wherever it would turn a safety off or make a loop spin.
 
 use core::fmt;
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::ffi::OsString;
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -50,9 +53,10 @@ pub struct Config {
     pub cpu_probe_interval_s: f64,
     /// A reported stall restarts only after this long without progress (default 120).
     pub stall_timeout_s: f64,
-    /// The crash-loop window (default 600).
+    /// Ready this long sets the crash-loop restart count back to zero (default 600).
     pub restart_window_s: f64,
-    /// More restarts than this inside the window makes the worker failed (default 5).
+    /// More restarts in a row than this (see [`crate::policy`]) makes the worker failed
+    /// (default 5).
     pub max_restarts_per_window: u32,
     /// Wait between killing the old server and spawning the next (default 2).
     pub restart_backoff_s: f64,
@@ -96,16 +100,22 @@ pub enum ConfigError {
     Toml(String),
     /// `command` is missing or empty.
     NoCommand,
-    /// A readiness path does not start with `/` or holds a space or control byte.
-    BadReadinessPath,
+    /// This readiness path does not start with `/` or holds a space or control byte.
+    BadReadinessPath(String),
     /// `readiness_paths` is empty.
     NoReadinessPath,
     /// The named duration is negative, not finite, or longer than [`MAX_SECONDS`].
     BadDuration(&'static str),
-    /// The named interval or timeout is zero.
-    ZeroInterval(&'static str),
+    /// The named key is zero, which would turn a safety off or make a loop spin.
+    Zero(&'static str),
     /// Reading the file failed.
     Read(std::io::ErrorKind),
+    /// `command` is not a file (as a path, or in any `PATH` folder for a bare name).
+    CommandNotFound(String),
+    /// `command` is a file without an execute bit.
+    CommandNotExecutable(PathBuf),
+    /// The folder `log_file` would be created in does not exist.
+    NoLogFolder(PathBuf),
 }
 
 impl fmt::Display for ConfigError {
@@ -113,16 +123,29 @@ impl fmt::Display for ConfigError {
         match self {
             Self::Toml(m) => write!(f, "config: {m}"),
             Self::NoCommand => f.write_str("config: `command` is missing or empty"),
-            Self::BadReadinessPath => {
-                f.write_str("config: a readiness path must start with '/' and hold no spaces")
-            }
+            Self::BadReadinessPath(p) => write!(
+                f,
+                "config: readiness path {p:?} must start with '/' and hold no spaces or control bytes"
+            ),
             Self::NoReadinessPath => f.write_str("config: `readiness_paths` is empty"),
             Self::BadDuration(k) => write!(
                 f,
                 "config: `{k}` must be a finite number of seconds in 0..={MAX_SECONDS}"
             ),
-            Self::ZeroInterval(k) => write!(f, "config: `{k}` must be greater than 0"),
+            Self::Zero(k) => write!(f, "config: `{k}` must be greater than 0"),
             Self::Read(k) => write!(f, "config: cannot read the file: {k}"),
+            Self::CommandNotFound(c) => write!(
+                f,
+                "config: `command` {c:?} is not a file (a bare name is looked up in PATH)"
+            ),
+            Self::CommandNotExecutable(p) => {
+                write!(f, "config: `command` {} is not executable", p.display())
+            }
+            Self::NoLogFolder(d) => write!(
+                f,
+                "config: the folder of `log_file` does not exist: {}",
+                d.display()
+            ),
         }
     }
 }
@@ -183,10 +206,62 @@ impl Config {
         }
         for p in &self.readiness_paths {
             if !p.starts_with('/') || p.bytes().any(|b| b <= b' ' || b == 0x7f) {
-                return Err(ConfigError::BadReadinessPath);
+                return Err(ConfigError::BadReadinessPath(p.clone()));
             }
         }
         self.timings().map(|_| ())
+    }
+
+    /// Checks what [`Config::validate`] cannot see in the text: that `command` is an executable
+    /// file (a bare name is looked up in `PATH`, the config's `env` one if it sets one, as the
+    /// spawn does) and that the folder `log_file` goes in exists. `check-config` and `run` call
+    /// it, so a typo shows at once instead of as a spawn failure in a restart loop.
+    pub fn check_files(&self) -> Result<(), ConfigError> {
+        let command = self.command.trim();
+        let candidates: Vec<PathBuf> = if command.contains('/') {
+            vec![PathBuf::from(command)]
+        } else {
+            let path = self
+                .env
+                .get("PATH")
+                .map(OsString::from)
+                .or_else(|| std::env::var_os("PATH"))
+                .unwrap_or_default();
+            std::env::split_paths(&path)
+                .map(|d| d.join(command))
+                .collect()
+        };
+        // Like execvp: the first executable match wins; a non-executable one is reported
+        // only when there is no executable one anywhere.
+        let mut not_executable = None;
+        let mut found = false;
+        for c in candidates {
+            let Ok(m) = fs::metadata(&c) else { continue };
+            if !m.is_file() {
+                continue;
+            }
+            if m.permissions().mode() & 0o111 != 0 {
+                found = true;
+                break;
+            }
+            not_executable.get_or_insert(c);
+        }
+        if !found {
+            return Err(match not_executable {
+                Some(p) => ConfigError::CommandNotExecutable(p),
+                None => ConfigError::CommandNotFound(command.to_string()),
+            });
+        }
+        if let Some(log) = &self.log_file {
+            let folder = match log.parent() {
+                Some(p) if !p.as_os_str().is_empty() => p,
+                _ => Path::new("."),
+            };
+            if !folder.is_dir() {
+                return Err(ConfigError::NoLogFolder(folder.to_path_buf()));
+            }
+        }
+        Ok(())
     }
 
     /// The durations, validated.
@@ -200,17 +275,20 @@ impl Config {
         let nz = |k: &'static str, v: f64| -> Result<Duration, ConfigError> {
             let x = d(k, v)?;
             if x.is_zero() {
-                return Err(ConfigError::ZeroInterval(k));
+                return Err(ConfigError::Zero(k));
             }
             Ok(x)
         };
         Ok(Timings {
             policy: PolicyConfig {
                 startup_deadline: nz("startup_deadline_s", self.startup_deadline_s)?,
-                unready_restart_after: d("unready_restart_s", self.unready_restart_s)?,
-                stall_timeout: d("stall_timeout_s", self.stall_timeout_s)?,
-                restart_window: d("restart_window_s", self.restart_window_s)?,
-                max_restarts_per_window: self.max_restarts_per_window,
+                unready_restart_after: nz("unready_restart_s", self.unready_restart_s)?,
+                stall_timeout: nz("stall_timeout_s", self.stall_timeout_s)?,
+                restart_window: nz("restart_window_s", self.restart_window_s)?,
+                max_restarts_per_window: match self.max_restarts_per_window {
+                    0 => return Err(ConfigError::Zero("max_restarts_per_window")),
+                    n => n,
+                },
                 restart_backoff: d("restart_backoff_s", self.restart_backoff_s)?,
             },
             startup_probe_interval: nz("startup_probe_interval_s", self.startup_probe_interval_s)?,
@@ -321,11 +399,11 @@ stop_grace_s = 0.25
             ),
             (
                 "command = \"x\"\nreadiness_paths = [\"health\"]",
-                ConfigError::BadReadinessPath,
+                ConfigError::BadReadinessPath("health".into()),
             ),
             (
-                "command = \"x\"\nreadiness_paths = [\"/a b\"]",
-                ConfigError::BadReadinessPath,
+                "command = \"x\"\nreadiness_paths = [\"/health\", \"/a b\"]",
+                ConfigError::BadReadinessPath("/a b".into()),
             ),
             (
                 "command = \"x\"\nstall_timeout_s = -1",
@@ -341,16 +419,127 @@ stop_grace_s = 0.25
             ),
             (
                 "command = \"x\"\nprobe_timeout_s = 0",
-                ConfigError::ZeroInterval("probe_timeout_s"),
+                ConfigError::Zero("probe_timeout_s"),
             ),
             (
                 "command = \"x\"\ncpu_probe_interval_s = 0.0",
-                ConfigError::ZeroInterval("cpu_probe_interval_s"),
+                ConfigError::Zero("cpu_probe_interval_s"),
             ),
         ];
         for (text, err) in cases {
             assert_eq!(Config::from_toml(text).as_ref(), Err(err), "{text:?}");
         }
+    }
+
+    /// Zero would turn crash-loop protection off (a zero window or count), restart on the first
+    /// failed probe, or make every stall report restart: refused with the key named. The
+    /// smallest positive value is accepted.
+    #[test]
+    fn zero_that_disables_a_safety_is_refused_with_the_key() {
+        for key in [
+            "restart_window_s",
+            "max_restarts_per_window",
+            "stall_timeout_s",
+            "unready_restart_s",
+            "startup_deadline_s",
+        ] {
+            let zero = format!("command = \"x\"\n{key} = 0");
+            let err = Config::from_toml(&zero).unwrap_err();
+            assert_eq!(err, ConfigError::Zero(key));
+            assert_eq!(
+                err.to_string(),
+                format!("config: `{key}` must be greater than 0")
+            );
+            let one = format!("command = \"x\"\n{key} = 1");
+            assert!(Config::from_toml(&one).is_ok(), "{key}");
+        }
+        let tiny = "command = \"x\"\nunready_restart_s = 0.001\nrestart_window_s = 0.001";
+        let t = Config::from_toml(tiny).unwrap().timings().unwrap();
+        assert_eq!(t.policy.unready_restart_after, Duration::from_millis(1));
+        // Zero stays allowed where it means "at once": no backoff, SIGKILL without grace.
+        let c = Config::from_toml("command = \"x\"\nrestart_backoff_s = 0\nstop_grace_s = 0");
+        assert!(c.is_ok());
+    }
+
+    #[test]
+    fn a_bad_readiness_path_is_named_in_the_message() {
+        let err = Config::from_toml("command = \"x\"\nreadiness_paths = [\"/ok\", \"v1/models\"]")
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "config: readiness path \"v1/models\" must start with '/' and hold no spaces or \
+             control bytes"
+        );
+    }
+
+    fn scratch(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("lw-config-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&d);
+        fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn check_files_finds_the_command_and_the_log_folder() {
+        let dir = scratch("files");
+        let plain = dir.join("plain");
+        fs::write(&plain, "#!/bin/sh\n").unwrap();
+        fs::set_permissions(&plain, fs::Permissions::from_mode(0o644)).unwrap();
+        let with = |command: &str, log: Option<PathBuf>| Config {
+            command: command.into(),
+            log_file: log,
+            ..Config::default()
+        };
+        assert_eq!(with("/bin/sh", None).check_files(), Ok(()));
+        assert_eq!(with("sh", Some("server.log".into())).check_files(), Ok(()));
+        assert_eq!(
+            with("/bin/sh", Some(dir.join("server.log"))).check_files(),
+            Ok(())
+        );
+        assert_eq!(
+            with("/nonexistent/llama-server", None).check_files(),
+            Err(ConfigError::CommandNotFound(
+                "/nonexistent/llama-server".into()
+            ))
+        );
+        assert_eq!(
+            with("no-such-llama-server-here", None).check_files(),
+            Err(ConfigError::CommandNotFound(
+                "no-such-llama-server-here".into()
+            ))
+        );
+        assert_eq!(
+            with(dir.to_str().unwrap(), None).check_files(),
+            Err(ConfigError::CommandNotFound(dir.display().to_string())),
+            "a folder is not a command"
+        );
+        assert_eq!(
+            with(plain.to_str().unwrap(), None).check_files(),
+            Err(ConfigError::CommandNotExecutable(plain.clone()))
+        );
+        // A bare name is looked up in the config's own PATH when it sets one.
+        let mut c = with("plain", None);
+        c.env
+            .insert("PATH".into(), format!("/nonexistent:{}", dir.display()));
+        assert_eq!(
+            c.check_files(),
+            Err(ConfigError::CommandNotExecutable(plain.clone()))
+        );
+        fs::set_permissions(&plain, fs::Permissions::from_mode(0o755)).unwrap();
+        assert_eq!(c.check_files(), Ok(()));
+        let missing = dir.join("logs");
+        let err = with("/bin/sh", Some(missing.join("server.log")))
+            .check_files()
+            .unwrap_err();
+        assert_eq!(err, ConfigError::NoLogFolder(missing.clone()));
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "config: the folder of `log_file` does not exist: {}",
+                missing.display()
+            )
+        );
+        fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -1,41 +1,75 @@
 //! `llama-worker`: runs one llama-server under the restart policy, or talks to a running one.
 
+#![forbid(unsafe_code)]
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread;
 
-use llama_worker::status::{bind_status_socket, query, spawn_status_server};
-use llama_worker::{Config, State, SystemClock, Worker};
+use llama_worker::client::query;
+use llama_worker::listen;
+use llama_worker::serve::spawn_status_server;
+use llama_worker::{Config, State, SystemClock, Worker, WorkerHandle};
+use signal_hook::consts::{SIGHUP, SIGINT, SIGQUIT, SIGTERM};
+use signal_hook::iterator::Signals;
 
 const USAGE: &str = "\
 usage:
   llama-worker run --config FILE --port PORT [--socket PATH] [--exit-on-failed]
-      run the server from FILE ({port} in its args/env becomes PORT) until SIGTERM/SIGINT;
-      serve status on PATH (or the config's status_socket), mode 0600.
+      run the server from FILE ({port} in its args/env becomes PORT) until SIGTERM, SIGINT,
+      SIGHUP or SIGQUIT, then stop its process group (SIGTERM, stop_grace_s, SIGKILL) and
+      exit 0; a second such signal sends SIGKILL at once. Serve status on PATH (or the
+      config's status_socket), mode 0600; refused if a live process listens there.
       --exit-on-failed: exit with status 3 when crash-loop protection trips.
   llama-worker status|start|stop|stall (--socket PATH | --config FILE)
       status: print the state as JSON; start: start again (after failed or stop);
       stop: stop the server (the daemon keeps serving status); stall: report a stall.
   llama-worker check-config --config FILE [--port PORT]
-      validate FILE and print the command line it would run.
+      validate FILE, check that its command is an executable file and that log_file's
+      folder exists, and print the command line it would run.
 ";
 
-/// Set from the signal handler; read by the run loop.
-static STOP: AtomicBool = AtomicBool::new(false);
+/// The signals that stop the daemon cleanly (the first) or at once (any later one).
+const STOP_SIGNALS: [i32; 4] = [SIGTERM, SIGINT, SIGHUP, SIGQUIT];
 
-extern "C" fn on_stop_signal(_sig: libc::c_int) {
-    // Only an atomic store: async-signal-safe.
-    STOP.store(true, Ordering::SeqCst);
+fn signal_name(sig: i32) -> &'static str {
+    match sig {
+        SIGTERM => "SIGTERM",
+        SIGINT => "SIGINT",
+        SIGHUP => "SIGHUP",
+        SIGQUIT => "SIGQUIT",
+        _ => "signal",
+    }
 }
 
-fn install_stop_signals() {
-    for sig in [libc::SIGTERM, libc::SIGINT] {
-        // SAFETY: installs a handler that only performs an atomic store, which is
-        // async-signal-safe; no Rust state is touched from signal context.
-        unsafe {
-            libc::signal(sig, on_stop_signal as *const () as libc::sighandler_t);
-        }
-    }
+/// Receives the stop signals on a thread of its own (signal-hook's self-pipe, no code of ours in
+/// signal context): the first stops the worker and sets `stopping`, any later one makes the
+/// kill skip the grace period.
+fn watch_signals(
+    mut signals: Signals,
+    handle: WorkerHandle<SystemClock>,
+    stopping: Arc<AtomicBool>,
+) -> Result<(), String> {
+    thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            for sig in signals.forever() {
+                let name = signal_name(sig);
+                if stopping.swap(true, Ordering::SeqCst) {
+                    eprintln!("llama-worker: {name} again: killing the server's group now");
+                    handle.kill_now();
+                } else {
+                    eprintln!(
+                        "llama-worker: {name}: stopping the server (another signal kills it at once)"
+                    );
+                    handle.stop();
+                }
+            }
+        })
+        .map(drop)
+        .map_err(|e| format!("cannot start the signal thread: {e}"))
 }
 
 #[derive(Default)]
@@ -74,6 +108,16 @@ fn load(a: &Args) -> Result<Config, String> {
     Config::from_file(path).map_err(|e| format!("{}: {e}", path.display()))
 }
 
+/// [`load`], and the files the config names must be there (`command`, `log_file`'s folder).
+fn load_checked(a: &Args) -> Result<Config, String> {
+    let cfg = load(a)?;
+    cfg.check_files().map_err(|e| {
+        let path = a.config.as_deref().unwrap_or(std::path::Path::new(""));
+        format!("{}: {e}", path.display())
+    })?;
+    Ok(cfg)
+}
+
 fn socket_path(a: &Args) -> Result<PathBuf, String> {
     if let Some(s) = &a.socket {
         return Ok(s.clone());
@@ -84,21 +128,39 @@ fn socket_path(a: &Args) -> Result<PathBuf, String> {
 }
 
 fn run(a: &Args) -> Result<ExitCode, String> {
-    let cfg = load(a)?;
+    let cfg = load_checked(a)?;
     let port = a.port.ok_or("--port PORT is required")?;
     let socket = a.socket.clone().or_else(|| cfg.status_socket.clone());
+    // Before anything is bound or spawned, so a signal at any later point still cleans up.
+    let signals =
+        Signals::new(STOP_SIGNALS).map_err(|e| format!("cannot install signal handlers: {e}"))?;
+    let signals_handle = signals.handle();
     let mut worker = Worker::new(cfg, port, SystemClock::new()).map_err(|e| e.to_string())?;
     let handle = worker.handle();
-    install_stop_signals();
-    if let Some(path) = &socket {
-        let l = bind_status_socket(path)
-            .map_err(|e| format!("status socket {}: {e}", path.display()))?;
-        spawn_status_server(l, handle.clone());
+    let bound = match &socket {
+        Some(path) => {
+            let b =
+                listen::bind(path).map_err(|e| format!("status socket {}: {e}", path.display()))?;
+            let l = b
+                .listener
+                .try_clone()
+                .map_err(|e| format!("status socket {}: {e}", path.display()))?;
+            spawn_status_server(l, handle.clone());
+            Some(b)
+        }
+        None => None,
+    };
+    let stopping = Arc::new(AtomicBool::new(false));
+    if let Err(e) = watch_signals(signals, handle.clone(), stopping.clone()) {
+        if let Some(b) = &bound {
+            b.remove_file();
+        }
+        return Err(e);
     }
     handle.start();
     let mut code = ExitCode::SUCCESS;
     worker.run_until(|state| {
-        if STOP.load(Ordering::SeqCst) {
+        if stopping.load(Ordering::SeqCst) {
             return true;
         }
         if a.exit_on_failed && state == State::Failed {
@@ -108,8 +170,9 @@ fn run(a: &Args) -> Result<ExitCode, String> {
         false
     });
     worker.shutdown();
-    if let Some(path) = &socket {
-        let _ = std::fs::remove_file(path);
+    signals_handle.close();
+    if let Some(b) = &bound {
+        b.remove_file();
     }
     eprintln!("llama-worker: stopped");
     Ok(code)
@@ -134,7 +197,7 @@ fn main_inner() -> Result<ExitCode, String> {
             Ok(ExitCode::SUCCESS)
         }
         "check-config" => {
-            let cfg = load(&a)?;
+            let cfg = load_checked(&a)?;
             let spec = cfg.command_spec(a.port.unwrap_or(0));
             for (k, v) in &spec.env {
                 print!("{k}={v} ");

@@ -1,5 +1,17 @@
 //! The restart policy as a sans-IO state machine: lifecycle states, restart triggers,
-//! crash-loop window, backoff, readiness threshold and stall verdicts.
+//! crash-loop protection, backoff, readiness threshold and stall verdicts.
+//!
+//! Crash-loop protection counts restarts in a row: the count goes back to zero only when the
+//! server has stayed `ready`, answering readiness, for a whole `restart_window` (or on `start`;
+//! a streak of failed probes ends the good time where it began), and one restart more
+//! than `max_restarts_per_window` makes the state `failed`. Every loop ends there, whatever its
+//! kind (exit, startup timeout, unready, stall) and however long one turn of it takes: a server
+//! that never gets ready never resets the count, one that dies or stalls before it was ready for
+//! the window does not either. A rolling window alone would not do: with the defaults one turn
+//! of a never-ready server takes `startup_deadline + restart_backoff` (122 s), so six restarts
+//! never fit in 600 s and the loop would run for ever. Whenever the rolling-window rule (more
+//! than the maximum inside any window) trips, this one has tripped too: between two restarts
+//! less than a window apart the server cannot have been ready for a whole window.
 //!
 //! All time is input (`now`, a [`Duration`] since any fixed origin); nothing here reads a
 //! clock, touches a process or opens a socket. The shell ([`crate::worker`]) feeds it events
@@ -22,7 +34,7 @@ pub enum State {
     Ready,
     /// A restart is under way: killing, backing off, spawning or waiting for readiness.
     Restarting,
-    /// Too many restarts inside the window, stays so until `start` is called again.
+    /// Crash-loop protection tripped; stays so until `start` is called again.
     Failed,
 }
 
@@ -161,9 +173,10 @@ pub struct PolicyConfig {
     pub unready_restart_after: Duration,
     /// A reported stall restarts only when there was no progress for this long.
     pub stall_timeout: Duration,
-    /// The rolling window of the crash-loop protection.
+    /// How long the server must stay ready for the restart count to go back to zero.
     pub restart_window: Duration,
-    /// More restarts than this inside `restart_window` makes the state failed.
+    /// More restarts in a row than this (without a whole `restart_window` ready in between)
+    /// makes the state failed.
     pub max_restarts_per_window: u32,
     /// Wait between killing the old server and spawning the new one.
     pub restart_backoff: Duration,
@@ -189,7 +202,10 @@ pub struct Policy {
     state: State,
     phase: Phase,
     child_alive: bool,
-    restarts: VecDeque<Duration>,
+    /// Restarts since the server last stayed ready for a whole window (or since `start`).
+    consecutive_restarts: u32,
+    /// When the state last became ready (`None` while not ready).
+    ready_since: Option<Duration>,
     actions: VecDeque<Action>,
     failing_since: Option<Duration>,
     last_cpu_ticks: Option<u64>,
@@ -208,7 +224,8 @@ impl Policy {
             state: State::Stopped,
             phase: Phase::Idle,
             child_alive: false,
-            restarts: VecDeque::new(),
+            consecutive_restarts: 0,
+            ready_since: None,
             actions: VecDeque::new(),
             failing_since: None,
             last_cpu_ticks: None,
@@ -235,12 +252,24 @@ impl Policy {
         }
     }
 
-    /// Restarts inside the window ending at `now`.
-    pub fn restarts_in_window(&self, now: Duration) -> usize {
-        self.restarts
-            .iter()
-            .filter(|&&t| now.saturating_sub(t) < self.cfg.restart_window)
-            .count()
+    /// Restarts in a row as of `now`: since `start`, or since the server last stayed ready
+    /// for a whole `restart_window` (a server ready that long now counts 0).
+    pub fn consecutive_restarts(&self, now: Duration) -> u32 {
+        if self.stable_at(now) {
+            0
+        } else {
+            self.consecutive_restarts
+        }
+    }
+
+    /// Whether the server has been ready, answering readiness, for a whole window at `now`
+    /// (a streak of failed probes ends the good time where it began).
+    fn stable_at(&self, now: Duration) -> bool {
+        let good_until = self.failing_since.unwrap_or(now).min(now);
+        self.state == State::Ready
+            && self
+                .ready_since
+                .is_some_and(|t| good_until.saturating_sub(t) >= self.cfg.restart_window)
     }
 
     /// Restarts since the policy was created (never reset).
@@ -294,12 +323,13 @@ impl Policy {
         }
     }
 
-    /// Start from stopped or failed (clearing the restart window). Ignored in other states.
+    /// Start from stopped or failed (the restart count goes back to zero). Ignored in other
+    /// states.
     pub fn start(&mut self, _now: Duration) {
         if !matches!(self.state, State::Stopped | State::Failed) {
             return;
         }
-        self.restarts.clear();
+        self.consecutive_restarts = 0;
         self.state = State::Starting;
         if self.child_alive {
             self.actions.push_back(Action::KillGroup);
@@ -320,6 +350,7 @@ impl Policy {
         }
         self.state = State::Stopped;
         self.phase = Phase::Idle;
+        self.ready_since = None;
     }
 
     /// The shell spawned the server.
@@ -373,6 +404,7 @@ impl Policy {
                 self.state = State::Ready;
                 self.phase = Phase::Running;
                 self.failing_since = None;
+                self.ready_since = Some(now);
             }
             (Phase::Running, Readiness::Ok) => self.failing_since = None,
             (Phase::Running, Readiness::Failed) => {
@@ -432,8 +464,12 @@ impl Policy {
         }
     }
 
-    /// Nuke and repave, or fail when the window is full.
+    /// Nuke and repave, or fail when there were too many restarts in a row.
     fn restart(&mut self, now: Duration, cause: RestartCause) {
+        if self.stable_at(now) {
+            self.consecutive_restarts = 0;
+        }
+        self.ready_since = None;
         self.last_cause = Some(cause);
         let reason = if cause == RestartCause::Exited {
             FailReason::ServerDied
@@ -444,20 +480,12 @@ impl Policy {
         if self.child_alive {
             self.actions.push_back(Action::KillGroup);
         }
-        let window = self.cfg.restart_window;
-        while self
-            .restarts
-            .front()
-            .is_some_and(|&t| now.saturating_sub(t) >= window)
-        {
-            self.restarts.pop_front();
-        }
-        if self.restarts.len() >= self.cfg.max_restarts_per_window as usize {
+        if self.consecutive_restarts >= self.cfg.max_restarts_per_window {
             self.state = State::Failed;
             self.phase = Phase::Idle;
             return;
         }
-        self.restarts.push_back(now);
+        self.consecutive_restarts += 1;
         self.total_restarts += 1;
         self.state = State::Restarting;
         self.phase = Phase::Backoff {
@@ -538,7 +566,7 @@ mod tests {
         assert_eq!(spawns, [s(0), s(2), s(4), s(6)]);
         assert_eq!(p.state(), State::Failed);
         assert_eq!(p.admit(), Err(Refusal::Failed));
-        assert_eq!(p.restarts_in_window(now), 3);
+        assert_eq!(p.consecutive_restarts(now), 3);
         assert_eq!(p.last_cause(), Some(RestartCause::Exited));
         // Stays failed: time passing does nothing.
         p.handle_timeout(s(10_000));
@@ -548,7 +576,7 @@ mod tests {
         p.start(s(10_000));
         assert_eq!(drain(&mut p), [Action::Spawn]);
         assert_eq!(p.state(), State::Starting);
-        assert_eq!(p.restarts_in_window(s(10_000)), 0);
+        assert_eq!(p.consecutive_restarts(s(10_000)), 0);
     }
 
     #[test]
@@ -595,42 +623,195 @@ mod tests {
     }
 
     #[test]
-    fn window_rolls_old_restarts_out() {
+    fn ready_for_a_whole_window_sets_the_count_back_to_zero() {
         let cfg = PolicyConfig {
             max_restarts_per_window: 1,
             restart_window: s(100),
             restart_backoff: Duration::ZERO,
             ..CFG
         };
-        let mut p = Policy::new(cfg);
-        p.start(s(0));
-        drain(&mut p);
-        p.handle_spawned(s(0));
-        p.handle_exit(s(10));
-        // Zero backoff: spawn at once.
-        assert_eq!(
-            drain(&mut p),
-            [
-                Action::NotifyInflight(FailReason::ServerDied),
-                Action::Spawn
-            ]
-        );
-        p.handle_spawned(s(10));
-        // 99.999 s after the first restart it still counts: the limit is exceeded.
-        let mut q = Policy::new(cfg);
-        q.start(s(0));
-        drain(&mut q);
-        q.handle_spawned(s(0));
-        q.handle_exit(s(10));
-        drain(&mut q);
-        q.handle_spawned(s(10));
-        q.handle_exit(s(110) - Duration::from_millis(1));
+        // Spawned at 0, died at 10 (restart 1), spawned again and ready at 10.
+        let ready_again = || {
+            let mut p = Policy::new(cfg);
+            p.start(s(0));
+            drain(&mut p);
+            p.handle_spawned(s(0));
+            p.handle_exit(s(10));
+            // Zero backoff: spawn at once.
+            assert_eq!(
+                drain(&mut p),
+                [
+                    Action::NotifyInflight(FailReason::ServerDied),
+                    Action::Spawn
+                ]
+            );
+            p.handle_spawned(s(10));
+            p.handle_readiness(s(10), Readiness::Ok);
+            p
+        };
+        // Ready for 99.999 s: the earlier restart still counts, one more is one too many.
+        let mut q = ready_again();
+        let just_before = s(110) - Duration::from_millis(1);
+        assert_eq!(q.consecutive_restarts(just_before), 1);
+        q.handle_exit(just_before);
         assert_eq!(q.state(), State::Failed);
-        // Exactly 100 s later it has left the window.
+        // Ready for exactly 100 s: the count went back to zero, this restart is the first.
+        let mut p = ready_again();
+        assert_eq!(p.consecutive_restarts(s(110)), 0);
         p.handle_exit(s(110));
         assert_eq!(p.state(), State::Restarting);
-        assert_eq!(p.restarts_in_window(s(110)), 1);
+        assert_eq!(p.consecutive_restarts(s(110)), 1);
         assert_eq!(p.total_restarts(), 2);
+        // A server that lives long but never gets ready does not reset the count.
+        let mut r = Policy::new(PolicyConfig {
+            startup_deadline: s(10_000),
+            ..cfg
+        });
+        r.start(s(0));
+        drain(&mut r);
+        r.handle_spawned(s(0));
+        r.handle_exit(s(1));
+        drain(&mut r);
+        r.handle_spawned(s(1));
+        r.handle_exit(s(5_000));
+        assert_eq!(r.state(), State::Failed);
+    }
+
+    /// What a simulated server does, at a time after its spawn.
+    #[derive(Clone, Copy, Debug)]
+    enum Ev {
+        Exit,
+        Ready,
+        ProbeFailed,
+        Stall,
+    }
+
+    /// Drives a policy with `cfg` as the shell would, on a fake clock: after each spawn at `t`
+    /// the server does what `script(t)` lists (sorted by time). Stops when failed or once
+    /// `max_spawns` spawns happened; returns the policy and the spawn times.
+    fn simulate(
+        cfg: PolicyConfig,
+        script: impl Fn(Duration) -> Vec<(Duration, Ev)>,
+        max_spawns: usize,
+    ) -> (Policy, Vec<Duration>) {
+        let mut p = Policy::new(cfg);
+        let mut now = Duration::ZERO;
+        p.start(now);
+        let mut spawns = Vec::new();
+        let mut pending: VecDeque<(Duration, Ev)> = VecDeque::new();
+        loop {
+            while let Some(a) = p.poll_action() {
+                match a {
+                    Action::Spawn => {
+                        spawns.push(now);
+                        p.handle_spawned(now);
+                        pending = script(now).into();
+                    }
+                    Action::KillGroup => {
+                        p.handle_killed(now);
+                        pending.clear();
+                    }
+                    Action::NotifyInflight(_) => {}
+                }
+            }
+            if p.state() == State::Failed || spawns.len() >= max_spawns {
+                return (p, spawns);
+            }
+            let event_at = pending.front().map(|e| e.0);
+            now = [p.poll_timeout(), event_at]
+                .into_iter()
+                .flatten()
+                .min()
+                .expect("a timeout or a server event is always due");
+            if event_at == Some(now) {
+                match pending.pop_front().map(|e| e.1) {
+                    Some(Ev::Exit) => {
+                        p.handle_exit(now);
+                        pending.clear();
+                    }
+                    Some(Ev::Ready) => p.handle_readiness(now, Readiness::Ok),
+                    Some(Ev::ProbeFailed) => p.handle_readiness(now, Readiness::Failed),
+                    Some(Ev::Stall) => {
+                        p.report_stall(now);
+                    }
+                    None => {}
+                }
+            } else {
+                p.handle_timeout(now);
+            }
+        }
+    }
+
+    fn defaults() -> PolicyConfig {
+        crate::Config::default().timings().unwrap().policy
+    }
+
+    const MS: Duration = Duration::from_millis(1);
+
+    /// A server that gets ready 1 s after its spawn and stays ready for `up`, then does `end`
+    /// (with readiness failing every 5 s from then on for `Ev::ProbeFailed`).
+    fn ready_then(up: Duration, end: Ev) -> impl Fn(Duration) -> Vec<(Duration, Ev)> {
+        move |t| {
+            let trouble = t + s(1) + up;
+            let mut v = vec![(t + s(1), Ev::Ready)];
+            match end {
+                Ev::ProbeFailed => v.extend((0..100).map(|k| (trouble + s(5) * k, end))),
+                _ => v.push((trouble, end)),
+            }
+            v
+        }
+    }
+
+    /// Every kind of restart loop ends in failed with the default settings: six spawns (one
+    /// start, five restarts), then failed at the sixth trigger.
+    #[test]
+    fn every_kind_of_loop_fails_with_the_default_settings() {
+        let cfg = defaults();
+        assert_eq!(
+            (cfg.max_restarts_per_window, cfg.restart_window),
+            (5, s(600))
+        );
+        // Never ready (a wrong readiness path, a load slower than the deadline): each turn is
+        // the 120 s deadline plus the 2 s backoff, so six restarts never fit in 600 s.
+        let (p, spawns) = simulate(cfg, |_| Vec::new(), 1000);
+        assert_eq!(spawns, [0, 122, 244, 366, 488, 610].map(s));
+        assert_eq!(p.state(), State::Failed);
+        assert_eq!(p.last_cause(), Some(RestartCause::StartupTimeout));
+        assert_eq!(p.total_restarts(), 5);
+        // Exits before it is ready.
+        let (p, spawns) = simulate(cfg, |t| vec![(t + MS * 100, Ev::Exit)], 1000);
+        assert_eq!(spawns.len(), 6);
+        assert_eq!(spawns[5], s(10) + MS * 500);
+        assert_eq!(
+            (p.state(), p.last_cause()),
+            (State::Failed, Some(RestartCause::Exited))
+        );
+        // Ready, then each kind of trouble just before a whole window of readiness.
+        let up = s(600) - MS;
+        for (end, cause) in [
+            (Ev::Exit, RestartCause::Exited),
+            (Ev::ProbeFailed, RestartCause::Unready),
+            (Ev::Stall, RestartCause::Stall),
+        ] {
+            let (p, spawns) = simulate(cfg, ready_then(up, end), 1000);
+            assert_eq!(spawns.len(), 6, "{end:?}");
+            assert_eq!(
+                (p.state(), p.last_cause()),
+                (State::Failed, Some(cause)),
+                "{end:?}"
+            );
+        }
+    }
+
+    /// The limit and one past it: ready for a whole window between restarts is not a loop.
+    #[test]
+    fn a_server_ready_for_a_whole_window_each_time_keeps_being_restarted() {
+        for end in [Ev::Exit, Ev::ProbeFailed, Ev::Stall] {
+            let (p, spawns) = simulate(defaults(), ready_then(s(600), end), 50);
+            assert_eq!(spawns.len(), 50, "{end:?}");
+            assert_eq!(p.state(), State::Restarting, "{end:?}");
+            assert_eq!(p.total_restarts(), 49, "{end:?}");
+        }
     }
 
     #[test]

@@ -2,6 +2,8 @@
 //!
 //! Deliberately tiny: connect, send a fixed request, read until the response head is complete
 //! (httparse tokenizes the status line), ignore the body. The deadline covers connect to head.
+//! A probe in progress checks every [`CANCEL_CHECK`] whether its caller cancelled it, so a stop
+//! never waits for a probe's whole timeout.
 
 use core::fmt;
 use std::io::{self, Read, Write};
@@ -13,6 +15,19 @@ pub const MAX_HEAD_BYTES: usize = 8192;
 
 /// Most response headers accepted.
 const MAX_HEADERS: usize = 32;
+
+/// How often a probe in progress asks whether it was cancelled (connect and read wait at most
+/// this long at a time).
+pub const CANCEL_CHECK: Duration = Duration::from_millis(50);
+
+/// What one readiness probe of one path got.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProbeOutcome {
+    /// An HTTP answer with this status code (200 is ready).
+    Status(u16),
+    /// No HTTP answer.
+    Error(ProbeError),
+}
 
 /// Why a probe did not get a status code.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,6 +47,8 @@ pub enum ProbeError {
     HeadTooLarge,
     /// Another IO error.
     Io(io::ErrorKind),
+    /// The caller cancelled the probe (the worker is stopping); not an answer.
+    Cancelled,
 }
 
 impl ProbeError {
@@ -45,6 +62,7 @@ impl ProbeError {
             Self::Malformed => "malformed",
             Self::HeadTooLarge => "head_too_large",
             Self::Io(_) => "io_error",
+            Self::Cancelled => "cancelled",
         }
     }
 }
@@ -59,6 +77,7 @@ impl fmt::Display for ProbeError {
             Self::Malformed => f.write_str("probe: response head is not HTTP"),
             Self::HeadTooLarge => write!(f, "probe: response head over {MAX_HEAD_BYTES} bytes"),
             Self::Io(k) => write!(f, "probe: {k}"),
+            Self::Cancelled => f.write_str("probe: cancelled"),
         }
     }
 }
@@ -85,12 +104,14 @@ pub fn parse_status(head: &[u8]) -> Result<Option<u16>, ProbeError> {
     }
 }
 
-/// GET `path` from `host:port`; the status code of the answer, within `timeout`.
+/// GET `path` from `host:port`; the status code of the answer, within `timeout`. Gives up with
+/// [`ProbeError::Cancelled`] within [`CANCEL_CHECK`] of `cancelled()` turning true.
 pub fn http_get_status(
     host: &str,
     port: u16,
     path: &str,
     timeout: Duration,
+    cancelled: &dyn Fn() -> bool,
 ) -> Result<u16, ProbeError> {
     let deadline = Instant::now() + timeout;
     let addr: SocketAddr = (host, port)
@@ -98,11 +119,23 @@ pub fn http_get_status(
         .map_err(|_| ProbeError::Resolve)?
         .next()
         .ok_or(ProbeError::Resolve)?;
-    let mut stream = TcpStream::connect_timeout(&addr, timeout).map_err(io_err)?;
     let left = |d: Instant| {
         d.checked_duration_since(Instant::now())
             .filter(|l| !l.is_zero())
     };
+    let slow = |k: io::ErrorKind| matches!(k, io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut);
+    let mut stream = loop {
+        if cancelled() {
+            return Err(ProbeError::Cancelled);
+        }
+        let l = left(deadline).ok_or(ProbeError::Timeout)?;
+        match TcpStream::connect_timeout(&addr, l.min(CANCEL_CHECK)) {
+            Ok(s) => break s,
+            Err(e) if slow(e.kind()) => continue,
+            Err(e) => return Err(io_err(e)),
+        }
+    };
+    // A request of a hundred bytes into a fresh connection's empty send buffer: never waits.
     stream
         .set_write_timeout(Some(left(deadline).ok_or(ProbeError::Timeout)?))
         .map_err(io_err)?;
@@ -111,15 +144,20 @@ pub fn http_get_status(
     let mut buf = [0u8; MAX_HEAD_BYTES];
     let mut len = 0;
     loop {
+        if cancelled() {
+            return Err(ProbeError::Cancelled);
+        }
         let l = left(deadline).ok_or(ProbeError::Timeout)?;
-        stream.set_read_timeout(Some(l)).map_err(io_err)?;
+        stream
+            .set_read_timeout(Some(l.min(CANCEL_CHECK)))
+            .map_err(io_err)?;
         if len == buf.len() {
             return Err(ProbeError::HeadTooLarge);
         }
         match stream.read(&mut buf[len..]) {
             Ok(0) => return Err(ProbeError::Closed),
             Ok(n) => len += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted || slow(e.kind()) => continue,
             Err(e) => return Err(io_err(e)),
         }
         if let Some(code) = parse_status(&buf[..len])? {
@@ -170,17 +208,29 @@ mod tests {
             b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}",
             Duration::ZERO,
         );
-        assert_eq!(http_get_status("127.0.0.1", p, "/health", t), Ok(200));
+        assert_eq!(
+            http_get_status("127.0.0.1", p, "/health", t, &|| false),
+            Ok(200)
+        );
         let p = serve_once(b"HTTP/1.1 503 Loading\r\n\r\n", Duration::ZERO);
-        assert_eq!(http_get_status("127.0.0.1", p, "/health", t), Ok(503));
+        assert_eq!(
+            http_get_status("127.0.0.1", p, "/health", t, &|| false),
+            Ok(503)
+        );
         let p = serve_once(b"HTTP/1.1 200 OK\r\n", Duration::ZERO);
         assert_eq!(
-            http_get_status("127.0.0.1", p, "/health", t),
+            http_get_status("127.0.0.1", p, "/health", t, &|| false),
             Err(ProbeError::Closed)
         );
         let p = serve_once(b"HTTP/1.1 200 OK\r\n\r\n", Duration::from_secs(3));
         assert_eq!(
-            http_get_status("127.0.0.1", p, "/health", Duration::from_millis(200)),
+            http_get_status(
+                "127.0.0.1",
+                p,
+                "/health",
+                Duration::from_millis(200),
+                &|| false
+            ),
             Err(ProbeError::Timeout)
         );
         // A port nobody listens on.
@@ -190,8 +240,40 @@ mod tests {
             .unwrap()
             .port();
         assert_eq!(
-            http_get_status("127.0.0.1", free, "/health", t),
+            http_get_status("127.0.0.1", free, "/health", t, &|| false),
             Err(ProbeError::Refused)
+        );
+    }
+
+    #[test]
+    fn a_probe_in_progress_ends_soon_after_it_is_cancelled() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::Arc;
+        // A server that reads the request and answers only after 3 s.
+        let p = serve_once(b"HTTP/1.1 200 OK\r\n\r\n", Duration::from_secs(3));
+        let flag = Arc::new(AtomicBool::new(false));
+        let f = flag.clone();
+        thread::spawn(move || {
+            thread::sleep(Duration::from_millis(200));
+            f.store(true, Ordering::SeqCst);
+        });
+        let t0 = std::time::Instant::now();
+        let r = http_get_status("127.0.0.1", p, "/health", Duration::from_secs(30), &|| {
+            flag.load(Ordering::SeqCst)
+        });
+        let took = t0.elapsed();
+        assert_eq!(r, Err(ProbeError::Cancelled));
+        assert!(
+            took >= Duration::from_millis(200)
+                && took < Duration::from_millis(200) + CANCEL_CHECK * 3,
+            "{took:?}"
+        );
+        // Cancelled before it starts: no connection at all.
+        let free = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = free.local_addr().unwrap().port();
+        assert_eq!(
+            http_get_status("127.0.0.1", port, "/", Duration::from_secs(5), &|| true),
+            Err(ProbeError::Cancelled)
         );
     }
 
@@ -206,10 +288,10 @@ mod tests {
         }
         let t = Duration::from_secs(5);
         let p = serve_once(head(MAX_HEAD_BYTES), Duration::ZERO);
-        assert_eq!(http_get_status("127.0.0.1", p, "/", t), Ok(200));
+        assert_eq!(http_get_status("127.0.0.1", p, "/", t, &|| false), Ok(200));
         let p = serve_once(head(MAX_HEAD_BYTES + 1), Duration::ZERO);
         assert_eq!(
-            http_get_status("127.0.0.1", p, "/", t),
+            http_get_status("127.0.0.1", p, "/", t, &|| false),
             Err(ProbeError::HeadTooLarge)
         );
     }

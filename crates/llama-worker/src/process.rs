@@ -1,26 +1,46 @@
-//! The server process: spawned in its own process group, killed as a group, reaped.
+//! The server process: spawned into a process group headed by a guard, killed as a group,
+//! reaped without ever blocking.
 //!
 //! The group is what makes "no process remains" true: the router's model instances and any
 //! helper a script forks stay in the group the worker created, so one `kill(-pgid)` reaches
 //! them all and `/proc` tells when they are gone.
+//!
+//! The guard is what makes it true when the worker itself is SIGKILLed. It is a tiny `sh`,
+//! spawned first as the leader of a new group, whose stdin is a pipe only the worker holds
+//! (`O_CLOEXEC`, so no server inherits it). The server is then spawned into the guard's group.
+//! However the worker ends, the kernel closes its end of the pipe; the guard's `read` returns
+//! and it runs `kill -KILL 0`, which reaches every process of the group at once, whatever the
+//! server command is (a wrapper script that does not `exec`, a server whose children outlive
+//! it). `PR_SET_PDEATHSIG` alone reaches only the worker's direct child; it stays on the server
+//! for a server that moves itself out of the group. A process deeper down that starts its own
+//! session or group escapes both; under systemd `KillMode=control-group` still catches it.
 
 use std::fs::OpenOptions;
 use std::io;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::config::CommandSpec;
 use crate::cpu;
 
+/// The guard's shell.
+pub const GUARD_SHELL: &str = "/bin/sh";
+
+/// The guard's script: wait for the worker's end of stdin to close, then kill the whole group.
+/// The worker never writes to it.
+pub const GUARD_SCRIPT: &str = "read -r line; kill -KILL 0";
+
 /// How often a kill checks whether the group is gone.
 const KILL_POLL: Duration = Duration::from_millis(20);
 
-/// After SIGKILL, how long to wait for the group to leave `/proc` (the kernel needs a moment
-/// to tear down a big process; not a policy number).
-const AFTER_SIGKILL: Duration = Duration::from_secs(5);
+/// After SIGKILL, how long to wait for the group to leave `/proc` and the children to be
+/// reaped. Bounded so that a process in uninterruptible sleep (SIGKILL pending until its IO
+/// returns) cannot hang the worker; what is not reaped by then is reaped later ([`Lingering`]).
+pub const AFTER_SIGKILL: Duration = Duration::from_millis(800);
 
 /// Sends `sig` to every process of group `pgid`. `ESRCH` (no such group) is success: the
 /// group is already gone, which is what the caller wants.
@@ -29,9 +49,14 @@ pub fn signal_group(pgid: i32, sig: i32) -> io::Result<()> {
         // kill(0 or -1) would hit our own group or every process we may signal.
         return Err(io::Error::from(io::ErrorKind::InvalidInput));
     }
-    // SAFETY: kill(2) takes plain integers and touches no memory of ours; a negative pid
-    // addresses the process group, and pgid > 1 was checked so it is never 0 or -1.
-    let rc = unsafe { libc::kill(-pgid, sig) };
+    send(-pgid, sig)
+}
+
+/// kill(2) of `target` (a pid, or a negated pgid), `ESRCH` counted as success.
+fn send(target: i32, sig: i32) -> io::Result<()> {
+    // SAFETY: kill(2) takes plain integers and touches no memory of ours; callers pass a pid or
+    // a negated pgid of a process group above 1, never 0 or -1.
+    let rc = unsafe { libc::kill(target, sig) };
     if rc == 0 {
         return Ok(());
     }
@@ -44,36 +69,87 @@ pub fn signal_group(pgid: i32, sig: i32) -> io::Result<()> {
 }
 
 /// How a group kill went.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Debug)]
 pub struct KillReport {
-    /// The leader's exit status, if it was reaped.
+    /// The server's exit status, if it was reaped.
     pub status: Option<ExitStatus>,
-    /// Whether SIGTERM was not enough and SIGKILL was sent.
+    /// Whether SIGTERM was not enough (or skipped) and SIGKILL was sent.
     pub escalated: bool,
     /// Live (non-zombie) group members still present at the end (0 in every sane case).
     pub survivors: usize,
+    /// Children not reaped within [`AFTER_SIGKILL`]; reap them later with [`Lingering::try_reap`].
+    pub lingering: Option<Lingering>,
 }
 
-/// One spawned server: the leader of its own process group.
+/// Children that were killed but had not exited yet (e.g. in uninterruptible sleep).
+#[derive(Debug)]
+pub struct Lingering {
+    children: Vec<Child>,
+}
+
+impl Lingering {
+    /// Reaps whatever has exited, without blocking; true when nothing is left.
+    pub fn try_reap(&mut self) -> bool {
+        self.children
+            .retain_mut(|c| !matches!(c.try_wait(), Ok(Some(_)) | Err(_)));
+        self.children.is_empty()
+    }
+
+    /// The pids still waited for.
+    pub fn pids(&self) -> Vec<u32> {
+        self.children.iter().map(Child::id).collect()
+    }
+}
+
+/// Why a running server counts as gone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Exit {
+    /// The server exited with this status.
+    Server(ExitStatus),
+    /// The guard is gone (someone killed it): the group is no longer protected against the
+    /// worker's death, so the worker treats the server as lost.
+    GuardGone,
+}
+
+/// One spawned server, in the process group its guard leads.
 #[derive(Debug)]
 pub struct ServerProcess {
-    child: Child,
+    server: Child,
+    guard: Child,
+    /// Dropping it makes the guard kill the group.
+    guard_pipe: Option<ChildStdin>,
     pgid: i32,
-    reaped: Option<ExitStatus>,
+    server_status: Option<ExitStatus>,
+    guard_status: Option<ExitStatus>,
 }
 
 impl ServerProcess {
-    /// Spawns `spec` as the leader of a new process group, stdin from /dev/null, with
-    /// `PR_SET_PDEATHSIG = SIGKILL` (Linux: fires when the spawning *thread* exits, so spawn
-    /// from the thread that drives the worker for its whole life, as [`crate::Worker`] does).
+    /// Spawns the guard as the leader of a new process group, then `spec` into that group,
+    /// stdin from /dev/null, with `PR_SET_PDEATHSIG = SIGKILL` (Linux: fires when the spawning
+    /// *thread* exits, so spawn from the thread that drives the worker for its whole life, as
+    /// [`crate::Worker`] does).
     pub fn spawn(spec: &CommandSpec) -> io::Result<Self> {
+        let log = match &spec.log_file {
+            Some(path) => {
+                let f = OpenOptions::new().create(true).append(true).open(path)?;
+                Some((f.try_clone()?, f))
+            }
+            None => None,
+        };
+        let mut guard = Command::new(GUARD_SHELL)
+            .args(["-c", GUARD_SCRIPT])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .process_group(0)
+            .spawn()?;
+        let guard_pipe = guard.stdin.take();
+        let pgid = i32::try_from(guard.id()).map_err(|_| io::ErrorKind::InvalidData)?;
         let mut cmd = Command::new(&spec.program);
         cmd.args(&spec.args)
             .envs(spec.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
-            .process_group(0);
-        // If the worker is SIGKILLed it cannot stop its server; the kernel then kills the
-        // leader (the router, whose model instances exit when it goes).
+            .process_group(pgid);
         // SAFETY: the closure runs between fork and exec and calls only prctl(2) and
         // getppid(2), both async-signal-safe; it allocates nothing and touches no locks.
         unsafe {
@@ -88,72 +164,118 @@ impl ServerProcess {
                 Ok(())
             });
         }
-        if let Some(path) = &spec.log_file {
-            let f = OpenOptions::new().create(true).append(true).open(path)?;
-            cmd.stdout(f.try_clone()?).stderr(f);
+        if let Some((out, err)) = log {
+            cmd.stdout(out).stderr(err);
         }
-        let child = cmd.spawn()?;
-        let pgid = i32::try_from(child.id()).map_err(|_| io::ErrorKind::InvalidData)?;
-        Ok(Self {
-            child,
-            pgid,
-            reaped: None,
-        })
+        match cmd.spawn() {
+            Ok(server) => Ok(Self {
+                server,
+                guard,
+                guard_pipe,
+                pgid,
+                server_status: None,
+                guard_status: None,
+            }),
+            Err(e) => {
+                // Closing the pipe makes the guard kill its group, which is only itself.
+                drop(guard_pipe);
+                let _ = signal_group(pgid, libc::SIGKILL);
+                let deadline = Instant::now() + AFTER_SIGKILL;
+                while !matches!(guard.try_wait(), Ok(Some(_)) | Err(_)) && Instant::now() < deadline
+                {
+                    thread::sleep(KILL_POLL);
+                }
+                Err(e)
+            }
+        }
     }
 
-    /// The leader's pid, which is also the group id.
+    /// The server's pid.
     pub fn pid(&self) -> u32 {
-        self.child.id()
+        self.server.id()
     }
 
-    /// The process group id.
+    /// The process group id (the guard's pid).
     pub fn pgid(&self) -> i32 {
         self.pgid
     }
 
-    /// Reaps the leader if it has exited; its status then.
-    pub fn try_exited(&mut self) -> io::Result<Option<ExitStatus>> {
-        if self.reaped.is_none() {
-            self.reaped = self.child.try_wait()?;
+    fn reap(&mut self) {
+        if self.server_status.is_none() {
+            self.server_status = self.server.try_wait().ok().flatten();
         }
-        Ok(self.reaped)
+        if self.guard_status.is_none() {
+            self.guard_status = self.guard.try_wait().ok().flatten();
+        }
     }
 
-    /// SIGTERM to the group, up to `grace` for every member to go, SIGKILL to the group if
-    /// any remain, reap the leader. Members that outlive their parent are reparented and
+    /// Whether the server or the guard is gone (reaping what has exited), never blocking.
+    pub fn try_exited(&mut self) -> Option<Exit> {
+        self.reap();
+        match (self.server_status, self.guard_status) {
+            (Some(s), _) => Some(Exit::Server(s)),
+            (None, Some(_)) => Some(Exit::GuardGone),
+            (None, None) => None,
+        }
+    }
+
+    fn gone(&mut self, proc_root: &Path) -> bool {
+        self.reap();
+        self.server_status.is_some()
+            && self.guard_status.is_some()
+            && cpu::live_members(proc_root, self.pgid).is_ok_and(|m| m.is_empty())
+    }
+
+    fn signal_all(&self, sig: i32) {
+        let _ = signal_group(self.pgid, sig);
+        // A server that moved itself out of the group; its pid cannot have been reused while
+        // it is our unreaped child.
+        if self.server_status.is_none() {
+            if let Ok(pid) = i32::try_from(self.server.id()) {
+                let _ = send(pid, sig);
+            }
+        }
+    }
+
+    /// SIGTERM to the group, up to `grace` for every member to go, SIGKILL to the group if any
+    /// remain (at once when `skip_grace` is or becomes true), then at most [`AFTER_SIGKILL`]
+    /// for the group to leave `/proc` and both children to be reaped. Never blocks longer:
+    /// what is left is in the report. Members that outlive their parent are reparented and
     /// reaped by init, so "gone" means no live member in `/proc`.
-    pub fn kill_group(mut self, grace: Duration) -> KillReport {
+    pub fn kill_group(mut self, grace: Duration, skip_grace: &AtomicBool) -> KillReport {
         let proc_root = Path::new("/proc");
-        let _ = signal_group(self.pgid, libc::SIGTERM);
-        let gone = |p: &mut Self| {
-            let _ = p.try_exited();
-            p.reaped.is_some() && cpu::live_members(proc_root, p.pgid).is_ok_and(|m| m.is_empty())
-        };
         let deadline = Instant::now() + grace;
         let mut escalated = false;
-        while !gone(&mut self) {
-            if Instant::now() >= deadline {
+        if !skip_grace.load(Ordering::SeqCst) {
+            self.signal_all(libc::SIGTERM);
+        }
+        while !self.gone(proc_root) {
+            if Instant::now() >= deadline || skip_grace.load(Ordering::SeqCst) {
                 escalated = true;
-                let _ = signal_group(self.pgid, libc::SIGKILL);
+                self.signal_all(libc::SIGKILL);
                 break;
             }
             thread::sleep(KILL_POLL);
         }
-        if self.reaped.is_none() {
-            self.reaped = self.child.wait().ok();
-        }
         let deadline = Instant::now() + AFTER_SIGKILL;
-        let survivors = loop {
-            let live = cpu::live_members(proc_root, self.pgid).map_or(0, |m| m.len());
-            if live == 0 || Instant::now() >= deadline {
-                break live;
-            }
+        while !self.gone(proc_root) && Instant::now() < deadline {
             thread::sleep(KILL_POLL);
-        };
+        }
+        let survivors = cpu::live_members(proc_root, self.pgid).map_or(0, |m| m.len());
+        // If the guard is somehow still there, closing its pipe makes it kill the group again.
+        drop(self.guard_pipe.take());
+        let mut children = Vec::new();
+        if self.server_status.is_none() {
+            children.push(self.server);
+        }
+        if self.guard_status.is_none() {
+            children.push(self.guard);
+        }
         KillReport {
-            status: self.reaped,
+            status: self.server_status,
             escalated,
             survivors,
+            lingering: (!children.is_empty()).then_some(Lingering { children }),
         }
     }
 }

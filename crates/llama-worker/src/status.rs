@@ -1,27 +1,14 @@
-//! The status a person and the rest of the system read: a JSON object, served by the daemon
-//! on a Unix socket (mode 0600), one command per connection.
+//! The snapshot a person and the rest of the system read: [`Status`], and its one-line JSON.
 //!
-//! Protocol: the client writes one line, `status`, `start`, `stop` or `stall`; the daemon
-//! answers one JSON line and closes. `start` is how a failed worker is started again.
+//! The JSON is serialized with serde from a borrowed wire struct, so the names on the wire are
+//! the `as_str` names of the enums and durations are seconds with millisecond precision.
 
-use std::fmt::Write as _;
-use std::fs;
-use std::io::{self, BufRead, BufReader, Read, Write};
-use std::os::unix::fs::{FileTypeExt, PermissionsExt};
-use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::Path;
-use std::thread;
 use std::time::Duration;
 
-use crate::clock::Clock;
-use crate::policy::{RestartCause, StallVerdict, State};
-use crate::worker::{ProbeOutcome, WorkerHandle};
+use serde::Serialize;
 
-/// Longest command line accepted on the socket.
-pub const MAX_COMMAND_BYTES: usize = 64;
-
-/// How long a socket client may take to send its command or read the answer.
-const CLIENT_TIMEOUT: Duration = Duration::from_secs(2);
+use crate::policy::{RestartCause, State};
+use crate::probe::ProbeOutcome;
 
 /// One readiness probe's record.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -39,12 +26,14 @@ pub struct ReadinessRecord {
 pub struct Status {
     /// Lifecycle state.
     pub state: State,
-    /// The server's pid (= its process group id) while one runs.
+    /// The server's pid while one runs.
     pub pid: Option<u32>,
+    /// Its process group's id (the guard's pid, see [`crate::process`]) while one runs.
+    pub pgid: Option<i32>,
     /// The server's port.
     pub port: u16,
-    /// Restarts inside the crash-loop window.
-    pub restarts_in_window: usize,
+    /// Restarts in a row (see [`crate::policy`]): one more than `max_restarts_per_window` fails.
+    pub consecutive_restarts: u32,
     /// Restarts since the worker began.
     pub total_restarts: u64,
     /// Processes spawned since the worker began.
@@ -63,153 +52,77 @@ pub struct Status {
     pub inflight: usize,
 }
 
-fn opt<T: core::fmt::Display>(v: Option<T>) -> String {
-    v.map_or_else(|| "null".into(), |v| v.to_string())
+/// Seconds with millisecond precision, as every duration in the JSON.
+pub fn secs(d: Duration) -> f64 {
+    // Exact: a u128 of milliseconds below 2^53 converts without rounding.
+    d.as_millis() as f64 / 1000.0
 }
 
-fn secs(d: Option<Duration>) -> String {
-    d.map_or_else(|| "null".into(), |d| format!("{:.3}", d.as_secs_f64()))
+/// The JSON shape of [`Status`], field order as written.
+#[derive(Serialize)]
+struct StatusJson<'a> {
+    state: &'static str,
+    pid: Option<u32>,
+    pgid: Option<i32>,
+    port: u16,
+    consecutive_restarts: u32,
+    total_restarts: u64,
+    spawns: u64,
+    last_cause: Option<&'static str>,
+    cpu_ticks: Option<u64>,
+    cpu_progress_age_s: Option<f64>,
+    last_readiness: Option<ReadinessJson<'a>>,
+    inflight: usize,
 }
 
-/// A JSON string literal (paths come from the config file, so escape them).
-fn json_str(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
+#[derive(Serialize)]
+struct ReadinessJson<'a> {
+    ok: bool,
+    path: &'a str,
+    answer: Answer,
+    age_s: Option<f64>,
+}
+
+/// The HTTP status code, or the name of the probe error.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum Answer {
+    Code(u16),
+    Error(&'static str),
 }
 
 impl Status {
     /// One line of JSON, keys in a fixed order.
     pub fn to_json(&self) -> String {
-        let readiness = match &self.last_readiness {
-            None => "null".to_string(),
-            Some(r) => {
-                let (ok, answer) = match r.outcome {
-                    ProbeOutcome::Status(c) => (c == 200, c.to_string()),
-                    ProbeOutcome::Error(e) => (false, json_str(e.as_str())),
-                };
-                format!(
-                    "{{\"ok\":{ok},\"path\":{},\"answer\":{answer},\"age_s\":{}}}",
-                    json_str(&r.path),
-                    secs(self.readiness_age)
-                )
+        let last_readiness = self.last_readiness.as_ref().map(|r| {
+            let (ok, answer) = match r.outcome {
+                ProbeOutcome::Status(c) => (c == 200, Answer::Code(c)),
+                ProbeOutcome::Error(e) => (false, Answer::Error(e.as_str())),
+            };
+            ReadinessJson {
+                ok,
+                path: &r.path,
+                answer,
+                age_s: self.readiness_age.map(secs),
             }
+        });
+        let json = StatusJson {
+            state: self.state.as_str(),
+            pid: self.pid,
+            pgid: self.pgid,
+            port: self.port,
+            consecutive_restarts: self.consecutive_restarts,
+            total_restarts: self.total_restarts,
+            spawns: self.spawns,
+            last_cause: self.last_cause.map(RestartCause::as_str),
+            cpu_ticks: self.cpu_ticks,
+            cpu_progress_age_s: self.cpu_progress_age.map(secs),
+            last_readiness,
+            inflight: self.inflight,
         };
-        format!(
-            "{{\"state\":\"{}\",\"pid\":{},\"port\":{},\"restarts_in_window\":{},\
-             \"total_restarts\":{},\"spawns\":{},\"last_cause\":{},\"cpu_ticks\":{},\
-             \"cpu_progress_age_s\":{},\"last_readiness\":{},\"inflight\":{}}}",
-            self.state.as_str(),
-            opt(self.pid),
-            self.port,
-            self.restarts_in_window,
-            self.total_restarts,
-            self.spawns,
-            self.last_cause
-                .map_or_else(|| "null".into(), |c| json_str(c.as_str())),
-            opt(self.cpu_ticks),
-            secs(self.cpu_progress_age),
-            readiness,
-            self.inflight
-        )
+        // Plain structs of numbers, strings and options: serializing cannot fail.
+        serde_json::to_string(&json).unwrap_or_default()
     }
-}
-
-/// Binds the status socket at `path` with mode 0600 from the first moment it is visible:
-/// bound under a temporary name, chmod-ed, then renamed into place. A stale socket at `path`
-/// is replaced; any other kind of file there is an error (never delete what is not ours).
-pub fn bind_status_socket(path: &Path) -> io::Result<UnixListener> {
-    if let Ok(meta) = fs::symlink_metadata(path) {
-        if !meta.file_type().is_socket() {
-            return Err(io::Error::new(
-                io::ErrorKind::AlreadyExists,
-                "status socket path exists and is not a socket",
-            ));
-        }
-    }
-    let mut staged = path.as_os_str().to_owned();
-    staged.push(format!(".{}.tmp", std::process::id()));
-    let staged = Path::new(&staged);
-    let _ = fs::remove_file(staged);
-    let listener = UnixListener::bind(staged)?;
-    fs::set_permissions(staged, fs::Permissions::from_mode(0o600))?;
-    fs::rename(staged, path)?;
-    Ok(listener)
-}
-
-/// Answers one command line.
-pub fn answer<C: Clock>(handle: &WorkerHandle<C>, command: &str) -> String {
-    match command.trim() {
-        "status" => handle.status().to_json(),
-        "start" => {
-            handle.start();
-            handle.status().to_json()
-        }
-        "stop" => {
-            handle.stop();
-            handle.status().to_json()
-        }
-        "stall" => match handle.report_stall() {
-            StallVerdict::Restarting => "{\"stall\":\"restarting\"}".into(),
-            StallVerdict::NotReady => "{\"stall\":\"not_ready\"}".into(),
-            StallVerdict::NotStalled { since_progress } => format!(
-                "{{\"stall\":\"not_stalled\",\"since_progress_s\":{:.3}}}",
-                since_progress.as_secs_f64()
-            ),
-        },
-        _ => "{\"error\":\"unknown command; use status, start, stop or stall\"}".into(),
-    }
-}
-
-fn serve_one<C: Clock>(handle: &WorkerHandle<C>, stream: UnixStream) -> io::Result<()> {
-    stream.set_read_timeout(Some(CLIENT_TIMEOUT))?;
-    stream.set_write_timeout(Some(CLIENT_TIMEOUT))?;
-    let mut line = String::new();
-    BufReader::new((&stream).take(MAX_COMMAND_BYTES as u64 + 1)).read_line(&mut line)?;
-    let reply = if line.len() > MAX_COMMAND_BYTES {
-        "{\"error\":\"command too long\"}".to_string()
-    } else {
-        answer(handle, &line)
-    };
-    (&stream).write_all(format!("{reply}\n").as_bytes())
-}
-
-/// Serves the socket on a background thread until the process exits.
-pub fn spawn_status_server<C: Clock>(
-    listener: UnixListener,
-    handle: WorkerHandle<C>,
-) -> thread::JoinHandle<()> {
-    thread::spawn(move || {
-        for conn in listener.incoming() {
-            match conn {
-                Ok(s) => {
-                    let _ = serve_one(&handle, s);
-                }
-                Err(e) => eprintln!("llama-worker: status socket accept: {e}"),
-            }
-        }
-    })
-}
-
-/// Client side: sends `command` to the daemon at `path`, returns its JSON line.
-pub fn query(path: &Path, command: &str) -> io::Result<String> {
-    let mut s = UnixStream::connect(path)?;
-    s.set_read_timeout(Some(Duration::from_secs(30)))?;
-    s.write_all(format!("{command}\n").as_bytes())?;
-    let mut out = String::new();
-    s.read_to_string(&mut out)?;
-    Ok(out.trim_end().to_string())
 }
 
 #[cfg(test)]
@@ -222,8 +135,9 @@ mod tests {
         let mut s = Status {
             state: State::Stopped,
             pid: None,
+            pgid: None,
             port: 8080,
-            restarts_in_window: 0,
+            consecutive_restarts: 0,
             total_restarts: 0,
             spawns: 0,
             last_cause: None,
@@ -235,32 +149,56 @@ mod tests {
         };
         assert_eq!(
             s.to_json(),
-            "{\"state\":\"stopped\",\"pid\":null,\"port\":8080,\"restarts_in_window\":0,\
+            "{\"state\":\"stopped\",\"pid\":null,\"pgid\":null,\"port\":8080,\"consecutive_restarts\":0,\
              \"total_restarts\":0,\"spawns\":0,\"last_cause\":null,\"cpu_ticks\":null,\
              \"cpu_progress_age_s\":null,\"last_readiness\":null,\"inflight\":0}"
         );
         s.state = State::Restarting;
         s.pid = Some(42);
-        s.restarts_in_window = 2;
+        s.pgid = Some(41);
+        s.consecutive_restarts = 2;
         s.last_cause = Some(RestartCause::Unready);
         s.cpu_ticks = Some(1234);
         s.cpu_progress_age = Some(Duration::from_millis(1500));
         s.last_readiness = Some(ReadinessRecord {
             at: Duration::ZERO,
-            path: "/v1/\"models\"".into(),
+            path: "/v1/\"models\"\n".into(),
             outcome: ProbeOutcome::Error(ProbeError::Timeout),
         });
-        s.readiness_age = Some(Duration::from_millis(250));
+        s.readiness_age = Some(Duration::from_micros(250_999));
         assert_eq!(
             s.to_json(),
-            "{\"state\":\"restarting\",\"pid\":42,\"port\":8080,\"restarts_in_window\":2,\
+            "{\"state\":\"restarting\",\"pid\":42,\"pgid\":41,\"port\":8080,\"consecutive_restarts\":2,\
              \"total_restarts\":0,\"spawns\":0,\"last_cause\":\"unready\",\"cpu_ticks\":1234,\
-             \"cpu_progress_age_s\":1.500,\"last_readiness\":{\"ok\":false,\
-             \"path\":\"/v1/\\\"models\\\"\",\"answer\":\"timeout\",\"age_s\":0.250},\"inflight\":0}"
+             \"cpu_progress_age_s\":1.5,\"last_readiness\":{\"ok\":false,\
+             \"path\":\"/v1/\\\"models\\\"\\n\",\"answer\":\"timeout\",\"age_s\":0.25},\"inflight\":0}"
         );
         s.last_readiness.as_mut().unwrap().outcome = ProbeOutcome::Status(200);
         assert!(s
             .to_json()
-            .contains("{\"ok\":true,\"path\":\"/v1/\\\"models\\\"\",\"answer\":200,"));
+            .contains("{\"ok\":true,\"path\":\"/v1/\\\"models\\\"\\n\",\"answer\":200,"));
+    }
+
+    #[test]
+    fn the_json_parses_back_with_the_same_values() {
+        let s = Status {
+            state: State::Ready,
+            pid: Some(7),
+            pgid: Some(6),
+            port: 1,
+            consecutive_restarts: 1,
+            total_restarts: u64::MAX,
+            spawns: 3,
+            last_cause: Some(RestartCause::StartupTimeout),
+            cpu_ticks: Some(0),
+            cpu_progress_age: Some(Duration::from_secs(604_800)),
+            last_readiness: None,
+            readiness_age: None,
+            inflight: 2,
+        };
+        let v: serde_json::Value = serde_json::from_str(&s.to_json()).unwrap();
+        assert_eq!(v["total_restarts"], u64::MAX);
+        assert_eq!(v["last_cause"], "startup_timeout");
+        assert_eq!(v["cpu_progress_age_s"], 604_800.0);
     }
 }

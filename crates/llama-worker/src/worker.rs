@@ -9,6 +9,7 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
@@ -17,21 +18,12 @@ use crate::clock::Clock;
 use crate::config::{CommandSpec, Config, ConfigError, Timings};
 use crate::cpu;
 use crate::policy::{Action, FailReason, Policy, Readiness, Refusal, StallVerdict, State};
-use crate::probe::{self, ProbeError};
-use crate::process::ServerProcess;
+use crate::probe::{self, ProbeError, ProbeOutcome};
+use crate::process::{Exit, Lingering, ServerProcess};
 use crate::status::{ReadinessRecord, Status};
 
 /// Longest the driving loop sleeps: how late an exit of the server is noticed at worst.
 pub const MAX_IDLE: Duration = Duration::from_millis(100);
-
-/// What one readiness probe of one path got.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ProbeOutcome {
-    /// An HTTP answer with this status code (200 is ready).
-    Status(u16),
-    /// No HTTP answer.
-    Error(ProbeError),
-}
 
 #[derive(Debug)]
 struct Inner {
@@ -39,6 +31,7 @@ struct Inner {
     inflight: BTreeMap<u64, Sender<FailReason>>,
     next_work_id: u64,
     pid: Option<u32>,
+    pgid: Option<i32>,
     spawns: u64,
     last_readiness: Option<ReadinessRecord>,
 }
@@ -47,6 +40,11 @@ struct Inner {
 struct Shared {
     inner: Mutex<Inner>,
     wake: Condvar,
+    /// Set by `stop`: a readiness probe in progress gives up. Cleared by the driving thread at
+    /// the start of each tick, before it looks at the state.
+    interrupt: AtomicBool,
+    /// Set by `kill_now`: kills send SIGKILL at once instead of waiting out the grace period.
+    skip_grace: AtomicBool,
 }
 
 impl Shared {
@@ -94,8 +92,9 @@ impl<C: Clock> WorkerHandle<C> {
         Status {
             state: g.policy.state(),
             pid: g.pid,
+            pgid: g.pgid,
             port: self.port,
-            restarts_in_window: g.policy.restarts_in_window(now),
+            consecutive_restarts: g.policy.consecutive_restarts(now),
             total_restarts: g.policy.total_restarts(),
             spawns: g.spawns,
             last_cause: g.policy.last_cause(),
@@ -110,19 +109,30 @@ impl<C: Clock> WorkerHandle<C> {
         }
     }
 
-    /// Starts from stopped or failed (clears the crash-loop window); otherwise nothing.
+    /// Starts from stopped or failed (the restart count goes back to zero); otherwise nothing.
+    /// Kills wait out the grace period again after a [`WorkerHandle::kill_now`].
     pub fn start(&self) {
         let now = self.clock.now();
+        self.shared.skip_grace.store(false, Ordering::SeqCst);
         self.shared.lock().policy.start(now);
         self.shared.wake.notify_all();
     }
 
     /// Stops: in-flight work is told `worker_stopped`, the group is killed by the driving
-    /// thread on its next tick. Never waits on a backoff.
+    /// thread on its next tick. Never waits on a backoff; a readiness probe in progress gives
+    /// up within [`probe::CANCEL_CHECK`].
     pub fn stop(&self) {
         let now = self.clock.now();
         self.shared.lock().policy.stop(now);
+        self.shared.interrupt.store(true, Ordering::SeqCst);
         self.shared.wake.notify_all();
+    }
+
+    /// Stops like [`WorkerHandle::stop`], and a kill in progress or to come sends SIGKILL to
+    /// the group at once, skipping the rest of `stop_grace_s` (the second signal to the daemon).
+    pub fn kill_now(&self) {
+        self.shared.skip_grace.store(true, Ordering::SeqCst);
+        self.stop();
     }
 
     /// Reports that a request saw no stream bytes for its stall timeout. The worker restarts
@@ -204,6 +214,9 @@ pub struct Worker<C: Clock> {
     next_cpu_at: Duration,
     proc_root: PathBuf,
     logged_state: State,
+    logged_restarts: u64,
+    /// Killed children that had not exited by the end of the kill; reaped on later ticks.
+    lingering: Vec<Lingering>,
 }
 
 impl<C: Clock> Worker<C> {
@@ -219,10 +232,13 @@ impl<C: Clock> Worker<C> {
                     inflight: BTreeMap::new(),
                     next_work_id: 1,
                     pid: None,
+                    pgid: None,
                     spawns: 0,
                     last_readiness: None,
                 }),
                 wake: Condvar::new(),
+                interrupt: AtomicBool::new(false),
+                skip_grace: AtomicBool::new(false),
             }),
             config,
             timings,
@@ -234,6 +250,8 @@ impl<C: Clock> Worker<C> {
             next_cpu_at: Duration::ZERO,
             proc_root: PathBuf::from("/proc"),
             logged_state: State::Stopped,
+            logged_restarts: 0,
+            lingering: Vec::new(),
         })
     }
 
@@ -251,18 +269,32 @@ impl<C: Clock> Worker<C> {
         self.process.as_ref().map(ServerProcess::pgid)
     }
 
+    /// Killed children not reaped yet (in uninterruptible sleep when they were killed).
+    pub fn lingering_pids(&self) -> Vec<u32> {
+        self.lingering.iter().flat_map(Lingering::pids).collect()
+    }
+
     /// One step: notice an exit, run due deadlines, probes and actions. Returns the clock time
     /// by which it wants the next tick.
     pub fn tick(&mut self) -> Duration {
+        // Before the state is read: a stop from now on interrupts this tick's probe.
+        self.shared.interrupt.store(false, Ordering::SeqCst);
         let now = self.clock.now();
+        self.lingering.retain_mut(|l| !l.try_reap());
         if let Some(p) = &mut self.process {
-            if let Ok(Some(status)) = p.try_exited() {
-                eprintln!("llama-worker: server pid {} exited: {status}", p.pid());
+            if let Some(exit) = p.try_exited() {
+                match exit {
+                    Exit::Server(status) => {
+                        eprintln!("llama-worker: server pid {} exited: {status}", p.pid())
+                    }
+                    Exit::GuardGone => eprintln!(
+                        "llama-worker: the guard of group {} is gone; restarting the server",
+                        p.pgid()
+                    ),
+                }
                 // Its children may outlive it in the group: clean them up too.
                 self.kill();
-                let mut g = self.shared.lock();
-                g.pid = None;
-                g.policy.handle_exit(now);
+                self.shared.lock().policy.handle_exit(now);
             }
         }
         self.shared.lock().policy.handle_timeout(now);
@@ -334,6 +366,7 @@ impl<C: Clock> Worker<C> {
                             );
                             let mut g = self.shared.lock();
                             g.pid = Some(p.pid());
+                            g.pgid = Some(p.pgid());
                             g.spawns += 1;
                             g.policy.handle_spawned(now);
                             self.process = Some(p);
@@ -352,14 +385,24 @@ impl<C: Clock> Worker<C> {
 
     fn kill(&mut self) {
         if let Some(p) = self.process.take() {
-            let pid = p.pid();
-            let r = p.kill_group(self.timings.stop_grace);
+            let (pid, pgid) = (p.pid(), p.pgid());
+            let r = p.kill_group(self.timings.stop_grace, &self.shared.skip_grace);
             eprintln!(
-                "llama-worker: killed group {pid}{} (survivors: {})",
+                "llama-worker: killed group {pgid} (server pid {pid}){} (survivors: {})",
                 if r.escalated { " with SIGKILL" } else { "" },
                 r.survivors
             );
-            self.shared.lock().pid = None;
+            if let Some(l) = r.lingering {
+                eprintln!(
+                    "llama-worker: pids {:?} have not exited after SIGKILL (uninterruptible \
+                     sleep?); reaping them later",
+                    l.pids()
+                );
+                self.lingering.push(l);
+            }
+            let mut g = self.shared.lock();
+            g.pid = None;
+            g.pgid = None;
         }
     }
 
@@ -379,6 +422,10 @@ impl<C: Clock> Worker<C> {
         }
         let (path, outcome) = self.probe_readiness();
         let now = self.clock.now();
+        if outcome == ProbeOutcome::Error(ProbeError::Cancelled) {
+            // Not an answer: the stop that cancelled it is acted on next, nothing recorded.
+            return;
+        }
         let mut g = self.shared.lock();
         let answer = if outcome == ProbeOutcome::Status(200) {
             Readiness::Ok
@@ -408,6 +455,7 @@ impl<C: Clock> Worker<C> {
                 self.port,
                 path,
                 self.timings.probe_timeout,
+                &|| self.shared.interrupt.load(Ordering::SeqCst),
             ) {
                 Ok(code) => ProbeOutcome::Status(code),
                 Err(e) => ProbeOutcome::Error(e),
@@ -422,6 +470,16 @@ impl<C: Clock> Worker<C> {
 
     fn log_state(&mut self) {
         let g = self.shared.lock();
+        let total = g.policy.total_restarts();
+        if total != self.logged_restarts {
+            eprintln!(
+                "llama-worker: restart {} in a row (at most {}): {}",
+                g.policy.consecutive_restarts(self.clock.now()),
+                self.timings.policy.max_restarts_per_window,
+                g.policy.last_cause().map_or("", |c| c.as_str())
+            );
+            self.logged_restarts = total;
+        }
         let state = g.policy.state();
         if state != self.logged_state {
             let cause = g.policy.last_cause().map_or("", |c| c.as_str());

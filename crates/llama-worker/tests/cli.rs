@@ -9,7 +9,7 @@ use std::process::{Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{dead, live, wait_members, Endpoint, Mode};
+use common::{dead, describe, live, wait_group_gone, wait_members, Endpoint, Mode};
 
 const BIN: &str = env!("CARGO_BIN_EXE_llama-worker");
 
@@ -98,16 +98,16 @@ stop_grace_s = 1
     assert!(meta.file_type().is_socket());
     assert_eq!(meta.permissions().mode() & 0o777, 0o600);
     assert_eq!(field(&status, "port"), ep.port.to_string());
-    assert_eq!(field(&status, "restarts_in_window"), "0");
+    assert_eq!(field(&status, "consecutive_restarts"), "0");
     assert!(
         status.contains("\"last_readiness\":{\"ok\":true,\"path\":\"/v1/models\",\"answer\":200,")
     );
-    let pgid: i32 = field(&status, "pid").parse().unwrap();
-    let members = wait_members(pgid, 3);
-    assert_eq!(members.len(), 3, "{members:?}");
+    let pgid: i32 = field(&status, "pgid").parse().unwrap();
+    let members = wait_members(pgid, 4); // guard, sh, two sleeps
+    assert_eq!(members.len(), 4, "{members:?}");
     assert!(ask(&socket, "stall").starts_with("{\"stall\":\"not_stalled\",\"since_progress_s\":"));
     assert_eq!(
-        llama_worker::status::query(&socket, "bogus").unwrap(),
+        llama_worker::client::query(&socket, "bogus").unwrap(),
         "{\"error\":\"unknown command; use status, start, stop or stall\"}"
     );
     let end = Instant::now() + Duration::from_secs(5);
@@ -142,13 +142,14 @@ stop_grace_s = 1
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// A failing assertion must not leave the daemon (and its server) running.
+/// A failing assertion must not leave the daemon (and its server) running: SIGKILL, after which
+/// the worker's guard kills the server's group.
 struct KillOnDrop(std::process::Child);
 
 impl Drop for KillOnDrop {
     fn drop(&mut self) {
         if self.0.try_wait().ok().flatten().is_none() {
-            sigterm(self.0.id());
+            let _ = self.0.kill();
             let _ = self.0.wait();
         }
     }
@@ -188,45 +189,45 @@ fn bad_config_and_bad_usage_exit_2_with_the_reason() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// Issue 12: after `kill -KILL` of the worker no process of the server's group is left, whatever
+/// the command: PR_SET_PDEATHSIG reaches only the direct child, the guard reaches the group.
 #[test]
-fn a_sigkilled_worker_takes_its_server_leader_down() {
+fn a_sigkilled_worker_leaves_no_process_of_the_group() {
     let ep = Endpoint::start(Mode::Ok);
-    let dir = temp_dir("pdeath");
-    let socket = dir.join("worker.sock");
-    let config = dir.join("worker.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "command = \"/bin/sh\"\nargs = [\"-c\", \"sleep 300\"]\nstatus_socket = {socket:?}\n\
-             startup_probe_interval_s = 0.05\n"
+    let dir = temp_dir("orphans");
+    let wrapper = dir.join("wrapper.sh");
+    // A wrapper that does not exec: the shell stays the direct child, the server its child.
+    std::fs::write(&wrapper, "#!/bin/sh\n/bin/sleep 300\necho server exited\n").unwrap();
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let cases = [
+        (format!("command = {wrapper:?}"), "wrapper without exec"),
+        (
+            // The server (`sleep 300` after the exec) has a child that outlives it.
+            "command = \"/bin/sh\"\nargs = [\"-c\", \"sleep 301 & exec sleep 300\"]".to_string(),
+            "server with a child",
         ),
-    )
-    .unwrap();
-    let mut child = KillOnDrop(
-        Command::new(BIN)
-            .args(["run", "--port", &ep.port.to_string(), "--config"])
-            .arg(&config)
-            .stdin(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let status = wait_status(&socket, "ready");
-    let leader: i32 = field(&status, "pid").parse().unwrap();
-    assert!(!dead(leader));
-    child.0.kill().unwrap(); // SIGKILL: the worker cannot clean up
-    child.0.wait().unwrap();
-    let end = Instant::now() + Duration::from_secs(5);
-    while !dead(leader) {
-        assert!(Instant::now() < end, "server leader outlived its worker");
-        thread::sleep(Duration::from_millis(20));
+    ];
+    for (i, (command, what)) in cases.into_iter().enumerate() {
+        let socket = dir.join(format!("worker-{i}.sock"));
+        let config = dir.join("worker.toml");
+        std::fs::write(
+            &config,
+            format!("{command}\nstatus_socket = {socket:?}\nstartup_probe_interval_s = 0.05\n"),
+        )
+        .unwrap();
+        let mut child = spawn_run(&config, &ep);
+        let status = wait_status(&socket, "ready");
+        let pgid: i32 = field(&status, "pgid").parse().unwrap();
+        let members = wait_members(pgid, 3); // guard, and the two processes of the case
+        assert_eq!(members.len(), 3, "{what}: {:?}", describe(pgid));
+        child.0.kill().unwrap(); // SIGKILL: the worker cannot clean up
+        exit_within(&mut child, Duration::from_secs(5));
+        wait_group_gone(pgid, Duration::from_secs(5));
+        for pid in members {
+            assert!(dead(pid), "{what}: pid {pid}");
+        }
     }
-    llama_worker::process::signal_group(leader, libc_sigkill()).unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
-}
-
-/// SIGKILL's number on Linux (the test has no libc dependency of its own).
-fn libc_sigkill() -> i32 {
-    9
 }
 
 #[test]
@@ -270,7 +271,7 @@ fn exit_on_failed_exits_3_and_socket_commands_stop_and_start() {
             .unwrap(),
     );
     let s = wait_status(&socket, "failed");
-    assert_eq!(field(&s, "restarts_in_window"), "2");
+    assert_eq!(field(&s, "consecutive_restarts"), "2");
     assert_eq!(field(&s, "last_cause"), "exited");
     let s = ask(&socket, "stop");
     assert_eq!(field(&s, "state"), "stopped");
@@ -287,6 +288,390 @@ fn exit_on_failed_exits_3_and_socket_commands_stop_and_start() {
         "a fresh window allows 2 restarts again"
     );
     assert!(sigterm(child.0.id()));
-    assert!(child.0.wait().unwrap().success());
+    assert!(exit_within(&mut child, Duration::from_secs(10)).0.success());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Runs `llama-worker args...` to its exit, at most `limit`; its exit code and stderr. On
+/// timeout it is killed and the test fails with what it printed.
+fn run_bounded(args: &[&str], limit: Duration) -> (Option<i32>, String) {
+    let mut child = KillOnDrop(
+        Command::new(BIN)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut pipe = child.0.stderr.take().unwrap();
+    let reader = thread::spawn(move || {
+        let mut s = String::new();
+        let _ = std::io::Read::read_to_string(&mut pipe, &mut s);
+        s
+    });
+    let end = Instant::now() + limit;
+    let status = loop {
+        if let Some(s) = child.0.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() >= end {
+            child.0.kill().unwrap();
+            child.0.wait().unwrap();
+            panic!(
+                "llama-worker {args:?} still running after {limit:?}; stderr:\n{}",
+                reader.join().unwrap()
+            );
+        }
+        thread::sleep(Duration::from_millis(20));
+    };
+    (status.code(), reader.join().unwrap())
+}
+
+/// Issue 12: a server that never gets ready, with the default proportions scaled down 100
+/// times (120 s deadline, 2 s backoff, 600 s window, 5 restarts), ends in failed: six spawns.
+#[test]
+fn a_never_ready_server_with_the_default_proportions_ends_failed() {
+    let ep = Endpoint::start(Mode::Unavailable);
+    let dir = temp_dir("neverready");
+    let config = dir.join("worker.toml");
+    std::fs::write(
+        &config,
+        r#"
+command = "/bin/sh"
+args = ["-c", "sleep 300"]
+startup_deadline_s = 1.2
+startup_probe_interval_s = 0.005
+probe_interval_s = 0.05
+probe_timeout_s = 0.05
+unready_restart_s = 0.3
+cpu_probe_interval_s = 0.05
+stall_timeout_s = 1.2
+restart_window_s = 6
+max_restarts_per_window = 5
+restart_backoff_s = 0.02
+stop_grace_s = 0.05
+"#,
+    )
+    .unwrap();
+    let port = ep.port.to_string();
+    let started = Instant::now();
+    let (code, err) = run_bounded(
+        &[
+            "run",
+            "--exit-on-failed",
+            "--port",
+            &port,
+            "--config",
+            config.to_str().unwrap(),
+        ],
+        Duration::from_secs(30),
+    );
+    let took = started.elapsed();
+    assert_eq!(code, Some(3), "{err}");
+    assert_eq!(err.matches("spawned /bin/sh").count(), 6, "{err}");
+    for n in 1..=5 {
+        let line = format!("restart {n} in a row (at most 5): startup_timeout\n");
+        assert_eq!(err.matches(&line).count(), 1, "{line}{err}");
+    }
+    assert!(
+        err.contains("restarting -> failed startup_timeout"),
+        "{err}"
+    );
+    // 6 deadlines of 1.2 s and 5 backoffs of 0.02 s: 7.3 s, plus kills and scheduling.
+    assert!(
+        took >= Duration::from_millis(7300) && took < Duration::from_secs(15),
+        "{took:?}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn check_config_names_a_missing_command_and_a_missing_log_folder() {
+    let dir = temp_dir("checkfiles");
+    let config = dir.join("worker.toml");
+    let plain = dir.join("not-executable");
+    std::fs::write(&plain, "#!/bin/sh\n").unwrap();
+    std::fs::set_permissions(&plain, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let missing_log = dir.join("no-such-folder/server.log");
+    let cases = [
+        (
+            "command = \"/nonexistent/llama-server\"".to_string(),
+            "config: `command` \"/nonexistent/llama-server\" is not a file (a bare name is \
+             looked up in PATH)"
+                .to_string(),
+        ),
+        (
+            format!("command = {plain:?}"),
+            format!("config: `command` {} is not executable", plain.display()),
+        ),
+        (
+            format!("command = \"/bin/sh\"\nlog_file = {missing_log:?}"),
+            format!(
+                "config: the folder of `log_file` does not exist: {}",
+                missing_log.parent().unwrap().display()
+            ),
+        ),
+        (
+            "command = \"/bin/sh\"\nrestart_window_s = 0".to_string(),
+            "config: `restart_window_s` must be greater than 0".to_string(),
+        ),
+    ];
+    for (text, reason) in cases {
+        std::fs::write(&config, &text).unwrap();
+        for cmd in ["check-config", "run"] {
+            let out = Command::new(BIN)
+                .args([cmd, "--port", "1", "--config"])
+                .arg(&config)
+                .output()
+                .unwrap();
+            assert_eq!(out.status.code(), Some(2), "{cmd} {text}: {out:?}");
+            assert_eq!(
+                String::from_utf8(out.stderr).unwrap(),
+                format!("llama-worker: {}: {reason}\n", config.display()),
+                "{cmd} {text}"
+            );
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Starts `llama-worker run` with `config` on `ep`, stderr discarded.
+fn spawn_run(config: &Path, ep: &Endpoint) -> KillOnDrop {
+    KillOnDrop(
+        Command::new(BIN)
+            .args(["run", "--port", &ep.port.to_string(), "--config"])
+            .arg(config)
+            .stdin(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    )
+}
+
+#[test]
+fn the_status_socket_is_not_taken_from_a_live_worker_nor_removed_when_not_ours() {
+    let ep = Endpoint::start(Mode::Ok);
+    let dir = temp_dir("sockets");
+    let socket = dir.join("worker.sock");
+    let config = dir.join("worker.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "command = \"/bin/sh\"\nargs = [\"-c\", \"sleep 300\"]\nstatus_socket = {socket:?}\n\
+             startup_probe_interval_s = 0.05\nstop_grace_s = 1\n"
+        ),
+    )
+    .unwrap();
+    let mut first = spawn_run(&config, &ep);
+    let s = wait_status(&socket, "ready");
+    let pid = field(&s, "pid");
+    // A second worker on the same socket is refused before it spawns anything.
+    let (code, err) = run_bounded(
+        &[
+            "run",
+            "--port",
+            &ep.port.to_string(),
+            "--config",
+            config.to_str().unwrap(),
+        ],
+        Duration::from_secs(10),
+    );
+    assert_eq!(code, Some(2), "{err}");
+    assert_eq!(
+        err,
+        format!(
+            "llama-worker: status socket {}: another process is listening on it\n",
+            socket.display()
+        )
+    );
+    assert_eq!(
+        field(&ask(&socket, "status"), "pid"),
+        pid,
+        "the first one answers"
+    );
+    // Someone puts another socket at the path; the first worker must not remove it on exit.
+    std::fs::remove_file(&socket).unwrap();
+    let theirs = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    assert!(sigterm(first.0.id()));
+    assert!(exit_within(&mut first, Duration::from_secs(10)).0.success());
+    assert!(
+        std::fs::symlink_metadata(&socket).is_ok(),
+        "the worker removed a socket it did not create"
+    );
+    drop(theirs);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Waits until the status names a process group (a server was spawned); its id.
+fn wait_pgid(socket: &Path) -> i32 {
+    let end = Instant::now() + Duration::from_secs(5);
+    loop {
+        let s = ask(socket, "status");
+        if let Ok(pgid) = field(&s, "pgid").parse() {
+            return pgid;
+        }
+        assert!(Instant::now() < end, "no server spawned: {s}");
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// `kill -SIG pid` through the `kill` command.
+fn signal(pid: u32, sig: &str) {
+    let ok = Command::new("kill")
+        .args([&format!("-{sig}"), &pid.to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill -{sig} {pid}");
+}
+
+/// Waits for `child` to exit, at most `limit`; its status and how long it took.
+fn exit_within(child: &mut KillOnDrop, limit: Duration) -> (std::process::ExitStatus, Duration) {
+    let start = Instant::now();
+    loop {
+        if let Some(s) = child.0.try_wait().unwrap() {
+            return (s, start.elapsed());
+        }
+        assert!(start.elapsed() < limit, "still running after {limit:?}");
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A server whose group needs SIGKILL: one child ignores SIGTERM.
+const STUBBORN: &str = "(trap '' TERM; sleep 301) & sleep 300 & wait";
+
+fn write_config(dir: &Path, socket: &Path, script: &str, extra: &str) -> PathBuf {
+    let config = dir.join("worker.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "command = \"/bin/sh\"\nargs = [\"-c\", {script:?}]\nstatus_socket = {socket:?}\n\
+             startup_probe_interval_s = 0.05\n{extra}"
+        ),
+    )
+    .unwrap();
+    config
+}
+
+#[test]
+fn sigterm_sigint_sighup_and_sigquit_each_stop_cleanly() {
+    let ep = Endpoint::start(Mode::Ok);
+    let dir = temp_dir("signals");
+    for sig in ["TERM", "INT", "HUP", "QUIT"] {
+        let socket = dir.join(format!("{sig}.sock"));
+        let config = write_config(&dir, &socket, STUBBORN, "stop_grace_s = 0.5\n");
+        let mut child = spawn_run(&config, &ep);
+        let status = wait_status(&socket, "ready");
+        let pgid: i32 = field(&status, "pgid").parse().unwrap();
+        wait_members(pgid, 4);
+        signal(child.0.id(), sig);
+        let (exit, took) = exit_within(&mut child, Duration::from_secs(5));
+        assert!(exit.success(), "SIG{sig}: {exit:?}");
+        // The grace (0.5 s) runs out for the child ignoring SIGTERM, then SIGKILL.
+        assert!(took < Duration::from_millis(1500), "SIG{sig}: {took:?}");
+        wait_group_gone(pgid, Duration::from_secs(1));
+        assert!(!socket.exists(), "SIG{sig}: socket left behind");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_second_signal_kills_the_group_without_waiting_out_the_grace() {
+    let ep = Endpoint::start(Mode::Ok);
+    let dir = temp_dir("second");
+    let socket = dir.join("worker.sock");
+    let config = write_config(&dir, &socket, STUBBORN, "stop_grace_s = 60\n");
+    let mut child = KillOnDrop(
+        Command::new(BIN)
+            .args(["run", "--port", &ep.port.to_string(), "--config"])
+            .arg(&config)
+            .stdin(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let lines = {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let err = child.0.stderr.take().unwrap();
+        thread::spawn(move || {
+            for line in std::io::BufRead::lines(std::io::BufReader::new(err)) {
+                let Ok(line) = line else { return };
+                let _ = tx.send(line);
+            }
+        });
+        rx
+    };
+    let wait_line = |want: &str| {
+        let end = Instant::now() + Duration::from_secs(5);
+        let mut seen = Vec::new();
+        loop {
+            let left = end.saturating_duration_since(Instant::now());
+            match lines.recv_timeout(left) {
+                Ok(l) if l.contains(want) => return,
+                Ok(l) => seen.push(l),
+                Err(_) => panic!("no line with {want:?}; saw {seen:#?}"),
+            }
+        }
+    };
+    let status = wait_status(&socket, "ready");
+    let pgid: i32 = field(&status, "pgid").parse().unwrap();
+    wait_members(pgid, 4);
+    signal(child.0.id(), "TERM");
+    wait_line("SIGTERM: stopping the server (another signal kills it at once)");
+    // The first stop waits out the 60 s grace for the child that ignores SIGTERM...
+    thread::sleep(Duration::from_millis(300));
+    assert!(child.0.try_wait().unwrap().is_none());
+    assert_eq!(live(pgid).len(), 1, "{:?}", describe(pgid));
+    // ...a second signal (any of them) ends it at once.
+    let t0 = Instant::now();
+    signal(child.0.id(), "INT");
+    wait_line("SIGINT again: killing the server's group now");
+    let (exit, _) = exit_within(&mut child, Duration::from_secs(5));
+    assert!(exit.success(), "{exit:?}");
+    assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+    wait_group_gone(pgid, Duration::from_secs(1));
+    assert!(!socket.exists());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `stop` (socket command or signal) finishes within stop_grace_s + 1 s even while a readiness
+/// probe with a 20 s timeout waits on a server that never answers.
+#[test]
+fn stop_is_not_held_up_by_a_readiness_probe_in_flight() {
+    let ep = Endpoint::start(Mode::Silent);
+    let dir = temp_dir("probeinflight");
+    let socket = dir.join("worker.sock");
+    let config = write_config(
+        &dir,
+        &socket,
+        STUBBORN,
+        "probe_timeout_s = 20\nstop_grace_s = 1\n",
+    );
+    let mut child = spawn_run(&config, &ep);
+    let bound = Duration::from_secs(2); // stop_grace_s + 1 s
+                                        // The socket command: the daemon stays, the group goes.
+    wait_status(&socket, "starting");
+    let pgid = wait_pgid(&socket);
+    wait_members(pgid, 4);
+    ep.wait_hits_over(0);
+    let t0 = Instant::now();
+    assert_eq!(field(&ask(&socket, "stop"), "state"), "stopped");
+    wait_group_gone(pgid, bound);
+    assert!(t0.elapsed() < bound, "{:?}", t0.elapsed());
+    // The signal: the daemon exits.
+    let hits = ep.hits();
+    let status = ask(&socket, "start");
+    assert_eq!(field(&status, "state"), "starting");
+    let pgid = wait_pgid(&socket);
+    wait_members(pgid, 4);
+    ep.wait_hits_over(hits);
+    let t0 = Instant::now();
+    signal(child.0.id(), "TERM");
+    let (exit, took) = exit_within(&mut child, Duration::from_secs(10));
+    assert!(exit.success(), "{exit:?}");
+    assert!(took < bound, "{took:?}");
+    wait_group_gone(pgid, Duration::ZERO);
+    assert!(t0.elapsed() < bound);
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -3,7 +3,10 @@
 
 mod common;
 
-use std::time::Duration;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
 
 use common::{config, dead, live, state, tick_until, wait_members, Endpoint, Mode};
 use llama_worker::{
@@ -23,9 +26,11 @@ fn stop_kills_the_whole_group_even_a_child_ignoring_sigterm() {
     h.start();
     assert!(tick_until(&mut w, T, |w| state(w) == State::Ready));
     let pgid = w.pgid().unwrap();
-    let members = wait_members(pgid, 4); // sh, sleep, subshell sh, sleep
-    assert!(members.len() >= 3, "{members:?}");
-    assert_eq!(h.status().pid, Some(pgid as u32));
+    // guard, sh, sleep 300, sleep 301 (the subshell execs its last command)
+    let members = wait_members(pgid, 4);
+    assert_eq!(members.len(), 4, "{members:?}");
+    assert_eq!(h.status().pgid, Some(pgid));
+    assert!(members.contains(&(h.status().pid.unwrap() as i32)));
     h.stop();
     w.tick();
     assert_eq!(state(&w), State::Stopped);
@@ -106,8 +111,8 @@ fn server_death_is_server_died_and_comes_back() {
     assert!(tick_until(&mut w, T, |w| state(w) == State::Ready));
     let old = w.pgid().unwrap();
     let mut work = h.admit().unwrap();
-    // Someone SIGKILLs the leader only; its children stay in the group.
-    kill_leader(old);
+    // Someone SIGKILLs the server only; its children stay in the group.
+    kill_one(h.status().pid.unwrap() as i32);
     assert!(tick_until(&mut w, T, |w| state(w) == State::Restarting));
     assert_eq!(work.failure(), Some(FailReason::ServerDied));
     assert_eq!(h.status().last_cause, Some(RestartCause::Exited));
@@ -123,8 +128,35 @@ fn server_death_is_server_died_and_comes_back() {
     w.tick();
 }
 
+/// Without its guard a server would outlive a SIGKILLed worker: a killed guard is a lost server.
+#[test]
+fn a_killed_guard_restarts_the_server_and_its_group_goes() {
+    let ep = Endpoint::start(Mode::Ok);
+    let clock = FakeClock::new();
+    let mut w = Worker::new(config(FAMILY), ep.port, clock.clone()).unwrap();
+    let h = w.handle();
+    h.start();
+    assert!(tick_until(&mut w, T, |w| state(w) == State::Ready));
+    let old = w.pgid().unwrap();
+    let members = wait_members(old, 4);
+    let mut work = h.admit().unwrap();
+    kill_one(old); // the guard leads the group: its pid is the pgid
+    assert!(tick_until(&mut w, T, |w| state(w) == State::Restarting));
+    assert_eq!(work.failure(), Some(FailReason::ServerDied));
+    assert_eq!(h.status().last_cause, Some(RestartCause::Exited));
+    assert_eq!(live(old), Vec::<i32>::new());
+    for pid in members {
+        assert!(dead(pid), "pid {pid} survived");
+    }
+    clock.advance(Duration::from_secs(2));
+    assert!(tick_until(&mut w, T, |w| state(w) == State::Ready));
+    assert_ne!(w.pgid(), Some(old));
+    h.stop();
+    w.tick();
+}
+
 /// SIGKILL to one pid through the `kill` command (the library only signals groups).
-fn kill_leader(pid: i32) {
+fn kill_one(pid: i32) {
     let ok = std::process::Command::new("kill")
         .args(["-KILL", &pid.to_string()])
         .status()
@@ -172,7 +204,7 @@ fn crash_loop_ends_failed_after_max_restarts_with_backoff_on_the_fake_clock() {
     assert_eq!(h.admit().err(), Some(Refusal::Failed));
     let s = h.status();
     assert_eq!(
-        (s.restarts_in_window, s.last_cause),
+        (s.consecutive_restarts, s.last_cause),
         (3, Some(RestartCause::Exited))
     );
     // Failed stays failed as time passes...
@@ -184,14 +216,17 @@ fn crash_loop_ends_failed_after_max_restarts_with_backoff_on_the_fake_clock() {
     h.start();
     w.tick();
     assert_eq!(h.status().spawns, 5);
-    assert_eq!(h.status().restarts_in_window, 0);
+    assert_eq!(h.status().consecutive_restarts, 0);
 }
 
 #[test]
 fn readiness_that_keeps_failing_ends_failed_and_leaves_no_process() {
     let ep = Endpoint::start(Mode::Unavailable);
     let clock = FakeClock::new();
-    let mut w = Worker::new(config("sleep 300 & wait"), ep.port, clock.clone()).unwrap();
+    let mut cfg = config("sleep 300 & wait");
+    // The test reads the one probe of each spawn: give a loaded machine time to answer it.
+    cfg.probe_timeout_s = 5.0;
+    let mut w = Worker::new(cfg, ep.port, clock.clone()).unwrap();
     let h = w.handle();
     h.start();
     let mut groups = Vec::new();
@@ -207,7 +242,7 @@ fn readiness_that_keeps_failing_ends_failed_and_leaves_no_process() {
         let r = h.status().last_readiness.unwrap();
         assert_eq!(
             r.outcome,
-            llama_worker::worker::ProbeOutcome::Status(503),
+            llama_worker::probe::ProbeOutcome::Status(503),
             "{r:?}"
         );
         assert_eq!(r.path, "/health");
@@ -244,7 +279,7 @@ fn unready_case(script: &str, mode: Mode, expect_restart: bool) {
             .last_readiness
             .unwrap()
             .outcome
-            .eq(&llama_worker::worker::ProbeOutcome::Status(200)));
+            .eq(&llama_worker::probe::ProbeOutcome::Status(200)));
     }
     let pgid = w.pgid();
     h.stop();
@@ -267,4 +302,101 @@ fn slow_readiness_with_flat_cpu_restarts() {
 #[test]
 fn silent_readiness_while_cpu_rises_does_not_restart() {
     unready_case("while :; do :; done", Mode::Silent, false);
+}
+
+/// A cgroup-v1 freezer group: its tasks sleep uninterruptibly (state D) while frozen, and a
+/// SIGKILL stays pending until they are thawed. Thawed and removed on drop.
+struct Freezer {
+    dir: PathBuf,
+}
+
+impl Freezer {
+    fn new() -> Self {
+        let root = Path::new("/sys/fs/cgroup/freezer");
+        assert!(
+            root.join("cgroup.procs").exists(),
+            "this test needs the cgroup-v1 freezer at {} (and root)",
+            root.display()
+        );
+        let dir = root.join(format!("llama-worker-test-{}", std::process::id()));
+        let _ = std::fs::create_dir(&dir);
+        Self { dir }
+    }
+
+    fn set(&self, state: &str) {
+        std::fs::write(self.dir.join("freezer.state"), state).unwrap();
+    }
+
+    /// Moves `pid` in and freezes it; waits until it is in uninterruptible sleep.
+    fn freeze(&self, pid: u32) {
+        std::fs::write(self.dir.join("cgroup.procs"), pid.to_string()).unwrap();
+        self.set("FROZEN");
+        let end = Instant::now() + Duration::from_secs(5);
+        loop {
+            let st = std::fs::read(format!("/proc/{pid}/stat")).unwrap();
+            let st = llama_worker::stat::parse_stat(&st).unwrap();
+            if st.state == b'D' {
+                return;
+            }
+            assert!(Instant::now() < end, "pid {pid} is {}", st.state as char);
+            thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn thaw(&self) {
+        self.set("THAWED");
+    }
+}
+
+impl Drop for Freezer {
+    fn drop(&mut self) {
+        let _ = std::fs::write(self.dir.join("freezer.state"), "THAWED");
+        let end = Instant::now() + Duration::from_secs(5);
+        while std::fs::remove_dir(&self.dir).is_err() && Instant::now() < end {
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// Issue 12: `wait` after SIGKILL is bounded. A server in uninterruptible sleep cannot die until
+/// its sleep ends; stop still returns within stop_grace_s + 1 s, and the worker reaps the server
+/// on a later tick once it can die. Needs root and the cgroup-v1 freezer (the project's test
+/// machines have both).
+#[test]
+fn a_server_in_uninterruptible_sleep_does_not_hang_stop() {
+    let freezer = Freezer::new();
+    let ep = Endpoint::start(Mode::Ok);
+    let mut cfg = config("exec sleep 300");
+    cfg.stop_grace_s = 0.5;
+    let mut w = Worker::new(cfg, ep.port, SystemClock::new()).unwrap();
+    let h = w.handle();
+    h.start();
+    assert!(tick_until(&mut w, T, |w| state(w) == State::Ready));
+    let pid = h.status().pid.unwrap();
+    let pgid = w.pgid().unwrap();
+    freezer.freeze(pid);
+    let (tx, rx) = mpsc::channel();
+    let driver = thread::spawn(move || {
+        let t0 = Instant::now();
+        h.stop();
+        w.tick();
+        let _ = tx.send(t0.elapsed());
+        w
+    });
+    let Ok(took) = rx.recv_timeout(Duration::from_secs(10)) else {
+        freezer.thaw();
+        panic!("stop did not return within 10 s with a server in uninterruptible sleep");
+    };
+    let mut w = driver.join().unwrap();
+    assert!(took < Duration::from_millis(1500), "stop took {took:?}");
+    assert_eq!(state(&w), State::Stopped);
+    assert_eq!(w.lingering_pids(), [pid]);
+    assert!(!dead(pid as i32), "frozen, SIGKILL pending");
+    freezer.thaw();
+    assert!(tick_until(&mut w, T, |w| w.lingering_pids().is_empty()));
+    assert!(
+        !Path::new(&format!("/proc/{pid}")).exists(),
+        "reaped, not a zombie"
+    );
+    assert_eq!(live(pgid), Vec::<i32>::new());
 }

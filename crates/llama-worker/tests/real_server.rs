@@ -1,6 +1,7 @@
 //! Against the REAL llama-server in router mode: started, made ready and stopped by the worker,
 //! and the CPU time summed over its process group rises during a real prefill, most of it in
-//! the model instance the router spawned (not the router itself).
+//! the model instance the router spawned (not the router itself). And when the `llama-worker`
+//! daemon is SIGKILLed, the router and its model instance are gone within seconds.
 //!
 //! Needs the cached server and model (`make llama`). Paths come from `LLAMA_SERVER_BIN` and
 //! `LLAMA_MODEL_GGUF` when set, else from `scripts/llama-server.sh all`.
@@ -14,7 +15,7 @@ use std::process::Command;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{live, state, tick_until};
+use common::{describe, live, state, tick_until, wait_group_gone, wait_members};
 use llama_worker::cpu::group_members;
 use llama_worker::{Config, State, SystemClock, Worker};
 
@@ -70,20 +71,20 @@ fn post(port: u16, path: &str, body: &str) -> String {
     out
 }
 
-/// (leader's ticks, whole group's ticks).
-fn ticks(pgid: i32) -> (u64, u64) {
+/// (the router's ticks, whole group's ticks).
+fn ticks(pgid: i32, router: i32) -> (u64, u64) {
     let m = group_members(Path::new("/proc"), pgid).unwrap();
     let leader = m
         .iter()
-        .find(|p| p.pid == pgid)
+        .find(|p| p.pid == router)
         .map_or(0, |p| p.cpu_ticks());
     (leader, m.iter().map(|p| p.cpu_ticks()).sum())
 }
 
-#[test]
-fn group_cpu_time_rises_during_a_real_prefill() {
+/// A fresh folder with the router's preset in it; the worker config (TOML) for that router.
+fn router_config(name: &str) -> (PathBuf, String) {
     let (server, model) = server_and_model();
-    let dir = std::env::temp_dir().join(format!("lw-real-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("lw-real-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let preset = dir.join("preset.ini");
@@ -95,7 +96,7 @@ fn group_cpu_time_rises_during_a_real_prefill() {
         ),
     )
     .unwrap();
-    let config = Config::from_toml(&format!(
+    let toml = format!(
         r#"
 command = {server:?}
 args = ["--models-preset", {preset:?}, "--models-max", "1", "--host", "127.0.0.1",
@@ -109,8 +110,14 @@ cpu_probe_interval_s = 0.2
         server = server.display().to_string(),
         preset = preset.display().to_string(),
         log = dir.join("server.log").display().to_string(),
-    ))
-    .unwrap();
+    );
+    (dir, toml)
+}
+
+#[test]
+fn group_cpu_time_rises_during_a_real_prefill() {
+    let (dir, toml) = router_config("cpu");
+    let config = Config::from_toml(&toml).unwrap();
     let port = free_port();
     let mut w = Worker::new(config, port, SystemClock::new()).unwrap();
     let h = w.handle();
@@ -122,6 +129,7 @@ cpu_probe_interval_s = 0.2
         h.status().to_json()
     );
     let pgid = w.pgid().unwrap();
+    let router = h.status().pid.unwrap() as i32;
 
     // About 260 prompt tokens, one generated: the time goes into the prefill. Measured on this
     // 2-core box: about 0.1 s idle, about 14 s (19 tokens/s) when loaded by parallel builds.
@@ -129,7 +137,7 @@ cpu_probe_interval_s = 0.2
     let body = format!(
         "{{\"model\":\"smollm2\",\"max_tokens\":1,\"messages\":[{{\"role\":\"user\",\"content\":\"{prompt}\"}}]}}"
     );
-    let before = ticks(pgid);
+    let before = ticks(pgid, router);
     let request = thread::spawn(move || post(port, "/v1/chat/completions", &body));
     let end = Instant::now() + Duration::from_secs(28);
     let mut peak_members = 0;
@@ -139,7 +147,7 @@ cpu_probe_interval_s = 0.2
         peak_members = peak_members.max(live(pgid).len());
         thread::sleep(Duration::from_millis(100));
     }
-    let after = ticks(pgid);
+    let after = ticks(pgid, router);
     let reply = request.join().unwrap();
     assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
     w.tick();
@@ -150,8 +158,8 @@ cpu_probe_interval_s = 0.2
         "group ticks {} -> {} (+{group_rise}), router alone +{leader_rise}, {peak_members} live members",
         before.1, after.1
     );
-    // The router spawned a model instance into its group...
-    assert!(peak_members >= 2, "{peak_members}");
+    // The router spawned a model instance into its group (the guard is the third member)...
+    assert!(peak_members >= 3, "{peak_members}");
     // ...the group's CPU time rose by at least 0.1 s of CPU (100 ticks/s)...
     assert!(group_rise >= 10, "group rose only {group_rise} ticks");
     // ...and most of it was not the router's own, so the router alone would look idle.
@@ -169,5 +177,45 @@ cpu_probe_interval_s = 0.2
     h.stop();
     w.tick();
     assert_eq!(live(pgid), Vec::<i32>::new(), "server processes left");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Issue 12: `kill -KILL` of the daemon leaves neither the router nor its model instance.
+#[test]
+fn a_sigkilled_worker_leaves_no_router_process() {
+    let (dir, toml) = router_config("orphans");
+    let socket = dir.join("worker.sock");
+    let config = dir.join("worker.toml");
+    std::fs::write(&config, format!("{toml}status_socket = {socket:?}\n")).unwrap();
+    let mut worker = Command::new(env!("CARGO_BIN_EXE_llama-worker"))
+        .args(["run", "--port", &free_port().to_string(), "--config"])
+        .arg(&config)
+        .stdin(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let end = Instant::now() + Duration::from_secs(25);
+    let mut last = String::new();
+    let status = loop {
+        if let Ok(s) = llama_worker::client::query(&socket, "status") {
+            if s.contains("\"state\":\"ready\"") {
+                break s;
+            }
+            last = s;
+        }
+        if Instant::now() >= end {
+            let _ = worker.kill();
+            let _ = worker.wait();
+            panic!("not ready after 25 s; last status: {last}");
+        }
+        thread::sleep(Duration::from_millis(100));
+    };
+    let v: serde_json::Value = serde_json::from_str(&status).unwrap();
+    let pgid = i32::try_from(v["pgid"].as_i64().unwrap()).unwrap();
+    // The guard, the router, and the model instance the router spawned.
+    let members = wait_members(pgid, 3);
+    assert!(members.len() >= 3, "{:?}", describe(pgid));
+    worker.kill().unwrap(); // SIGKILL
+    worker.wait().unwrap();
+    wait_group_gone(pgid, Duration::from_secs(5));
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -5,7 +5,7 @@
 use std::io::{Read, Write};
 use std::net::TcpListener;
 use std::path::Path;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -30,6 +30,7 @@ pub enum Mode {
 pub struct Endpoint {
     pub port: u16,
     mode: Arc<AtomicU8>,
+    hits: Arc<AtomicU64>,
 }
 
 impl Endpoint {
@@ -37,10 +38,12 @@ impl Endpoint {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = l.local_addr().unwrap().port();
         let shared = Arc::new(AtomicU8::new(mode as u8));
-        let m = shared.clone();
+        let hits = Arc::new(AtomicU64::new(0));
+        let (m, h) = (shared.clone(), hits.clone());
         thread::spawn(move || {
             for conn in l.incoming() {
                 let Ok(mut s) = conn else { continue };
+                h.fetch_add(1, Ordering::SeqCst);
                 let m = m.clone();
                 thread::spawn(move || {
                     let mut buf = [0u8; 1024];
@@ -61,7 +64,29 @@ impl Endpoint {
                 });
             }
         });
-        Self { port, mode: shared }
+        Self {
+            port,
+            mode: shared,
+            hits,
+        }
+    }
+
+    /// Connections accepted so far.
+    pub fn hits(&self) -> u64 {
+        self.hits.load(Ordering::SeqCst)
+    }
+
+    /// Waits (real time, at most 5 s) until more than `n` connections were accepted.
+    pub fn wait_hits_over(&self, n: u64) {
+        let end = Instant::now() + Duration::from_secs(5);
+        while self.hits() <= n {
+            assert!(
+                Instant::now() < end,
+                "no probe arrived; {} hits",
+                self.hits()
+            );
+            thread::sleep(Duration::from_millis(5));
+        }
     }
 
     pub fn set(&self, mode: Mode) {
@@ -136,6 +161,33 @@ pub fn wait_members(pgid: i32, n: usize) -> Vec<i32> {
         let m = live(pgid);
         if m.len() >= n || Instant::now() >= end {
             return m;
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `pid (comm)` of each live member of group `pgid`, for messages.
+pub fn describe(pgid: i32) -> Vec<String> {
+    live(pgid)
+        .into_iter()
+        .map(|p| {
+            let comm = std::fs::read_to_string(format!("/proc/{p}/comm")).unwrap_or_default();
+            format!("{p} ({})", comm.trim_end())
+        })
+        .collect()
+}
+
+/// Waits (real time) until group `pgid` has no live member, at most `limit`; panics with the
+/// members it last saw.
+pub fn wait_group_gone(pgid: i32, limit: Duration) {
+    let end = Instant::now() + limit;
+    loop {
+        let seen = describe(pgid);
+        if seen.is_empty() {
+            return;
+        }
+        if Instant::now() >= end {
+            panic!("group {pgid} still has {seen:?} after {limit:?}");
         }
         thread::sleep(Duration::from_millis(20));
     }

@@ -1,0 +1,178 @@
+//! Creating the status socket: replace a stale one, refuse a live one or anything else, mode
+//! 0600, and later remove only the file this process created.
+//!
+//! Promise (the same as inferproxy's socket): the socket never appears at its path with a mode
+//! other than 0600. It is bound under a staging name, given its mode, then renamed over the path
+//! in one step, which also replaces a stale socket left by a killed worker. A path that is not a
+//! socket, or a socket that a live process still answers on (a second worker started by
+//! mistake), is left alone and the start is refused.
+
+use core::fmt;
+use std::ffi::OsString;
+use std::fs;
+use std::io;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+
+/// Appended to the path to name the socket while its mode is set.
+pub const STAGING_SUFFIX: &str = ".new";
+/// Mode of the socket file: only the owner may connect.
+pub const SOCKET_MODE: u32 = 0o600;
+
+/// Which step of creating the socket failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ListenError {
+    /// Something other than a socket is at the path; it is not removed.
+    NotASocket,
+    /// A live process accepted a connection on the socket at the path.
+    InUse,
+    /// Looking at what is at the path failed.
+    Inspect(io::ErrorKind),
+    /// Removing a stale staging socket failed.
+    RemoveStale(io::ErrorKind),
+    /// `bind` failed.
+    Bind(io::ErrorKind),
+    /// Setting the mode failed.
+    Chmod(io::ErrorKind),
+    /// Moving the socket from its staging name to the path failed.
+    Rename(io::ErrorKind),
+}
+
+impl fmt::Display for ListenError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::NotASocket => write!(f, "exists and is not a socket; not removing it"),
+            Self::InUse => write!(f, "another process is listening on it"),
+            Self::Inspect(k) => write!(f, "cannot inspect it: {k}"),
+            Self::RemoveStale(k) => write!(f, "cannot remove the stale staging socket: {k}"),
+            Self::Bind(k) => write!(f, "cannot bind: {k}"),
+            Self::Chmod(k) => write!(f, "cannot set mode 0600: {k}"),
+            Self::Rename(k) => write!(f, "cannot move the socket into place: {k}"),
+        }
+    }
+}
+
+impl core::error::Error for ListenError {}
+
+/// A bound, listening socket and the identity of its file, so only that file is removed later.
+#[derive(Debug)]
+pub struct Bound {
+    /// The listener, mode 0600, at `path`.
+    pub listener: UnixListener,
+    path: PathBuf,
+    file_id: (u64, u64),
+}
+
+impl Bound {
+    /// Removes the socket file if it is still the one this process created (a worker started
+    /// later at the same path, or an operator's file, is left alone).
+    pub fn remove_file(&self) {
+        if let Ok(meta) = fs::symlink_metadata(&self.path) {
+            if (meta.dev(), meta.ino()) == self.file_id {
+                let _ = fs::remove_file(&self.path);
+            }
+        }
+    }
+}
+
+/// What is at a path before binding.
+enum Existing {
+    Nothing,
+    StaleSocket,
+}
+
+fn inspect(path: &Path) -> Result<Existing, ListenError> {
+    let meta = match fs::symlink_metadata(path) {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Existing::Nothing),
+        Err(e) => return Err(ListenError::Inspect(e.kind())),
+    };
+    if !meta.file_type().is_socket() {
+        return Err(ListenError::NotASocket);
+    }
+    // Connecting is the only way to know whether a listener is behind the file.
+    match UnixStream::connect(path) {
+        Ok(_) => Err(ListenError::InUse),
+        Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => Ok(Existing::StaleSocket),
+        Err(e) => Err(ListenError::Inspect(e.kind())),
+    }
+}
+
+/// Creates the listening socket at `path` as the module docs describe.
+pub fn bind(path: &Path) -> Result<Bound, ListenError> {
+    inspect(path)?;
+    let mut staging = OsString::from(path.as_os_str());
+    staging.push(STAGING_SUFFIX);
+    let staging = PathBuf::from(staging);
+    if let Existing::StaleSocket = inspect(&staging)? {
+        fs::remove_file(&staging).map_err(|e| ListenError::RemoveStale(e.kind()))?;
+    }
+    let listener = UnixListener::bind(&staging).map_err(|e| ListenError::Bind(e.kind()))?;
+    let placed = fs::set_permissions(&staging, fs::Permissions::from_mode(SOCKET_MODE))
+        .map_err(|e| ListenError::Chmod(e.kind()))
+        .and_then(|()| fs::rename(&staging, path).map_err(|e| ListenError::Rename(e.kind())))
+        .and_then(|()| fs::symlink_metadata(path).map_err(|e| ListenError::Inspect(e.kind())));
+    match placed {
+        Ok(meta) => Ok(Bound {
+            listener,
+            path: path.to_owned(),
+            file_id: (meta.dev(), meta.ino()),
+        }),
+        Err(e) => {
+            let _ = fs::remove_file(&staging);
+            Err(e)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scratch(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("lw-listen-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&d);
+        fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn stale_is_replaced_live_and_files_are_refused() {
+        let dir = scratch("cases");
+        let path = dir.join("s.sock");
+        // A stale socket: bound, then its listener dropped.
+        drop(UnixListener::bind(&path).unwrap());
+        let first = bind(&path).unwrap();
+        let meta = fs::metadata(&path).unwrap();
+        assert_eq!(meta.permissions().mode() & 0o777, SOCKET_MODE);
+        assert_eq!(bind(&path).unwrap_err(), ListenError::InUse);
+        assert!(
+            UnixStream::connect(&path).is_ok(),
+            "the live one still answers"
+        );
+        drop(first);
+        let file = dir.join("f");
+        fs::write(&file, "keep").unwrap();
+        assert_eq!(bind(&file).unwrap_err(), ListenError::NotASocket);
+        assert_eq!(fs::read_to_string(&file).unwrap(), "keep");
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn remove_file_leaves_a_socket_that_replaced_ours() {
+        let dir = scratch("replaced");
+        let path = dir.join("s.sock");
+        let ours = bind(&path).unwrap();
+        fs::remove_file(&path).unwrap();
+        let theirs = UnixListener::bind(&path).unwrap();
+        ours.remove_file();
+        assert!(UnixStream::connect(&path).is_ok(), "theirs was removed");
+        drop(theirs);
+        let again = bind(&path).unwrap();
+        again.remove_file();
+        assert!(!path.exists());
+        fs::remove_dir_all(&dir).unwrap();
+    }
+}
