@@ -40,7 +40,7 @@ serve: llama
 
 ## fixtures: record the fixtures again from the local llama-server
 fixtures: llama
-	scripts/record-fixtures.sh
+	scripts/record-fixtures.py
 
 ## selftest: the main job: local llama-server under llama-worker, inferproxy, `loopd selftest`
 selftest:
