@@ -7,17 +7,7 @@
 //! asks for ([`LoopConfig`]): a short unit must repeat more often than a long one before it
 //! counts as a loop.
 //!
-//! The rules:
-//! - A line ends at `\n`; the line still open when the stream ends is never judged.
-//! - Lines are compared after trimming ASCII whitespace at both ends and collapsing each run of
-//!   it inside to one space, so re-indented copies are copies. A line that is empty after that
-//!   (a blank line) is skipped: `A`, blank, `A` is `A` twice in a row.
-//! - Only back-to-back repeats count: `A B A B A B` is the unit `A B` three times, but `A x A y
-//!   A z` repeats nothing. A unit that is itself a repeat (`A A`, `A B A B`) is judged as its
-//!   shorter unit.
-//! - A unit's length is the sum of its lines' lengths in bytes after trimming. It fires when
-//!   the unit has appeared [`LoopConfig::repeats_for`] times in a row, at the `\n` that ends
-//!   the last line of that appearance.
+//! The rules are in [`LoopDetector`]'s documentation.
 //!
 //! Each line is kept as a 64-bit FNV-1a hash and its length, so two different lines compare
 //! equal only on a hash collision. Each byte costs a constant amount of work (a line end at
@@ -177,7 +167,23 @@ struct Line {
     len: usize,
 }
 
-/// Watches streamed content for repeated lines: see the [module docs](self).
+/// Watches streamed content for one line, or a cycle of up to [`MAX_CYCLE_LINES`] lines,
+/// repeated back to back. The rules:
+/// - A line ends at `\n`; the line still open when the stream ends is never judged.
+/// - Lines are compared after trimming ASCII whitespace at both ends and collapsing each run of
+///   it inside to one space, so re-indented copies are copies. A line that is empty after that
+///   (a blank line) is skipped: `A`, blank, `A` is `A` twice in a row.
+/// - Only back-to-back repeats count: `A B A B A B` is the unit `A B` three times, but `A x A y
+///   A z` repeats nothing: a line that recurs with others between (a `}`, a `status: open`
+///   under each list item) is how code and lists look, while a small model's loop is back
+///   to back. A unit that is itself a repeat (`A A`, `A B A B`) is judged as its shorter unit.
+/// - A unit's length is the sum of its lines' lengths in bytes after trimming. It fires when
+///   the unit has appeared [`LoopConfig::repeats_for`] times in a row, at the `\n` that ends
+///   the last line of that appearance.
+///
+/// Lines are compared by a 64-bit FNV-1a hash and their length, so two different lines are
+/// taken for the same only on a hash collision. Each byte costs constant work and no
+/// allocation; the state's size and the cost are in `docs/benchmarks/llama-proto.md`.
 ///
 /// ```
 /// use llama_proto::{LoopConfig, LoopDetector};
