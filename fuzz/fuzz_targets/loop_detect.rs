@@ -30,7 +30,9 @@ fn reference(text: &[u8], config: LoopConfig) -> Option<LoopDetected> {
     let mut kept: Vec<Vec<u8>> = Vec::new();
     let mut start = 0;
     for (i, &b) in text.iter().enumerate() {
-        if b != b'\n' {
+        let after_stop = i > 0 && matches!(text[i - 1], b'.' | b'!' | b'?');
+        let sentence_end = config.sentence_ends_line && after_stop && b.is_ascii_whitespace();
+        if b != b'\n' && !sentence_end {
             continue;
         }
         let words: Vec<&[u8]> = text[start..i]
