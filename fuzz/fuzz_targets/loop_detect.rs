@@ -1,11 +1,12 @@
 //! `LoopDetector` on any bytes, in pieces.
 //!
 //! The first byte picks the configuration (0: the defaults; otherwise small thresholds, so
-//! fuzzed input reaches them), the next two the piece sizes; the rest is the stream. Checks:
-//! no panic; the stream pushed whole, in pieces and byte by byte fires at the same byte with
-//! the same report, the one a literal reading of the rules gives; the report is consistent
-//! (a `\n` at the firing byte, the tier's threshold, at most `MAX_CYCLE_LINES` lines); once
-//! fired, it stays fired. Seeds (the seed's 39-character line, a cycle, code) are in
+//! fuzzed input reaches them, with sentence ends on when the byte has an even number of bits
+//! set), the next two the piece sizes; the rest is the stream. Checks: no panic; the stream
+//! pushed whole, in pieces and byte by byte fires at the same byte with the same report, the
+//! one a literal reading of the rules gives; the report is consistent (a line end at the
+//! firing byte, the tier's threshold, at most `MAX_CYCLE_LINES` lines); once fired, it stays
+//! fired. Seeds (the seed's 39-character line, a cycle, code) are in
 //! `fuzz/seeds/loop_detect`.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
@@ -22,6 +23,7 @@ fn config(b: u8) -> LoopConfig {
         short_repeats: u32::from(b >> 6) + 3,
         medium_repeats: u32::from(b & 3) + 2,
         long_repeats: 2,
+        sentence_ends_line: b.count_ones() % 2 == 0,
     }
 }
 
@@ -81,7 +83,13 @@ fuzz_target!(|data: &[u8]| {
     let want = whole.push(text);
     assert_eq!(want, reference(text, config));
     if let Some(w) = want {
-        assert!(w.at as usize <= text.len() && text[w.at as usize - 1] == b'\n');
+        let end = w.at as usize - 1;
+        assert!(end < text.len());
+        let sentence_end = config.sentence_ends_line
+            && end > 0
+            && matches!(text[end - 1], b'.' | b'!' | b'?')
+            && text[end].is_ascii_whitespace();
+        assert!(text[end] == b'\n' || sentence_end, "fired inside a line");
         assert!((1..=MAX_CYCLE_LINES).contains(&w.lines));
         assert_eq!(w.repeats, config.repeats_for(w.unit_len));
         assert_eq!(whole.offset(), w.at);
