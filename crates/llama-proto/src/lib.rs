@@ -8,8 +8,8 @@
 //! - [`text_calls`] / [`parse_text_calls`]: tool calls the model wrote as `<tool_call>` text
 //!   in its content (when the server did not parse them), each a borrowed [`TextCall`] or a
 //!   [`TextCallError`], and the [`prose`] around them;
-//! - [`LoopDetector`]: fed the streamed content, says at which byte one line or a short cycle
-//!   of lines started repeating, with thresholds by line length ([`LoopConfig`]);
+//! - [`LoopDetector`]: fed the streamed content, says at which byte one line, one sentence or
+//!   a short cycle of them started repeating, with thresholds by length ([`LoopConfig`]);
 //! - [`cache_outcome`] and [`hash`].
 //!
 //! The `alloc` feature adds the owned types `loopd` builds requests from and returns at the
