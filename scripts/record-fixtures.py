@@ -55,6 +55,25 @@ TOOL_PROMPT = [
 ]
 
 
+def text_call(city):
+    return ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "%s"}}\n</tool_call>'
+            % city)
+
+
+TEXT_TOOL_PROMPT = [
+    {"role": "system", "content": "You answer every question by calling a tool.\n\n# Tools\n\n"
+     "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+     + json.dumps(WEATHER_TOOL) + "\n</tools>\n\nFor each function call, return a json object "
+     "with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+     "{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call>"},
+    {"role": "user", "content": "What is the weather in Rome?"},
+    {"role": "assistant", "content": text_call("Rome")},
+    {"role": "user", "content": "What is the weather in Oslo?"},
+    {"role": "assistant", "content": text_call("Oslo")},
+    {"role": "user", "content": "What is the weather in Paris?"},
+]
+
+
 def base(messages, thinking, max_tokens, stream=True, **extra):
     body = {
         "model": MODEL,
@@ -86,9 +105,16 @@ PAIRS = {
     "thinking": base([{"role": "user", "content": "What is 2 + 3? Think first."}], True, 96,
                      reasoning_budget_tokens=24),
     "tool_call": base(TOOL_PROMPT, False, 64, tools=[WEATHER_TOOL]),
+    # The same conversation with the tools described in the system message and the worked
+    # calls written as text, and no `tools` field: the server parses no call, so the content
+    # holds the model's own `<tool_call>` text, the input of llama-proto's fallback parser.
+    "tool_call_text": base(TEXT_TOOL_PROMPT, False, 64),
 }
 STREAMS = {
     "progress": base([{"role": "user", "content": long_prompt()}], False, 16),
+    # Greedy decoding on this prompt falls into writing one sentence over and over inside a
+    # paragraph: the loop detector's real input.
+    "looping": base([{"role": "user", "content": "Write a poem about the sea."}], False, 400),
 }
 # Raw HTTP responses, written to fixtures/<file>: the plain stream, and a streamed tool call (what
 # the firmware image under embedded/ feeds through the whole no_std path).
