@@ -6,6 +6,8 @@ Starts scripts/serve.sh on a free port, sends each request below, and writes for
   fixtures/NAME.sse            the response body as the server sent it (HTTP framing removed)
   fixtures/NAME.response.json  for pairs: the non-streamed response to the same request
 and fixtures/chunked_response.http, one raw HTTP response (head and chunked body) as received.
+With names as arguments (`scripts/record-fixtures.py tool_call_text`) it records only those
+PAIRS and STREAMS and leaves the other files alone.
 Nothing here is edited by hand afterwards; fixtures/README.md describes each one.
 Standard library only.
 """
@@ -51,6 +53,25 @@ TOOL_PROMPT = [
 ]
 
 
+def text_call(city):
+    return ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "%s"}}\n</tool_call>'
+            % city)
+
+
+TEXT_TOOL_PROMPT = [
+    {"role": "system", "content": "You answer every question by calling a tool.\n\n# Tools\n\n"
+     "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+     + json.dumps(WEATHER_TOOL) + "\n</tools>\n\nFor each function call, return a json object "
+     "with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+     "{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call>"},
+    {"role": "user", "content": "What is the weather in Rome?"},
+    {"role": "assistant", "content": text_call("Rome")},
+    {"role": "user", "content": "What is the weather in Oslo?"},
+    {"role": "assistant", "content": text_call("Oslo")},
+    {"role": "user", "content": "What is the weather in Paris?"},
+]
+
+
 def base(messages, thinking, max_tokens, stream=True, **extra):
     body = {
         "model": MODEL,
@@ -82,6 +103,10 @@ PAIRS = {
     "thinking": base([{"role": "user", "content": "What is 2 + 3? Think first."}], True, 96,
                      reasoning_budget_tokens=24),
     "tool_call": base(TOOL_PROMPT, False, 64, tools=[WEATHER_TOOL]),
+    # The same conversation with the tools described in the system message and the worked
+    # calls written as text, and no `tools` field: the server parses no call, so the content
+    # holds the model's own `<tool_call>` text, the input of llama-proto's fallback parser.
+    "tool_call_text": base(TEXT_TOOL_PROMPT, False, 64),
 }
 STREAMS = {
     "progress": base([{"role": "user", "content": long_prompt()}], False, 16),
@@ -190,22 +215,29 @@ def record_raw_chunked(srv):
     write("chunked_response.http", raw)
 
 
-def main():
+def main(only):
+    """Records every fixture, or only the PAIRS and STREAMS named on the command line."""
+    pairs = {n: b for n, b in PAIRS.items() if not only or n in only}
+    streams = {n: b for n, b in STREAMS.items() if not only or n in only}
+    unknown = set(only) - set(PAIRS) - set(STREAMS)
+    if unknown:
+        sys.exit(f"unknown fixture names: {sorted(unknown)}; known: {sorted(PAIRS) + sorted(STREAMS)}")
     srv = Server()
     try:
-        for name, body in PAIRS.items():
+        for name, body in pairs.items():
             record_body(srv, name, body)
             status, out = srv.request("POST", "/v1/chat/completions", dict(body, stream=False,
                                        return_progress=False, timings_per_token=False))
             assert status == 200, (name, status, out[:300])
             write(f"{name}.response.json", out)
-        for name, body in STREAMS.items():
+        for name, body in streams.items():
             record_body(srv, name, body)
-        record_reasoning_end(srv)
-        record_raw_chunked(srv)
+        if not only:
+            record_reasoning_end(srv)
+            record_raw_chunked(srv)
     finally:
         srv.stop()
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

@@ -5,6 +5,11 @@
 //!   (or a [`ServerError`]), strings unescaped into a buffer the caller owns;
 //! - [`Assembler`]: folds chunks into one [`Message`], capacities as const generics,
 //!   storage supplied by the caller;
+//! - [`text_calls`] / [`parse_text_calls`]: tool calls the model wrote as `<tool_call>` text
+//!   in its content (when the server did not parse them), each a borrowed [`TextCall`] or a
+//!   [`TextCallError`], and the [`prose`] around them;
+//! - [`LoopDetector`]: fed the streamed content, says at which byte one line or a short cycle
+//!   of lines started repeating, with thresholds by line length ([`LoopConfig`]);
 //! - [`cache_outcome`] and [`hash`].
 //!
 //! The `alloc` feature adds the owned types `loopd` builds requests from and returns at the
@@ -26,9 +31,12 @@ pub mod hash;
 #[cfg(feature = "alloc")]
 mod owned;
 mod raw;
+mod repeat;
 mod scan;
+mod text_calls;
 mod types;
 mod unescape;
+mod validate;
 
 pub use assemble::{
     AssembleError, Assembler, Message, ToolCallRef, ToolCalls, MAX_COMPLETION_ID, MAX_TOOL_CALL_ID,
@@ -42,4 +50,9 @@ pub use chunk::{
 pub use decode::{decode_chunk, decode_error_event};
 #[cfg(feature = "alloc")]
 pub use owned::{ChatMessage, Completion, ToolCall, ToolSchema};
+pub use repeat::{LoopConfig, LoopConfigError, LoopDetected, LoopDetector, MAX_CYCLE_LINES};
+pub use text_calls::{
+    parse_text_calls, prose, text_calls, Prose, TextCall, TextCallBlock, TextCallError,
+    TextCallList, TextCalls, TooManyTextCalls,
+};
 pub use types::{FinishReason, Timings};

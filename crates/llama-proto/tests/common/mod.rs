@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use sse_nostd::{Event, Parser};
 
 /// The recorded transcripts with a non-streamed twin, and the SSE-only ones.
-pub const PAIRED: [&str; 3] = ["plain", "thinking", "tool_call"];
+pub const PAIRED: [&str; 4] = ["plain", "thinking", "tool_call", "tool_call_text"];
 pub const SSE_ONLY: [&str; 2] = ["progress", "reasoning_end"];
 
 pub fn fixture(name: &str) -> PathBuf {
