@@ -40,4 +40,5 @@ pub mod sse;
 pub use config::{Config, ConfigError};
 pub use llama::{ChatEvent, ChatRequest, Client, InferError};
 pub mod llama;
+pub mod runner;
 pub mod selftest;
