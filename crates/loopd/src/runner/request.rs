@@ -152,7 +152,8 @@ fn tool_loop(
         };
         let done = match answer {
             Ok(done) => done,
-            Err((failed, stop)) => {
+            Err(boxed) => {
+                let (failed, stop) = *boxed;
                 let p = failed.partial;
                 r.generations
                     .push(stats(p.timings, p.reasoning_tokens, None));
@@ -207,7 +208,7 @@ fn tool_loop(
                 Some(tool) => run_call(tool, &call.arguments, timeout, poll, &control.cancel),
                 None => Err(ToolError::Failed(format!("no tool named `{}`", call.name))),
             };
-            let shown = result.as_ref().map(Clone::clone).map_err(|e| e.to_string());
+            let shown = result.clone().map_err(|e| e.to_string());
             emit(&RunEvent::ToolFinished {
                 id: call.id.clone(),
                 result: shown.clone(),
@@ -260,7 +261,7 @@ fn generate(
     chat: &ChatRequest,
     control: &Control,
     emit: &mut dyn FnMut(&RunEvent),
-) -> Result<Completion, (Failed, Stop)> {
+) -> Result<Completion, Box<(Failed, Stop)>> {
     let clock = shared.client.clock();
     let loops = shared.settings.loop_detector.to_loop_config();
     // The config was validated, so the detector accepts it; an invalid one in code is a
@@ -305,7 +306,7 @@ fn generate(
     lock(&control.progress).generating = false;
     result.map_err(|failed| {
         let s = why(shared, control, &failed.error);
-        (failed, s)
+        Box::new((failed, s))
     })
 }
 
