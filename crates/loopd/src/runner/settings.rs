@@ -114,3 +114,70 @@ impl RunnerConfig {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use crate::config::{Config, ConfigError};
+
+    fn parse(runner: &str) -> Result<Config, ConfigError> {
+        let text = format!("socket = \"/run/infer.sock\"\nmodel = \"m\"\n{runner}");
+        Config::parse(Path::new("/etc/loopd.toml"), &text)
+    }
+
+    #[test]
+    fn runner_defaults_and_every_key() {
+        let c = parse("").unwrap();
+        assert_eq!(c.runner, super::RunnerConfig::default());
+        assert_eq!(
+            (c.runner.budget, c.runner.tool_timeout_ms, c.runner.stall_ms),
+            (8, 10_000, 60_000)
+        );
+        assert_eq!(c.runner.loop_detector.medium_repeats, 8);
+        let c = parse(
+            "[runner]\nbudget = 2\nslots = 4\ntool_timeout_ms = 5\nworker_socket = \"/run/w.sock\"\n\
+             worker_poll_ms = 7\nworker_timeout_ms = 9\nstall_ms = 11\n\
+             [runner.loop_detector]\nmedium_from = 10\nlong_from = 40\nshort_repeats = 30\n\
+             medium_repeats = 6\nlong_repeats = 3\n",
+        )
+        .unwrap();
+        let r = c.runner;
+        assert_eq!((r.budget, r.slots, r.tool_timeout_ms), (2, 4, 5));
+        assert_eq!(r.worker_socket.as_deref(), Some(Path::new("/run/w.sock")));
+        assert_eq!(
+            (r.worker_poll_ms, r.worker_timeout_ms, r.stall_ms),
+            (7, 9, 11)
+        );
+        let l = r.loop_detector;
+        assert_eq!(
+            (
+                l.medium_from,
+                l.long_from,
+                l.short_repeats,
+                l.medium_repeats,
+                l.long_repeats
+            ),
+            (10, 40, 30, 6, 3)
+        );
+    }
+
+    #[test]
+    fn bad_runner_values_name_their_key_and_line() {
+        let e = parse("[runner]\nbudget = 1\nstall_ms = 0\n").unwrap_err();
+        assert_eq!((e.line, e.key.as_str()), (5, "runner.stall_ms"));
+        assert_eq!(e.message, "must be at least 1 ms");
+        let e = parse("[runner.loop_detector]\nlong_repeats = 1\n").unwrap_err();
+        assert_eq!(
+            (e.line, e.key.as_str()),
+            (4, "runner.loop_detector.long_repeats")
+        );
+        assert!(parse("[runner.loop_detector]\nlong_repeats = 2\n").is_ok());
+        let e = parse("[runner.loop_detector]\nmedium_from = 65\n").unwrap_err();
+        assert_eq!(e.key, "runner.loop_detector.medium_from");
+        let e = parse("[runner]\nbudgett = 1\n").unwrap_err();
+        assert_eq!(e.key, "runner.budgett");
+        let e = parse("[runner]\nbudget = -1\n").unwrap_err();
+        assert_eq!(e.key, "runner.budget");
+    }
+}

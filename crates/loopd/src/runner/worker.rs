@@ -135,16 +135,19 @@ fn capped(s: &str) -> String {
 
 /// Reads the worker's status.
 pub fn status(socket: &Path, timeout: Duration) -> Result<WorkerStatus, WorkerError> {
+    parse_status(&call(socket, "status", timeout)?)
+}
+
+/// Parses a `status` answer line.
+pub fn parse_status(line: &str) -> Result<WorkerStatus, WorkerError> {
     #[derive(Deserialize)]
     struct Raw {
         state: String,
         spawns: u64,
         last_cause: Option<String>,
     }
-    let line = call(socket, "status", timeout)?;
-    let raw: Raw =
-        serde_json::from_str(&line).map_err(|_| WorkerError::BadAnswer(capped(&line)))?;
-    let state = WorkerState::parse(&raw.state).ok_or(WorkerError::BadAnswer(capped(&line)))?;
+    let raw: Raw = serde_json::from_str(line).map_err(|_| WorkerError::BadAnswer(capped(line)))?;
+    let state = WorkerState::parse(&raw.state).ok_or(WorkerError::BadAnswer(capped(line)))?;
     Ok(WorkerStatus {
         state,
         spawns: raw.spawns,
@@ -154,14 +157,17 @@ pub fn status(socket: &Path, timeout: Duration) -> Result<WorkerStatus, WorkerEr
 
 /// Reports a stall and returns the worker's verdict.
 pub fn report_stall(socket: &Path, timeout: Duration) -> Result<StallAnswer, WorkerError> {
+    parse_stall(&call(socket, "stall", timeout)?)
+}
+
+/// Parses a `stall` answer line.
+pub fn parse_stall(line: &str) -> Result<StallAnswer, WorkerError> {
     #[derive(Deserialize)]
     struct Raw {
         stall: String,
         since_progress_s: Option<f64>,
     }
-    let line = call(socket, "stall", timeout)?;
-    let raw: Raw =
-        serde_json::from_str(&line).map_err(|_| WorkerError::BadAnswer(capped(&line)))?;
+    let raw: Raw = serde_json::from_str(line).map_err(|_| WorkerError::BadAnswer(capped(line)))?;
     match raw.stall.as_str() {
         "restarting" => Ok(StallAnswer::Restarting),
         "not_ready" => Ok(StallAnswer::NotReady),
@@ -176,6 +182,74 @@ pub fn report_stall(socket: &Path, timeout: Duration) -> Result<StallAnswer, Wor
                 since_progress_ms: ms,
             })
         }
-        _ => Err(WorkerError::BadAnswer(capped(&line))),
+        _ => Err(WorkerError::BadAnswer(capped(line))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_lines_as_llama_worker_writes_them() {
+        // Copied from llama-worker's status.rs test of `Status::to_json`.
+        let line = "{\"state\":\"restarting\",\"pid\":42,\"port\":8080,\"restarts_in_window\":2,\
+             \"total_restarts\":0,\"spawns\":3,\"last_cause\":\"exited\",\"cpu_ticks\":1234,\
+             \"cpu_progress_age_s\":1.500,\"last_readiness\":null,\"inflight\":0}";
+        let s = parse_status(line).unwrap();
+        assert_eq!(
+            s,
+            WorkerStatus {
+                state: WorkerState::Restarting,
+                spawns: 3,
+                last_cause: Some("exited".into())
+            }
+        );
+        assert!(s.server_died());
+        for (name, state) in [
+            ("stopped", WorkerState::Stopped),
+            ("starting", WorkerState::Starting),
+            ("ready", WorkerState::Ready),
+            ("failed", WorkerState::Failed),
+        ] {
+            let line = format!("{{\"state\":\"{name}\",\"spawns\":0,\"last_cause\":null}}");
+            assert_eq!(parse_status(&line).unwrap().state, state);
+            assert_eq!(state.as_str(), name);
+        }
+        for bad in ["", "{}", "{\"state\":\"dancing\",\"spawns\":0}", "not json"] {
+            assert!(
+                matches!(parse_status(bad), Err(WorkerError::BadAnswer(_))),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn stall_answers_as_llama_worker_writes_them() {
+        assert_eq!(
+            parse_stall("{\"stall\":\"restarting\"}").unwrap(),
+            StallAnswer::Restarting
+        );
+        assert_eq!(
+            parse_stall("{\"stall\":\"not_ready\"}").unwrap(),
+            StallAnswer::NotReady
+        );
+        assert_eq!(
+            parse_stall("{\"stall\":\"not_stalled\",\"since_progress_s\":1.250}").unwrap(),
+            StallAnswer::NotStalled {
+                since_progress_ms: 1_250
+            }
+        );
+        assert!(parse_stall("{\"error\":\"unknown command\"}").is_err());
+        assert!(parse_stall("{\"stall\":\"maybe\"}").is_err());
+    }
+
+    #[test]
+    fn a_socket_that_is_not_there_is_an_io_error() {
+        let e = status(
+            Path::new("/nonexistent/worker.sock"),
+            Duration::from_millis(50),
+        );
+        assert!(matches!(e, Err(WorkerError::Io(_))));
     }
 }
