@@ -54,3 +54,31 @@ impl BiosProvider for StandardBios {
         s
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_standard_bios_states_the_budget_left_and_the_exit_tools() {
+        let exits = vec!["finish".to_string()];
+        let ctx = |left| BiosContext {
+            budget_left: left,
+            budget: 3,
+            iterations: 3 - left,
+            tools: &[],
+            exit_tools: &exits,
+        };
+        let b = StandardBios.bios(&ctx(2));
+        assert!(
+            b.ends_with("Signal tools (free, no result): finish.\nTool iterations left: 2 of 3.")
+        );
+        assert_eq!(
+            StandardBios.bios(&ctx(0)).lines().last(),
+            Some("Tool iterations left: 0 of 3. Do not call tools any more; answer now.")
+        );
+        // Only the last line changes with the budget.
+        let (a, b) = (StandardBios.bios(&ctx(3)), StandardBios.bios(&ctx(1)));
+        assert_eq!(a.lines().next(), b.lines().next());
+    }
+}

@@ -88,3 +88,110 @@ pub(super) fn report(c: &Control, socket: &Path, timeout: Duration, stall_ms: u6
         );
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(v: u64) -> Duration {
+        Duration::from_millis(v)
+    }
+
+    fn generating_since(last: u64) -> Control {
+        let c = Control::default();
+        {
+            let mut p = lock(&c.progress);
+            p.generating = true;
+            p.last = ms(last);
+        }
+        c
+    }
+
+    #[test]
+    fn a_stall_is_due_at_stall_ms_and_again_each_period_after_its_report() {
+        let c = generating_since(1_000);
+        let stall = ms(150);
+        assert!(!due_for_report(&c, ms(1_149), stall));
+        assert!(due_for_report(&c, ms(1_150), stall));
+        assert!(
+            !due_for_report(&c, ms(1_150), stall),
+            "one report per period"
+        );
+        assert!(!due_for_report(&c, ms(1_299), stall));
+        assert!(due_for_report(&c, ms(1_300), stall));
+        // Progress starts the count again.
+        {
+            let mut p = lock(&c.progress);
+            p.last = ms(1_310);
+            p.reported = None;
+        }
+        assert!(!due_for_report(&c, ms(1_459), stall));
+        assert!(due_for_report(&c, ms(1_460), stall));
+        // While tools run nothing streams, and nothing is a stall.
+        lock(&c.progress).generating = false;
+        assert!(!due_for_report(&c, ms(9_999), stall));
+    }
+
+    fn status(state: WorkerState, spawns: u64, cause: Option<&str>) -> WorkerStatus {
+        WorkerStatus {
+            state,
+            spawns,
+            last_cause: cause.map(str::to_owned),
+        }
+    }
+
+    fn admitted(spawns: Option<u64>) -> Control {
+        Control {
+            spawns,
+            ..Control::default()
+        }
+    }
+
+    #[test]
+    fn a_new_spawn_or_a_state_other_than_ready_fails_the_request_with_its_cause() {
+        let c = admitted(Some(3));
+        check_restart(&c, &status(WorkerState::Ready, 3, Some("exited")));
+        assert_eq!(c.reason(), None, "the same server, still ready");
+        assert!(!c.cancel.is_cancelled());
+        let cases = [
+            (
+                status(WorkerState::Ready, 4, Some("stall")),
+                FailReason::WorkerRestarted,
+            ),
+            (
+                status(WorkerState::Restarting, 3, Some("unready")),
+                FailReason::WorkerRestarted,
+            ),
+            (
+                status(WorkerState::Restarting, 3, Some("exited")),
+                FailReason::ServerDied,
+            ),
+            (
+                status(WorkerState::Failed, 5, Some("exited")),
+                FailReason::ServerDied,
+            ),
+            (
+                status(WorkerState::Stopped, 3, None),
+                FailReason::WorkerStopped,
+            ),
+        ];
+        for (s, want) in cases {
+            let c = admitted(Some(3));
+            check_restart(&c, &s);
+            assert_eq!(c.reason().map(|r| r.0), Some(want), "{s:?}");
+            assert!(c.cancel.is_cancelled());
+        }
+        // Admitted without a worker socket: nothing to compare with.
+        let c = admitted(None);
+        check_restart(&c, &status(WorkerState::Failed, 9, Some("exited")));
+        assert_eq!(c.reason(), None);
+    }
+
+    #[test]
+    fn the_first_reason_wins() {
+        let c = admitted(Some(1));
+        c.fail(FailReason::LoopDetected, "loop".into());
+        check_restart(&c, &status(WorkerState::Restarting, 2, None));
+        assert_eq!(c.reason(), Some((FailReason::LoopDetected, "loop".into())));
+    }
+}
