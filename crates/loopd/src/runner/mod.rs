@@ -148,6 +148,8 @@ pub enum ClientError {
     LoadTimeout,
     /// `InferError::Stalled`.
     Stalled,
+    /// `InferError::TimedOut` (issue 13's whole-step deadlines; mapped once it lands).
+    TimedOut,
     /// `InferError::StreamClosedEarly`.
     StreamClosedEarly,
     /// `InferError::ThinkingOverrun`.
@@ -183,6 +185,7 @@ impl ClientError {
             ClientError::WaitTimeout => "wait_timeout",
             ClientError::LoadTimeout => "load_timeout",
             ClientError::Stalled => "stalled",
+            ClientError::TimedOut => "timed_out",
             ClientError::StreamClosedEarly => "stream_closed_early",
             ClientError::ThinkingOverrun => "thinking_overrun",
             ClientError::Http => "http_error",
