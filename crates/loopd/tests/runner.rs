@@ -991,3 +991,16 @@ fn support_wait(cond: impl Fn() -> bool) {
         std::thread::sleep(Duration::from_millis(5));
     }
 }
+
+#[test]
+fn a_panicking_observer_fails_its_request_and_frees_the_slot() {
+    let server = FakeServer::start(vec![(CHAT, vec![answer("hi")])]);
+    let s = setup(config(&server, None), 1);
+    let observer = Box::new(|_: &RunEvent| panic!("observer bug"));
+    let id = s.runner.submit_observed(ask("x"), Some(observer)).unwrap();
+    let r = wait(&s.runner, id);
+    assert_eq!(failed(&r).0, FailReason::Panicked);
+    assert_released(&s.runner);
+    let r = run(&s, ask("y"));
+    assert!(r.outcome.fail_reason().is_none(), "{:?}", r.outcome);
+}

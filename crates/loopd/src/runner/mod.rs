@@ -324,10 +324,16 @@ impl Runner {
             ..Control::default()
         });
         let (shared, ctl) = (s.clone(), control.clone());
+        let budget = req.budget.unwrap_or(s.settings.budget);
         let thread = std::thread::Builder::new()
             .name(format!("loopd-{id}"))
             .spawn(move || {
-                let result = request::run(&shared, id, slot as u32, req, &ctl, observer);
+                // A panicking observer or BIOS provider must not keep the slot for ever.
+                let run = std::panic::AssertUnwindSafe(|| {
+                    request::run(&shared, id, slot as u32, req, &ctl, observer)
+                });
+                let result =
+                    std::panic::catch_unwind(run).unwrap_or_else(|_| request::panicked(id, budget));
                 shared.store(slot, result);
             })
             .map_err(|_| SubmitError::NoThread)?;

@@ -96,6 +96,26 @@ pub(super) fn run(
     r
 }
 
+/// The result of a request whose run panicked: nothing of its output survives.
+pub(super) fn panicked(id: RequestId, budget: u32) -> RunResult {
+    RunResult {
+        id,
+        outcome: Outcome::Failed {
+            reason: FailReason::Panicked,
+            detail: "the request's observer or BIOS provider panicked".into(),
+        },
+        content: None,
+        reasoning_content: None,
+        transcript: Vec::new(),
+        tool_calls: Vec::new(),
+        exits: Vec::new(),
+        generations: Vec::new(),
+        budget,
+        budget_left: budget,
+        stalls: Vec::new(),
+    }
+}
+
 fn tool_loop(
     shared: &Shared,
     slot: u32,

@@ -87,11 +87,13 @@ pub enum FailReason {
     Cancelled,
     /// The client's own error.
     Client(ClientError),
+    /// Code the runner calls (an observer, a BIOS provider) panicked; the slot is freed.
+    Panicked,
 }
 
 impl FailReason {
     /// `tool_execution_error`, `tool_parse_error`, `worker_restarted`, `server_died`,
-    /// `worker_stopped`, `loop_detected`, `cancelled`, or the client error's name.
+    /// `worker_stopped`, `loop_detected`, `cancelled`, `panicked`, or the client error's name.
     pub fn as_str(self) -> &'static str {
         match self {
             FailReason::ToolExecutionError => "tool_execution_error",
@@ -102,6 +104,7 @@ impl FailReason {
             FailReason::LoopDetected => "loop_detected",
             FailReason::Cancelled => "cancelled",
             FailReason::Client(c) => c.as_str(),
+            FailReason::Panicked => "panicked",
         }
     }
 }
