@@ -110,6 +110,9 @@ PAIRS = {
 }
 STREAMS = {
     "progress": base([{"role": "user", "content": long_prompt()}], False, 16),
+    # Greedy decoding on this prompt falls into writing one sentence over and over inside a
+    # paragraph: the loop detector's real input.
+    "looping": base([{"role": "user", "content": "Write a poem about the sea."}], False, 400),
 }
 
 

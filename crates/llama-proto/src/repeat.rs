@@ -1,23 +1,14 @@
 //! Says when streamed content has started repeating itself, in fixed-size state.
 //!
-//! Small models that lose the thread tend to write one line, or a cycle of two or three lines,
-//! over and over until the token limit. [`LoopDetector`] is fed the content deltas as they
+//! Small models that lose the thread tend to write one line, a cycle of two or three lines,
+//! or one sentence inside a paragraph over and over until the token limit (SmolLM2 does the
+//! last in `fixtures/looping.sse`). [`LoopDetector`] is fed the content deltas as they
 //! arrive, in pieces of any size, and fires when the last lines are one *unit* of 1 to
 //! [`MAX_CYCLE_LINES`] lines repeated back to back at least as many times as the unit's length
 //! asks for ([`LoopConfig`]): a short unit must repeat more often than a long one before it
 //! counts as a loop.
 //!
-//! The rules:
-//! - A line ends at `\n`; the line still open when the stream ends is never judged.
-//! - Lines are compared after trimming ASCII whitespace at both ends and collapsing each run of
-//!   it inside to one space, so re-indented copies are copies. A line that is empty after that
-//!   (a blank line) is skipped: `A`, blank, `A` is `A` twice in a row.
-//! - Only back-to-back repeats count: `A B A B A B` is the unit `A B` three times, but `A x A y
-//!   A z` repeats nothing. A unit that is itself a repeat (`A A`, `A B A B`) is judged as its
-//!   shorter unit.
-//! - A unit's length is the sum of its lines' lengths in bytes after trimming. It fires when
-//!   the unit has appeared [`LoopConfig::repeats_for`] times in a row, at the `\n` that ends
-//!   the last line of that appearance.
+//! The rules are in [`LoopDetector`]'s documentation.
 //!
 //! Each line is kept as a 64-bit FNV-1a hash and its length, so two different lines compare
 //! equal only on a hash collision. Each byte costs a constant amount of work (a line end at
@@ -43,8 +34,11 @@ const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
 /// | medium | 16–63 | 8 |
 /// | long | 64 and more | 5 |
 ///
+/// and `sentence_ends_line: true`.
+///
 /// Short units (`}`, `});`, `---`, `Yes.`) repeat legitimately in code and prose, so they need
-/// many repeats; a 64-byte line written five times in a row is nearly never meant.
+/// many repeats; a 64-byte line written five times in a row is nearly never meant. With
+/// `sentence_ends_line` (the default) a sentence inside a paragraph counts as a line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct LoopConfig {
     /// The shortest medium unit, in bytes (default 16).
@@ -57,6 +51,9 @@ pub struct LoopConfig {
     pub medium_repeats: u32,
     /// Repeats of a long unit that fire (default 5).
     pub long_repeats: u32,
+    /// Whether a sentence end (`.`, `!` or `?` followed by whitespace) ends a line too
+    /// (default true): small models also loop on one sentence inside a paragraph.
+    pub sentence_ends_line: bool,
 }
 
 impl LoopConfig {
@@ -67,6 +64,7 @@ impl LoopConfig {
         short_repeats: 24,
         medium_repeats: 8,
         long_repeats: 5,
+        sentence_ends_line: true,
     };
 
     /// How many times in a row a unit of `unit_len` bytes must appear to fire.
@@ -149,8 +147,8 @@ impl core::error::Error for LoopConfigError {}
 /// Where and on what the detector fired.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct LoopDetected {
-    /// Stream offset one past the `\n` that completed the last repeat: how many bytes had
-    /// been pushed when it fired.
+    /// Stream offset one past the byte (`\n`, or whitespace after a sentence end) that
+    /// completed the last repeat: how many bytes had been pushed when it fired.
     pub at: u64,
     /// Lines in the repeated unit (1 to [`MAX_CYCLE_LINES`]).
     pub lines: usize,
@@ -177,7 +175,26 @@ struct Line {
     len: usize,
 }
 
-/// Watches streamed content for repeated lines: see the [module docs](self).
+/// Watches streamed content for one line, or a cycle of up to [`MAX_CYCLE_LINES`] lines,
+/// repeated back to back. The rules:
+/// - A line ends at `\n`, and (with [`LoopConfig::sentence_ends_line`], the default) at a
+///   whitespace byte that follows `.`, `!` or `?`: `He is here. He is here. ` is two lines,
+///   and so is `1. Hello` (`1.` and `Hello`), while `3.5` is not split. The line still open
+///   when the stream ends is never judged.
+/// - Lines are compared after trimming ASCII whitespace at both ends and collapsing each run of
+///   it inside to one space, so re-indented copies are copies. A line that is empty after that
+///   (a blank line) is skipped: `A`, blank, `A` is `A` twice in a row.
+/// - Only back-to-back repeats count: `A B A B A B` is the unit `A B` three times, but `A x A y
+///   A z` repeats nothing: a line that recurs with others between (a `}`, a `status: open`
+///   under each list item) is how code and lists look, while a small model's loop is back
+///   to back. A unit that is itself a repeat (`A A`, `A B A B`) is judged as its shorter unit.
+/// - A unit's length is the sum of its lines' lengths in bytes after trimming. It fires when
+///   the unit has appeared [`LoopConfig::repeats_for`] times in a row, at the byte that ends
+///   the last line of that appearance (its `\n`, or the whitespace after its sentence end).
+///
+/// Lines are compared by a 64-bit FNV-1a hash and their length, so two different lines are
+/// taken for the same only on a hash collision. Each byte costs constant work and no
+/// allocation; the state's size and the cost are in `docs/benchmarks/llama-proto.md`.
 ///
 /// ```
 /// use llama_proto::{LoopConfig, LoopDetector};
@@ -193,10 +210,12 @@ struct Line {
 #[derive(Debug, Clone)]
 pub struct LoopDetector {
     config: LoopConfig,
-    /// The open line: hash and length so far, and whether whitespace is pending after text.
+    /// The open line: hash and length so far, whether whitespace is pending after text, and
+    /// whether the last byte was a sentence stop.
     hash: u64,
     len: usize,
     space: bool,
+    stop: bool,
     /// The last non-blank lines, newest first; `seen` of them are real.
     recent: [Line; MAX_CYCLE_LINES],
     seen: usize,
@@ -219,6 +238,7 @@ impl LoopDetector {
             hash: FNV_OFFSET,
             len: 0,
             space: false,
+            stop: false,
             recent: [Line { hash: 0, len: 0 }; MAX_CYCLE_LINES],
             seen: 0,
             matched: [0; MAX_CYCLE_LINES],
@@ -255,7 +275,9 @@ impl LoopDetector {
         }
         for &b in delta {
             self.offset += 1;
-            if b == b'\n' {
+            let ends_sentence = self.stop && self.config.sentence_ends_line;
+            self.stop = matches!(b, b'.' | b'!' | b'?');
+            if b == b'\n' || (ends_sentence && b.is_ascii_whitespace()) {
                 self.end_line();
                 if self.fired.is_some() {
                     break;

@@ -15,20 +15,7 @@
 //! into a list whose capacity is a const generic; [`prose`] gives the content between the
 //! blocks. Which tool a name means (unknown, exit tool) is the caller's to decide.
 //!
-//! The rules:
-//! - A block opens at `<tool_call>` anywhere in the content and closes at the first
-//!   `</tool_call>` after the JSON it holds (a `</tool_call>` inside a JSON string does not
-//!   close it). Inside, only JSON whitespace may surround one JSON object.
-//! - The object is strict JSON (RFC 8259) whose arrays and objects nest at most
-//!   [`MAX_NESTING`] deep, the object itself counting as the first level.
-//! - It has exactly one `"name"`, a non-empty string without escapes (returned as written,
-//!   without its quotes), and exactly one `"arguments"`, an object. Other keys are ignored.
-//!   Keys are compared as written: `"n\u0061me"` is not `"name"`.
-//! - A block that has no `</tool_call>` after it is [`TextCallError::Unterminated`]; it runs
-//!   to the end of the content and is the last block.
-//! - A `</tool_call>` without a `<tool_call>` before it is prose.
-//!
-//! The work is linear in the content's length and the stack use constant.
+//! The rules are in [`text_calls`]'s documentation.
 
 use core::fmt;
 
@@ -176,7 +163,21 @@ impl fmt::Display for TooManyTextCalls {
 
 impl core::error::Error for TooManyTextCalls {}
 
-/// The `<tool_call>` blocks of `content`, in order. See the [module docs](self) for the rules.
+/// The `<tool_call>` blocks of `content`, in order, each with its byte range and its
+/// [`TextCall`] or [`TextCallError`]. The rules:
+/// - A block opens at `<tool_call>` anywhere in the content and closes at the first
+///   `</tool_call>` after the JSON it holds (a `</tool_call>` inside a JSON string does not
+///   close it). Inside, only JSON whitespace may surround one JSON object.
+/// - The object is strict JSON (RFC 8259) whose arrays and objects nest at most
+///   [`MAX_NESTING`] deep, the object itself counting as the first level.
+/// - It has exactly one `"name"`, a non-empty string without escapes (returned as written,
+///   without its quotes), and exactly one `"arguments"`, an object. Other keys are ignored.
+///   Keys are compared as written: `"n\u0061me"` is not `"name"`.
+/// - A block that has no `</tool_call>` after it is [`TextCallError::Unterminated`]; it runs
+///   to the end of the content and is the last block.
+/// - A `</tool_call>` without a `<tool_call>` before it is prose.
+///
+/// No allocation; the work is linear in the content's length and the stack use constant.
 ///
 /// ```
 /// use llama_proto::{text_calls, TextCall};

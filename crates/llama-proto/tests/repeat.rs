@@ -2,7 +2,11 @@
 //! the benign repetition that must not fire, and property tests that any split of the input
 //! fires at the same byte as a simple reference does.
 
-use llama_proto::{LoopConfig, LoopConfigError, LoopDetected, LoopDetector, MAX_CYCLE_LINES};
+mod common;
+
+use llama_proto::{
+    decode_chunk, LoopConfig, LoopConfigError, LoopDetected, LoopDetector, Payload, MAX_CYCLE_LINES,
+};
 use proptest::prelude::*;
 
 /// Where the default detector fires on `text` pushed whole.
@@ -49,7 +53,8 @@ fn the_defaults_are_the_documented_ones() {
             long_from: 64,
             short_repeats: 24,
             medium_repeats: 8,
-            long_repeats: 5
+            long_repeats: 5,
+            sentence_ends_line: true,
         }
     );
     assert_eq!(LoopConfig::DEFAULT.check(), Ok(()));
@@ -92,6 +97,7 @@ fn a_configured_tier_is_used() {
         short_repeats: 6,
         medium_repeats: 3,
         long_repeats: 2,
+        sentence_ends_line: true,
     };
     let fire_with = |text: &str| LoopDetector::new(config).unwrap().push(text.as_bytes());
     for (len, repeats) in [(3, 6), (4, 3), (9, 3), (10, 2)] {
@@ -313,6 +319,103 @@ fn markdown_separators_and_tables_do_not_fire() {
 }
 
 #[test]
+fn a_sentence_repeated_inside_a_paragraph_fires_at_the_space_after_it() {
+    let sentence = "He is a sailor's son, a sailor's son, a sailor's son.";
+    assert_eq!(sentence.len(), 53);
+    let text = format!(
+        "In the midst of the sea, a lone figure stands. {}",
+        format!("{sentence} ").repeat(7)
+    );
+    assert_eq!(fire(&text), None);
+    let text = format!("{text}{sentence} ");
+    assert_eq!(
+        fire(&text),
+        Some(LoopDetected {
+            at: text.len() as u64,
+            lines: 1,
+            unit_len: 53,
+            repeats: 8
+        })
+    );
+    // Off, the paragraph is one open line and never judged.
+    let lines_only = LoopConfig {
+        sentence_ends_line: false,
+        ..LoopConfig::DEFAULT
+    };
+    let long = format!("{sentence} ").repeat(100);
+    assert_eq!(
+        LoopDetector::new(lines_only).unwrap().push(long.as_bytes()),
+        None
+    );
+    // A stop not followed by whitespace does not end a line.
+    assert_eq!(fire(&"Version 3.5.1!x".repeat(100)), None);
+}
+
+#[test]
+fn a_numbered_list_is_not_a_loop_even_when_it_runs_away() {
+    // What SmolLM2 wrote for "Write the word hello on 30 lines." at temperature 0: it counted
+    // on past 30. The numbers differ, so nothing repeats back to back; the token limit ends it.
+    let list: String = (1..=200).map(|i| format!("{i}. Hello\n")).collect();
+    assert_eq!(fire(&list), None);
+}
+
+/// The content and the reasoning deltas of a recorded stream, in the order sent.
+fn streamed(name: &str) -> (Vec<String>, Vec<String>) {
+    let (mut content, mut reasoning) = (Vec::new(), Vec::new());
+    for p in common::payloads(name) {
+        let mut text = vec![0u8; p.len()];
+        if let Ok(Payload::Chunk(c)) = decode_chunk(&p, &mut text) {
+            content.extend(c.content.map(str::to_owned));
+            reasoning.extend(c.reasoning_content.map(str::to_owned));
+        }
+    }
+    (content, reasoning)
+}
+
+#[test]
+fn the_models_own_loop_fires_at_its_eighth_sentence() {
+    let (deltas, _) = streamed("looping");
+    let mut d = LoopDetector::default();
+    let mut fired = None;
+    for delta in &deltas {
+        fired = d.push(delta.as_bytes());
+    }
+    let sentence = "He is a sailor's son, a sailor's son, a sailor's son.";
+    let content = deltas.concat();
+    let eighth = content.match_indices(sentence).nth(7).unwrap().0;
+    assert_eq!(
+        fired,
+        Some(LoopDetected {
+            at: (eighth + sentence.len() + 1) as u64,
+            lines: 1,
+            unit_len: sentence.len(),
+            repeats: 8
+        })
+    );
+    // The server went on to its token limit; the runner would have closed the stream here.
+    assert!((fired.unwrap().at as usize) < content.len() - 500);
+}
+
+#[test]
+fn no_other_recorded_answer_fires() {
+    for name in [
+        "plain",
+        "thinking",
+        "tool_call",
+        "tool_call_text",
+        "progress",
+        "reasoning_end",
+    ] {
+        let (content, reasoning) = streamed(name);
+        for (what, deltas) in [("content", content), ("reasoning", reasoning)] {
+            let mut d = LoopDetector::default();
+            let fired = deltas.iter().find_map(|x| d.push(x.as_bytes()));
+            assert_eq!(fired, None, "{name} {what}");
+        }
+    }
+}
+
+#[test]
 fn a_bad_config_is_refused_with_its_field() {
     let bad = LoopConfig {
         medium_repeats: 1,
@@ -360,7 +463,9 @@ fn reference(text: &[u8], config: LoopConfig) -> Option<LoopDetected> {
     let mut kept: Vec<Vec<u8>> = Vec::new();
     let mut start = 0;
     for (i, &b) in text.iter().enumerate() {
-        if b != b'\n' {
+        let after_stop = i > 0 && matches!(text[i - 1], b'.' | b'!' | b'?');
+        let sentence_end = config.sentence_ends_line && after_stop && b.is_ascii_whitespace();
+        if b != b'\n' && !sentence_end {
             continue;
         }
         let words: Vec<&[u8]> = text[start..i]
@@ -416,6 +521,12 @@ fn stream() -> impl Strategy<Value = Vec<u8>> {
         "hello there",
         "é",
         "I will now call the get_weather tool...",
+        "He is here. ",
+        "He is here.",
+        "Yes! ",
+        "3.5 ",
+        "1. ab",
+        "ab? ab",
     ]);
     prop::collection::vec((line, prop::bool::weighted(0.9)), 0..120).prop_map(|v| {
         let mut out = Vec::new();
@@ -430,13 +541,22 @@ fn stream() -> impl Strategy<Value = Vec<u8>> {
 }
 
 fn small_config() -> impl Strategy<Value = LoopConfig> {
-    (0usize..20, 0usize..30, 2u32..8, 2u32..8, 2u32..8).prop_map(|(m, l, s, me, lo)| LoopConfig {
-        medium_from: m.min(l),
-        long_from: m.max(l),
-        short_repeats: s,
-        medium_repeats: me,
-        long_repeats: lo,
-    })
+    (
+        0usize..20,
+        0usize..30,
+        2u32..8,
+        2u32..8,
+        2u32..8,
+        any::<bool>(),
+    )
+        .prop_map(|(m, l, s, me, lo, sentences)| LoopConfig {
+            medium_from: m.min(l),
+            long_from: m.max(l),
+            short_repeats: s,
+            medium_repeats: me,
+            long_repeats: lo,
+            sentence_ends_line: sentences,
+        })
 }
 
 proptest! {

@@ -1004,3 +1004,26 @@ fn a_panicking_observer_fails_its_request_and_frees_the_slot() {
     let r = run(&s, ask("y"));
     assert!(r.outcome.fail_reason().is_none(), "{:?}", r.outcome);
 }
+
+#[test]
+fn the_recorded_smollm2_loop_is_detected_with_its_output_kept() {
+    // The real server's stream of the model repeating one sentence (fixtures/looping.sse),
+    // then silence where the server would have gone on to max_tokens.
+    let events = events_of(&fixture("looping.sse"));
+    let server = FakeServer::start(vec![(CHAT, vec![Reply::sse(events).ending(End::Silence)])]);
+    let s = setup(config(&server, None), 1);
+    let start = Instant::now();
+    let r = run(&s, ask("go"));
+    assert!(
+        start.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        start.elapsed()
+    );
+    let (reason, detail) = failed(&r);
+    assert_eq!(reason, FailReason::LoopDetected, "{detail}");
+    assert!(
+        r.content.is_some_and(|c| !c.is_empty()),
+        "the output is kept"
+    );
+    assert_released(&s.runner);
+}

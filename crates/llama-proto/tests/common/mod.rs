@@ -7,7 +7,7 @@ use sse_nostd::{Event, Parser};
 
 /// The recorded transcripts with a non-streamed twin, and the SSE-only ones.
 pub const PAIRED: [&str; 4] = ["plain", "thinking", "tool_call", "tool_call_text"];
-pub const SSE_ONLY: [&str; 2] = ["progress", "reasoning_end"];
+pub const SSE_ONLY: [&str; 3] = ["progress", "reasoning_end", "looping"];
 
 pub fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))

@@ -59,6 +59,9 @@ pub struct LoopThresholds {
     pub medium_repeats: u32,
     /// Repeats of a long unit that fire (5).
     pub long_repeats: u32,
+    /// Whether a sentence end (`.`, `!`, `?` then whitespace) ends a line too (true): small
+    /// models also loop on one sentence inside a paragraph.
+    pub sentence_ends_line: bool,
 }
 
 impl Default for LoopThresholds {
@@ -70,6 +73,7 @@ impl Default for LoopThresholds {
             short_repeats: d.short_repeats,
             medium_repeats: d.medium_repeats,
             long_repeats: d.long_repeats,
+            sentence_ends_line: d.sentence_ends_line,
         }
     }
 }
@@ -83,6 +87,7 @@ impl LoopThresholds {
             short_repeats: self.short_repeats,
             medium_repeats: self.medium_repeats,
             long_repeats: self.long_repeats,
+            sentence_ends_line: self.sentence_ends_line,
         }
     }
 }
@@ -139,7 +144,7 @@ mod tests {
             "[runner]\nbudget = 2\nslots = 4\ntool_timeout_ms = 5\nworker_socket = \"/run/w.sock\"\n\
              worker_poll_ms = 7\nworker_timeout_ms = 9\nstall_ms = 11\n\
              [runner.loop_detector]\nmedium_from = 10\nlong_from = 40\nshort_repeats = 30\n\
-             medium_repeats = 6\nlong_repeats = 3\n",
+             medium_repeats = 6\nlong_repeats = 3\nsentence_ends_line = false\n",
         )
         .unwrap();
         let r = c.runner;
@@ -160,6 +165,8 @@ mod tests {
             ),
             (10, 40, 30, 6, 3)
         );
+        assert!(!l.sentence_ends_line);
+        assert!(parse("").unwrap().runner.loop_detector.sentence_ends_line);
     }
 
     #[test]
