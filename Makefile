@@ -10,7 +10,7 @@ NOSTD_CRATES := -p sse-nostd -p http-nostd -p llama-proto
 DEVICE_TARGET := thumbv7em-none-eabihf
 FUZZ_SECONDS ?= 60
 
-.PHONY: test selftest ask verify-device verify-local fuzz bench serve fixtures soak llama fmt-check clippy unit no-std embedded
+.PHONY: test selftest ask run verify-device verify-local fuzz bench serve fixtures soak llama fmt-check clippy unit no-std embedded
 
 ## test: format, lints, every test (the end-to-end ones against a real llama-server), the no_std
 ## build, the firmware image under QEMU, and verify-device against the local router
@@ -66,6 +66,12 @@ selftest:
 ## ask: one request through the same stack, shown as it runs (PROMPT="...", THINKING=1)
 ask:
 	scripts/local-stack.sh ask $(if $(THINKING),--thinking) "$(or $(PROMPT),Why is the sky blue?)"
+
+## run: one agent request through the request runner with the built-in tools, shown live
+## (PROMPT="...", BUDGET=N, THINKING=1, FOLDER=dir for read_file)
+run:
+	scripts/local-stack.sh run $(if $(BUDGET),--budget $(BUDGET)) $(if $(THINKING),--thinking) \
+	  $(if $(FOLDER),--folder $(FOLDER)) "$(or $(PROMPT),What is 17 times 23? Use a tool.)"
 
 ## verify-device: selftest and the device tests against UPSTREAM (default straylight:11434);
 ## needs MODEL EXPECT_SHA256 N_CTX SLOTS, or LOOPD_CONFIG (see scripts/verify-device.sh)

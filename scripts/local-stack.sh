@@ -4,6 +4,7 @@
 #
 #   scripts/local-stack.sh selftest                       (make selftest)
 #   scripts/local-stack.sh ask [--thinking] "<prompt>"    (make ask PROMPT="...")
+#   scripts/local-stack.sh run [--budget N] [--thinking] [--folder DIR] "<prompt>"   (make run)
 #   scripts/local-stack.sh verify                         (make verify-device against the local router)
 #
 # Builds what is missing (llama-server and the model, cached; the workspace binaries), writes a
@@ -62,6 +63,9 @@ model = "smollm2"
 chat_template_sha256 = "$(sha256sum "$template" | cut -d' ' -f1)"
 n_ctx = 4096
 total_slots = 2
+
+[runner]
+worker_socket = "$run/worker.sock"
 TOML
 
 case $cmd in
@@ -75,9 +79,10 @@ To watch one request through the same path (llama-worker, llama-server, inferpro
 MSG
     ;;
   ask) "$bin/loopd" ask --config "$run/loopd.toml" "$@" ;;
+  run) "$bin/loopd" run --config "$run/loopd.toml" "$@" ;;
   verify)
     UPSTREAM=127.0.0.1:$port MODEL=smollm2 LOOPD_CONFIG=$run/loopd.toml INFERPROXY_BIN=$bin/inferproxy \
       "$root/scripts/verify-device.sh"
     ;;
-  *) echo "local-stack: unknown command $cmd (selftest, ask, verify)" >&2; exit 2 ;;
+  *) echo "local-stack: unknown command $cmd (selftest, ask, run, verify)" >&2; exit 2 ;;
 esac

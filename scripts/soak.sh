@@ -20,6 +20,7 @@ mkdir -p "$SOAK_DIR"
 suites=(
   "loopd-real-server|cargo test -q -p loopd --test real_server"
   "loopd-worker-restart|cargo test -q -p loopd --test worker_restart"
+  "loopd-runner-real-server|cargo test -q -p loopd --test runner_real_server"
   "harness-local-server|cargo test -q -p llama-harness --test local_server"
   "worker-real-server|cargo test -q -p llama-worker --test real_server"
   "worker-group|cargo test -q -p llama-worker --test group"

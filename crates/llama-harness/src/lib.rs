@@ -185,6 +185,11 @@ impl LocalServer {
         self.group.pgid()
     }
 
+    /// `llama-worker`'s status socket (what loopd's `runner.worker_socket` names).
+    pub fn status_socket(&self) -> &Path {
+        &self.status_socket
+    }
+
     /// What `llama-worker` says of the server, as its status JSON.
     pub fn worker_status(&self) -> std::io::Result<serde_json::Value> {
         use std::io::BufRead;

@@ -44,6 +44,12 @@ impl<W: Write> Watcher<W> {
         }
     }
 
+    /// The writer back (tests read what was written).
+    #[cfg(test)]
+    pub fn into_inner(self) -> W {
+        self.out
+    }
+
     /// Shows one event. Write errors are ignored: the request goes on if stdout closes.
     pub fn event(&mut self, ev: &ChatEvent) {
         let _ = self.try_event(ev);
@@ -151,7 +157,7 @@ impl<W: Write> Watcher<W> {
     }
 
     /// A line of its own, after whatever was streaming.
-    fn notice(&mut self, line: &str) -> std::io::Result<()> {
+    pub fn notice(&mut self, line: &str) -> std::io::Result<()> {
         self.switch(Part::Notice)?;
         writeln!(self.out, "{}", Printable(line))?;
         self.part = Part::None;

@@ -28,6 +28,9 @@ pub struct Config {
     pub sampling: Sampling,
     /// What the startup self-test expects of the server.
     pub expect: Option<Expect>,
+    /// The request runner: tool budget, tool timeout, worker socket, stalls, loop detector.
+    #[serde(default)]
+    pub runner: crate::runner::RunnerConfig,
 }
 
 /// The limits of section 4, in milliseconds or tokens.
@@ -162,6 +165,7 @@ impl Config {
             retry: Retry::default(),
             sampling: Sampling::default(),
             expect: None,
+            runner: crate::runner::RunnerConfig::default(),
         }
     }
 
@@ -252,7 +256,7 @@ impl Config {
         if self.model.is_empty() {
             return Err(("", "model", "must not be empty"));
         }
-        Ok(())
+        self.runner.validate()
     }
 }
 

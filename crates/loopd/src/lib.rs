@@ -4,8 +4,10 @@
 //! and `sse-nostd` parsers over a `UnixStream`; [`llama`] is the client itself, with its slot
 //! gate, timers, thinking cap and retry. Time and jitter come in through [`clock`], so the
 //! timers and the retry schedule are tested without sleeping. [`selftest`] holds the three
-//! startup checks that `loopd selftest` runs. Nothing here starts a thread or
-//! opens a TCP connection.
+//! startup checks that `loopd selftest` runs. [`runner`] is the request runner of seed 003
+//! (agent requests on a fixed slot table, tool iterations on a budget, results kept until
+//! fetched); it is the only part that starts threads (one per request, one per tool call,
+//! and a watcher when llama-worker's socket is configured). Nothing opens a TCP connection.
 //!
 //! ```no_run
 //! use loopd::llama::{ChatEvent, ChatMessage, ChatRequest, Client};
@@ -40,4 +42,5 @@ pub mod sse;
 pub use config::{Config, ConfigError};
 pub use llama::{ChatEvent, ChatRequest, Client, InferError};
 pub mod llama;
+pub mod runner;
 pub mod selftest;

@@ -1,6 +1,8 @@
-//! The `loopd` command: the startup self-test and a way to watch one request.
+//! The `loopd` command: the startup self-test, a way to watch one request, and one agent
+//! request through the request runner.
 
 mod ask;
+mod run;
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -8,12 +10,14 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use loopd::llama::{ChatMessage, ChatRequest, Client};
+use loopd::runner::{builtin_tools, Outcome, ResultError, RunRequest, Runner, StandardBios};
 use loopd::selftest;
 use loopd::Config;
 
 const USAGE: &str = "\
 usage: loopd selftest --config <path> [--slot N]
        loopd ask --config <path> [--thinking] [--slot N] \"<prompt>\"
+       loopd run --config <path> [--budget N] [--thinking] [--folder DIR] \"<prompt>\"
        loopd --help | --version
 
 selftest  runs the three startup checks against the server the config names: /props matches
@@ -21,10 +25,17 @@ selftest  runs the three startup checks against the server the config names: /pr
           Exit status 0 only when all three pass.
 ask       sends one request through the whole client (slot gate, timers, thinking cap, retry)
           and shows it as it runs: prompt progress, reasoning, answer, tool calls, notices.
+run       runs one agent request through the request runner with the built-in tools
+          (current_time, arithmetic, read_file under --folder, and the exit tool finish)
+          and shows each generation live: the tool iterations left, the calls with their
+          arguments, their results, the answer; then tokens and cache use per generation.
+          Exit status 0 only when the request completed.
 
 --config  the loopd config.toml (socket, model, limits, [expect])
 --slot    the server slot to run on (default 0, the main slot)
---thinking  let the model think before answering (ask only)";
+--thinking  let the model think before answering (ask and run)
+--budget  tool iterations the request may use (run; default runner.budget, 8)
+--folder  the folder read_file may read under (run; without it there is no read_file)";
 
 /// What the command line asked for.
 #[derive(Debug, PartialEq)]
@@ -33,6 +44,16 @@ enum Command {
     Version,
     Selftest { config: PathBuf, slot: u32 },
     Ask(AskArgs),
+    Run(RunArgs),
+}
+
+#[derive(Debug, PartialEq)]
+struct RunArgs {
+    config: PathBuf,
+    budget: Option<u32>,
+    thinking: bool,
+    folder: Option<PathBuf>,
+    prompt: String,
 }
 
 #[derive(Debug, PartialEq)]
@@ -45,14 +66,15 @@ struct AskArgs {
 
 fn parse(args: &[String]) -> Result<Command, String> {
     let Some((verb, rest)) = args.split_first() else {
-        return Err("missing command (selftest or ask)".into());
+        return Err("missing command (selftest, ask or run)".into());
     };
     let (mut config, mut slot, mut thinking, mut prompt) = (None, 0u32, false, None);
+    let (mut budget, mut folder) = (None, None);
     let mut it = rest.iter();
     match verb.as_str() {
         "-h" | "--help" | "help" => return Ok(Command::Help),
         "-V" | "--version" => return Ok(Command::Version),
-        "selftest" | "ask" => {}
+        "selftest" | "ask" | "run" => {}
         other => return Err(format!("unknown command `{other}`")),
     }
     while let Some(arg) = it.next() {
@@ -61,16 +83,28 @@ fn parse(args: &[String]) -> Result<Command, String> {
                 let v = it.next().ok_or("--config needs a path")?;
                 config = Some(PathBuf::from(v));
             }
+            "--slot" if verb == "run" => return Err("unknown option `--slot`".into()),
             "--slot" => {
                 let v = it.next().ok_or("--slot needs a number")?;
                 slot = v
                     .parse()
                     .map_err(|_| format!("--slot: `{v}` is not a slot number"))?;
             }
-            "--thinking" if verb == "ask" => thinking = true,
+            "--budget" if verb == "run" => {
+                let v = it.next().ok_or("--budget needs a number")?;
+                budget = Some(
+                    v.parse()
+                        .map_err(|_| format!("--budget: `{v}` is not a number of iterations"))?,
+                );
+            }
+            "--folder" if verb == "run" => {
+                let v = it.next().ok_or("--folder needs a path")?;
+                folder = Some(PathBuf::from(v));
+            }
+            "--thinking" if verb == "ask" || verb == "run" => thinking = true,
             "-h" | "--help" => return Ok(Command::Help),
             flag if flag.starts_with("--") => return Err(format!("unknown option `{flag}`")),
-            text if verb == "ask" && prompt.is_none() => prompt = Some(text.to_string()),
+            text if verb != "selftest" && prompt.is_none() => prompt = Some(text.to_string()),
             extra => return Err(format!("unexpected argument `{extra}`")),
         }
     }
@@ -78,7 +112,16 @@ fn parse(args: &[String]) -> Result<Command, String> {
     if verb == "selftest" {
         return Ok(Command::Selftest { config, slot });
     }
-    let prompt = prompt.ok_or("ask needs a prompt")?;
+    let prompt = prompt.ok_or(format!("{verb} needs a prompt"))?;
+    if verb == "run" {
+        return Ok(Command::Run(RunArgs {
+            config,
+            budget,
+            thinking,
+            folder,
+            prompt,
+        }));
+    }
     Ok(Command::Ask(AskArgs {
         config,
         slot,
@@ -100,10 +143,11 @@ fn main() -> ExitCode {
         }
         Ok(Command::Selftest { config, slot }) => run_selftest(&config, slot),
         Ok(Command::Ask(a)) => run_ask(a),
+        Ok(Command::Run(a)) => run_agent(a),
         Err(e) => {
             eprintln!(
                 "loopd: {e}\n{}",
-                USAGE.lines().take(3).collect::<Vec<_>>().join("\n")
+                USAGE.lines().take(4).collect::<Vec<_>>().join("\n")
             );
             ExitCode::from(2)
         }
@@ -211,6 +255,67 @@ fn run_ask(a: AskArgs) -> ExitCode {
     }
 }
 
+fn run_agent(a: RunArgs) -> ExitCode {
+    let fail = |e: String| {
+        eprintln!("loopd run: {e}");
+        ExitCode::FAILURE
+    };
+    let client = match client_for(&a.config).and_then(|c| wait_for_server(&c).map(|()| c)) {
+        Ok(c) => c,
+        Err(e) => return fail(e),
+    };
+    let slots = match client.config().runner.slots {
+        0 => match client.props() {
+            Ok(p) => p.total_slots,
+            Err(e) => return fail(format!("GET /props for total_slots: {e}")),
+        },
+        n => n,
+    };
+    let tools = match builtin_tools(a.folder.as_deref()) {
+        Ok(t) => t,
+        Err(e) => return fail(format!("--folder: {e}")),
+    };
+    let runner = Runner::new(
+        std::sync::Arc::new(client),
+        tools,
+        std::sync::Arc::new(StandardBios),
+        slots,
+    );
+    let req = RunRequest {
+        messages: vec![ChatMessage::User { content: a.prompt }],
+        budget: a.budget,
+        thinking: a.thinking,
+        ..RunRequest::default()
+    };
+    let stdout = std::io::stdout();
+    let terminal = stdout.is_terminal();
+    let watcher = std::sync::Arc::new(std::sync::Mutex::new(run::RunWatcher::new(
+        stdout, terminal,
+    )));
+    let w = watcher.clone();
+    let observer = Box::new(move |e: &loopd::runner::RunEvent| {
+        w.lock().unwrap_or_else(|e| e.into_inner()).event(e)
+    });
+    let id = match runner.submit_observed(req, Some(observer)) {
+        Ok(id) => id,
+        Err(e) => return fail(format!("submit: {e}")),
+    };
+    // Every wait of the request has its own deadline; this loop only polls for the end.
+    let result = loop {
+        match runner.wait_result(id, Duration::from_secs(1)) {
+            Ok(r) => break r,
+            Err(ResultError::Pending) => {}
+            Err(e) => return fail(format!("get_result: {e}")),
+        }
+    };
+    let mut w = watcher.lock().unwrap_or_else(|e| e.into_inner());
+    w.finish(&result);
+    match result.outcome {
+        Outcome::Completed { .. } => ExitCode::SUCCESS,
+        Outcome::Failed { .. } => ExitCode::FAILURE,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -245,13 +350,48 @@ mod tests {
                 prompt: "hi there".into()
             }))
         );
+        assert_eq!(
+            parse(&args(&[
+                "run",
+                "--config",
+                "c",
+                "--budget",
+                "3",
+                "--thinking",
+                "--folder",
+                "d",
+                "p"
+            ])),
+            Ok(Command::Run(RunArgs {
+                config: "c".into(),
+                budget: Some(3),
+                thinking: true,
+                folder: Some("d".into()),
+                prompt: "p".into()
+            }))
+        );
+        assert_eq!(
+            parse(&args(&["run", "--config", "c", "--budget", "-1", "p"])),
+            Err("--budget: `-1` is not a number of iterations".into())
+        );
+        assert_eq!(
+            parse(&args(&["run", "--config", "c"])),
+            Err("run needs a prompt".into())
+        );
+        assert_eq!(
+            parse(&args(&["ask", "--config", "c", "--budget", "1", "p"])),
+            Err("unknown option `--budget`".into())
+        );
         assert_eq!(parse(&args(&["--version"])), Ok(Command::Version));
         assert_eq!(parse(&args(&["ask", "--help"])), Ok(Command::Help));
     }
 
     #[test]
     fn bad_arguments_are_named() {
-        assert_eq!(parse(&[]), Err("missing command (selftest or ask)".into()));
+        assert_eq!(
+            parse(&[]),
+            Err("missing command (selftest, ask or run)".into())
+        );
         assert_eq!(
             parse(&args(&["serve"])),
             Err("unknown command `serve`".into())

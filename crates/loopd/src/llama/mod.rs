@@ -17,6 +17,9 @@ pub mod gate;
 pub mod info;
 pub mod request;
 pub mod retry;
+// SHIM (issue 14): issue 13's cancellable exchange; delete when issue 13 lands.
+mod run_shim;
+pub use run_shim::{Cancel, Failed, Partial};
 
 pub use llama_proto::{
     cache_outcome, CacheOutcome, ChatMessage, Completion, FinishReason, Timings, ToolCall,
@@ -126,6 +129,8 @@ pub enum InferError {
     },
     /// The server broke the protocol or a size cap.
     Protocol(String),
+    /// The caller cancelled the request.
+    Cancelled,
 }
 
 /// Which limit a silent server ran out.
@@ -173,6 +178,7 @@ impl fmt::Display for InferError {
             InferError::ThinkingOverrun => f.write_str("reasoning ran on past the thinking cap"),
             InferError::Http { status, body } => write!(f, "HTTP {status}: {body}"),
             InferError::Protocol(what) => write!(f, "protocol error: {what}"),
+            InferError::Cancelled => f.write_str("the request was cancelled"),
         }
     }
 }

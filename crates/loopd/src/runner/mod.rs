@@ -1,0 +1,472 @@
+//! The request runner of seed 003: agent requests on a fixed table of slots, each run end to
+//! end (generation, tool iterations on a budget, exit tools, fallback parsing of calls
+//! written as text, loop detection) and its result kept until it is fetched once.
+//!
+//! - [`Runner::submit`] takes a free slot or refuses at once: `NO_SLOT_AVAILABLE` when every
+//!   slot is busy (there is no queue), `WORKER_NOT_READY` / `WORKER_FAILED` when llama-worker
+//!   (asked on its status socket, when the config names one) is not ready. A refusal uses no
+//!   slot. Runner slot `i` is server slot `i` (`id_slot`).
+//! - Each request runs on a thread of its own; the slot is released the moment its result is
+//!   stored, whatever ended it.
+//! - [`Runner::get_result`] hands the terminal [`RunResult`] out once; later calls are
+//!   `NOT_FOUND`. [`Runner::cancel`] ends a request within one poll interval with its partial
+//!   output.
+//! - With a worker socket, a watcher thread reads the worker's status every
+//!   `runner.worker_poll_ms`: a restart (a new spawn, or a state other than ready) fails every
+//!   request in flight with `worker_restarted` (`server_died` when the server exited on its
+//!   own). A generating request with no stream progress for `runner.stall_ms` reports a stall
+//!   on the socket; the worker restarts only if it saw no CPU progress either.
+//!
+//! The tool loop itself is in `request.rs` (appendix G).
+
+mod bios;
+mod builtin;
+mod request;
+mod result;
+mod settings;
+mod tools;
+mod watch;
+pub mod worker;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::config::Sampling;
+use crate::llama::{Cancel, ChatMessage, Client};
+
+pub use bios::{BiosContext, BiosProvider, StandardBios};
+pub use builtin::{builtin_tools, Arithmetic, Clock as ClockTool, Finish, ReadFile, READ_FILE_CAP};
+pub use result::{
+    CallSource, ClientError, ExitSignal, FailReason, GenerationStats, Outcome, RunEvent, RunResult,
+    ToolRecord,
+};
+pub use settings::{LoopThresholds, RunnerConfig};
+pub use tools::{run_call, RegistryError, Tool, ToolError, ToolRegistry};
+pub use worker::{StallAnswer, WorkerState, WorkerStatus};
+
+/// A request's id, unique within one runner.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RequestId(pub u64);
+
+impl fmt::Display for RequestId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "req-{}", self.0)
+    }
+}
+
+/// One agent request.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct RunRequest {
+    /// The caller's system message, sent after the BIOS.
+    pub system: Option<String>,
+    /// The conversation (user and earlier turns).
+    pub messages: Vec<ChatMessage>,
+    /// Tool iterations allowed; `None` takes `runner.budget`.
+    pub budget: Option<u32>,
+    /// Whether the model thinks before answering.
+    pub thinking: bool,
+    /// `max_tokens` per generation, below the config's backstop.
+    pub max_tokens: Option<u64>,
+    /// Sampling in place of the config's.
+    pub sampling: Option<Sampling>,
+}
+
+/// Why `submit` refused a request; none of them uses a slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SubmitError {
+    /// Every slot is busy.
+    NoSlotAvailable,
+    /// llama-worker is starting or restarting (or its socket did not answer).
+    WorkerNotReady,
+    /// llama-worker's crash-loop protection tripped.
+    WorkerFailed,
+    /// llama-worker is stopped.
+    WorkerStopped,
+    /// No thread could be started for the request.
+    NoThread,
+}
+
+impl SubmitError {
+    /// The code: `NO_SLOT_AVAILABLE`, `WORKER_NOT_READY`, `WORKER_FAILED`, ...
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SubmitError::NoSlotAvailable => "NO_SLOT_AVAILABLE",
+            SubmitError::WorkerNotReady => "WORKER_NOT_READY",
+            SubmitError::WorkerFailed => "WORKER_FAILED",
+            SubmitError::WorkerStopped => "WORKER_STOPPED",
+            SubmitError::NoThread => "NO_THREAD",
+        }
+    }
+}
+
+impl fmt::Display for SubmitError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::error::Error for SubmitError {}
+
+/// Why `get_result` or `cancel` had nothing to give.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResultError {
+    /// No such request, or its result was already fetched.
+    NotFound,
+    /// The request is still running.
+    Pending,
+}
+
+impl ResultError {
+    /// `NOT_FOUND` or `PENDING`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ResultError::NotFound => "NOT_FOUND",
+            ResultError::Pending => "PENDING",
+        }
+    }
+}
+
+impl fmt::Display for ResultError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::error::Error for ResultError {}
+
+/// What watches one request live.
+pub type Observer = Box<dyn FnMut(&RunEvent) + Send>;
+
+/// The runner's view of one running request, shared with its thread and the watcher.
+#[derive(Debug, Default)]
+struct Control {
+    cancel: Cancel,
+    /// The first reason set wins; the request thread reads it when the client says Cancelled.
+    fail: Mutex<Option<(FailReason, String)>>,
+    progress: Mutex<Progress>,
+    /// The worker's `spawns` when the request was admitted.
+    spawns: Option<u64>,
+    stalls: Mutex<Vec<StallAnswer>>,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct Progress {
+    /// A generation is streaming (not running tools).
+    generating: bool,
+    /// Last stream progress, on the client's clock.
+    last: Duration,
+    /// When the last stall report was sent in this silence.
+    reported: Option<Duration>,
+}
+
+impl Control {
+    /// Ends the request with `reason` unless another reason came first.
+    fn fail(&self, reason: FailReason, detail: String) {
+        let mut f = lock(&self.fail);
+        if f.is_none() {
+            *f = Some((reason, detail));
+        }
+        drop(f);
+        self.cancel.cancel();
+    }
+
+    fn reason(&self) -> Option<(FailReason, String)> {
+        lock(&self.fail).clone()
+    }
+}
+
+enum Record {
+    Running {
+        control: Arc<Control>,
+        thread: Option<JoinHandle<()>>,
+    },
+    Done {
+        result: Box<RunResult>,
+        thread: Option<JoinHandle<()>>,
+    },
+}
+
+struct Table {
+    slots: Vec<Option<RequestId>>,
+    records: HashMap<RequestId, Record>,
+    next_id: u64,
+}
+
+struct Shared {
+    client: Arc<Client>,
+    tools: ToolRegistry,
+    bios: Arc<dyn BiosProvider>,
+    settings: RunnerConfig,
+    table: Mutex<Table>,
+    stored: Condvar,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding a lock leaves plain data behind; keep serving it.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The request runner: see the [module docs](self).
+pub struct Runner {
+    shared: Arc<Shared>,
+    watcher: Option<(Cancel, JoinHandle<()>)>,
+}
+
+impl fmt::Debug for Runner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Runner")
+            .field("slots", &self.slots())
+            .field("tools", &self.shared.tools)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Runner {
+    /// A runner of `slots` slots (at least 1) over `client`, with `tools` and `bios`; the
+    /// rest of its settings come from the client's config (`[runner]`). Starts the watcher
+    /// thread when the config names a worker socket.
+    pub fn new(
+        client: Arc<Client>,
+        tools: ToolRegistry,
+        bios: Arc<dyn BiosProvider>,
+        slots: u32,
+    ) -> Runner {
+        let settings = client.config().runner.clone();
+        let shared = Arc::new(Shared {
+            client,
+            tools,
+            bios,
+            settings,
+            table: Mutex::new(Table {
+                slots: vec![None; slots.max(1) as usize],
+                records: HashMap::new(),
+                next_id: 1,
+            }),
+            stored: Condvar::new(),
+        });
+        let watcher = shared.settings.worker_socket.clone().map(|socket| {
+            let stop = Cancel::new();
+            let s = shared.clone();
+            let st = stop.clone();
+            let handle = std::thread::Builder::new()
+                .name("loopd-runner-watch".into())
+                .spawn(move || watch::run(&s, &socket, &st))
+                .expect("start the runner's watcher thread");
+            (stop, handle)
+        });
+        Runner { shared, watcher }
+    }
+
+    /// Slots in the table.
+    pub fn slots(&self) -> usize {
+        lock(&self.shared.table).slots.len()
+    }
+
+    /// Slots in use now.
+    pub fn busy_slots(&self) -> usize {
+        lock(&self.shared.table)
+            .slots
+            .iter()
+            .filter(|s| s.is_some())
+            .count()
+    }
+
+    /// Results stored and not yet fetched, plus requests running.
+    pub fn records(&self) -> usize {
+        lock(&self.shared.table).records.len()
+    }
+
+    /// Starts `req` on a free slot, or refuses at once.
+    pub fn submit(&self, req: RunRequest) -> Result<RequestId, SubmitError> {
+        self.submit_observed(req, None)
+    }
+
+    /// [`Runner::submit`] with an observer that sees every [`RunEvent`] as it happens.
+    pub fn submit_observed(
+        &self,
+        req: RunRequest,
+        observer: Option<Observer>,
+    ) -> Result<RequestId, SubmitError> {
+        let s = &self.shared;
+        // A full table refuses before anyone is asked anything.
+        if lock(&s.table).slots.iter().all(|x| x.is_some()) {
+            return Err(SubmitError::NoSlotAvailable);
+        }
+        let spawns = match &s.settings.worker_socket {
+            None => None,
+            Some(socket) => {
+                let timeout = Duration::from_millis(s.settings.worker_timeout_ms);
+                match worker::status(socket, timeout) {
+                    Ok(st) => match st.state {
+                        WorkerState::Ready => Some(st.spawns),
+                        WorkerState::Failed => return Err(SubmitError::WorkerFailed),
+                        WorkerState::Stopped => return Err(SubmitError::WorkerStopped),
+                        WorkerState::Starting | WorkerState::Restarting => {
+                            return Err(SubmitError::WorkerNotReady)
+                        }
+                    },
+                    Err(_) => return Err(SubmitError::WorkerNotReady),
+                }
+            }
+        };
+        let mut t = lock(&s.table);
+        let Some(slot) = t.slots.iter().position(|x| x.is_none()) else {
+            return Err(SubmitError::NoSlotAvailable);
+        };
+        let id = RequestId(t.next_id);
+        t.next_id += 1;
+        let control = Arc::new(Control {
+            spawns,
+            ..Control::default()
+        });
+        let (shared, ctl) = (s.clone(), control.clone());
+        let budget = req.budget.unwrap_or(s.settings.budget);
+        let thread = std::thread::Builder::new()
+            .name(format!("loopd-{id}"))
+            .spawn(move || {
+                // A panicking observer or BIOS provider must not keep the slot for ever.
+                let run = std::panic::AssertUnwindSafe(|| {
+                    request::run(&shared, id, slot as u32, req, &ctl, observer)
+                });
+                let result =
+                    std::panic::catch_unwind(run).unwrap_or_else(|_| request::panicked(id, budget));
+                shared.store(slot, result);
+            })
+            .map_err(|_| SubmitError::NoThread)?;
+        t.slots[slot] = Some(id);
+        t.records.insert(
+            id,
+            Record::Running {
+                control,
+                thread: Some(thread),
+            },
+        );
+        Ok(id)
+    }
+
+    /// The terminal result of `id`, once: `PENDING` while it runs, `NOT_FOUND` for an unknown
+    /// id and for every call after the one that returned it.
+    pub fn get_result(&self, id: RequestId) -> Result<RunResult, ResultError> {
+        let mut t = lock(&self.shared.table);
+        match t.records.get(&id) {
+            None => Err(ResultError::NotFound),
+            Some(Record::Running { .. }) => Err(ResultError::Pending),
+            Some(Record::Done { .. }) => {
+                let Some(Record::Done { result, thread }) = t.records.remove(&id) else {
+                    unreachable!("checked above")
+                };
+                drop(t);
+                // The thread's last act was storing this result: the join is immediate.
+                if let Some(h) = thread {
+                    let _ = h.join();
+                }
+                Ok(*result)
+            }
+        }
+    }
+
+    /// Waits up to `timeout` for the result of `id`, then as [`Runner::get_result`].
+    pub fn wait_result(&self, id: RequestId, timeout: Duration) -> Result<RunResult, ResultError> {
+        let deadline = Instant::now() + timeout;
+        let mut t = lock(&self.shared.table);
+        loop {
+            match t.records.get(&id) {
+                Some(Record::Running { .. }) => {}
+                _ => {
+                    drop(t);
+                    return self.get_result(id);
+                }
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(ResultError::Pending);
+            }
+            t = self
+                .shared
+                .stored
+                .wait_timeout(t, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    /// Cancels `id`: it ends within one poll interval as `cancelled`, with its partial output.
+    /// A request already ended is left as it is.
+    pub fn cancel(&self, id: RequestId) -> Result<(), ResultError> {
+        let t = lock(&self.shared.table);
+        match t.records.get(&id) {
+            None => Err(ResultError::NotFound),
+            Some(Record::Done { .. }) => Ok(()),
+            Some(Record::Running { control, .. }) => {
+                control.fail(FailReason::Cancelled, "cancelled by the caller".into());
+                Ok(())
+            }
+        }
+    }
+
+    /// The requests running now, with their controls (for the watcher).
+    fn running(shared: &Shared) -> Vec<Arc<Control>> {
+        lock(&shared.table)
+            .records
+            .values()
+            .filter_map(|r| match r {
+                Record::Running { control, .. } => Some(control.clone()),
+                Record::Done { .. } => None,
+            })
+            .collect()
+    }
+}
+
+impl Shared {
+    /// Stores a request's result and releases its slot, in one step.
+    fn store(&self, slot: usize, result: RunResult) {
+        let mut t = lock(&self.table);
+        if t.slots.get(slot).copied().flatten() == Some(result.id) {
+            t.slots[slot] = None;
+        }
+        let id = result.id;
+        let thread = match t.records.remove(&id) {
+            Some(Record::Running { thread, .. }) => thread,
+            _ => None,
+        };
+        t.records.insert(
+            id,
+            Record::Done {
+                result: Box::new(result),
+                thread,
+            },
+        );
+        drop(t);
+        self.stored.notify_all();
+    }
+}
+
+impl Drop for Runner {
+    /// Cancels every running request and waits for the runner's threads.
+    fn drop(&mut self) {
+        if let Some((stop, handle)) = self.watcher.take() {
+            stop.cancel();
+            let _ = handle.join();
+        }
+        let threads: Vec<JoinHandle<()>> = {
+            let mut t = lock(&self.shared.table);
+            t.records
+                .values_mut()
+                .filter_map(|r| match r {
+                    Record::Running { control, thread } => {
+                        control.fail(FailReason::Cancelled, "the runner was dropped".into());
+                        thread.take()
+                    }
+                    Record::Done { thread, .. } => thread.take(),
+                })
+                .collect()
+        };
+        for h in threads {
+            let _ = h.join();
+        }
+    }
+}

@@ -1,0 +1,258 @@
+//! What a request ends with ([`RunResult`], its [`Outcome`] and [`FailReason`]) and what it
+//! shows while it runs ([`RunEvent`]).
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::llama::{ChatEvent, ChatMessage, FinishReason, InferError, Timings, ToolCall};
+
+use super::worker::StallAnswer;
+use super::RequestId;
+
+/// The client error that ended a request, by kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientError {
+    /// `InferError::Busy`.
+    Busy,
+    /// `InferError::Connect`.
+    Connect,
+    /// `InferError::WaitTimeout`.
+    WaitTimeout,
+    /// `InferError::LoadTimeout`.
+    LoadTimeout,
+    /// `InferError::Stalled`.
+    Stalled,
+    /// `InferError::TimedOut` (issue 13's whole-step deadlines; mapped once it lands).
+    TimedOut,
+    /// `InferError::StreamClosedEarly`.
+    StreamClosedEarly,
+    /// `InferError::ThinkingOverrun`.
+    ThinkingOverrun,
+    /// `InferError::Http`.
+    Http,
+    /// `InferError::Protocol`.
+    Protocol,
+}
+
+impl ClientError {
+    /// The kind of `e`; `None` for a cancel, which is the runner's own reason.
+    pub fn of(e: &InferError) -> Option<ClientError> {
+        Some(match e {
+            InferError::Busy => ClientError::Busy,
+            InferError::Connect { .. } => ClientError::Connect,
+            InferError::WaitTimeout => ClientError::WaitTimeout,
+            InferError::LoadTimeout => ClientError::LoadTimeout,
+            InferError::Stalled(_) => ClientError::Stalled,
+            InferError::StreamClosedEarly => ClientError::StreamClosedEarly,
+            InferError::ThinkingOverrun => ClientError::ThinkingOverrun,
+            InferError::Http { .. } => ClientError::Http,
+            InferError::Protocol(_) => ClientError::Protocol,
+            InferError::Cancelled => return None,
+        })
+    }
+
+    /// The printable name (`stream_closed_early`, `http_error`, ...).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ClientError::Busy => "busy",
+            ClientError::Connect => "connect_error",
+            ClientError::WaitTimeout => "wait_timeout",
+            ClientError::LoadTimeout => "load_timeout",
+            ClientError::Stalled => "stalled",
+            ClientError::TimedOut => "timed_out",
+            ClientError::StreamClosedEarly => "stream_closed_early",
+            ClientError::ThinkingOverrun => "thinking_overrun",
+            ClientError::Http => "http_error",
+            ClientError::Protocol => "protocol_error",
+        }
+    }
+}
+
+/// Why a request failed, printable exactly as seed 003 names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailReason {
+    /// A tool call failed, or a call came with the budget at 0.
+    ToolExecutionError,
+    /// A call written as text could not be parsed, or names no tool.
+    ToolParseError,
+    /// llama-worker restarted the server under the request.
+    WorkerRestarted,
+    /// The server died on its own under the request.
+    ServerDied,
+    /// llama-worker was stopped under the request.
+    WorkerStopped,
+    /// The streamed content repeated itself.
+    LoopDetected,
+    /// [`Runner::cancel`] (or the runner being dropped).
+    Cancelled,
+    /// The client's own error.
+    Client(ClientError),
+    /// Code the runner calls (an observer, a BIOS provider) panicked; the slot is freed.
+    Panicked,
+}
+
+impl FailReason {
+    /// `tool_execution_error`, `tool_parse_error`, `worker_restarted`, `server_died`,
+    /// `worker_stopped`, `loop_detected`, `cancelled`, `panicked`, or the client error's name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailReason::ToolExecutionError => "tool_execution_error",
+            FailReason::ToolParseError => "tool_parse_error",
+            FailReason::WorkerRestarted => "worker_restarted",
+            FailReason::ServerDied => "server_died",
+            FailReason::WorkerStopped => "worker_stopped",
+            FailReason::LoopDetected => "loop_detected",
+            FailReason::Cancelled => "cancelled",
+            FailReason::Client(c) => c.as_str(),
+            FailReason::Panicked => "panicked",
+        }
+    }
+}
+
+impl fmt::Display for FailReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How a request ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// The model answered without asking for a tool.
+    Completed {
+        /// The last generation's finish reason.
+        finish_reason: FinishReason,
+    },
+    /// It failed; the output so far is kept.
+    Failed {
+        /// The reason, by name.
+        reason: FailReason,
+        /// What happened, in words.
+        detail: String,
+    },
+}
+
+impl Outcome {
+    /// The failure reason, if it failed.
+    pub fn fail_reason(&self) -> Option<FailReason> {
+        match self {
+            Outcome::Failed { reason, .. } => Some(*reason),
+            Outcome::Completed { .. } => None,
+        }
+    }
+}
+
+/// Where a call came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallSource {
+    /// The server parsed it (`tool_calls`).
+    Native,
+    /// The fallback parser found it written as `<tool_call>` text in the content.
+    Text,
+}
+
+/// One normal tool call the runner ran (or tried to).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolRecord {
+    /// The iteration it belonged to (1 for the first).
+    pub iteration: u32,
+    /// The call.
+    pub call: ToolCall,
+    /// Where it came from.
+    pub source: CallSource,
+    /// Its result text, or what went wrong.
+    pub result: Result<String, String>,
+}
+
+/// One exit-tool call: a signal for the caller.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExitSignal {
+    /// The generation it appeared in (1 for the first).
+    pub generation: u32,
+    /// The call.
+    pub call: ToolCall,
+    /// Where it came from.
+    pub source: CallSource,
+}
+
+/// The figures of one generation (one assistant message).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GenerationStats {
+    /// Tool iterations left when it started.
+    pub budget_left: u32,
+    /// The server's timings (`cache_n`, `prompt_n`, `predicted_n`), if the stream carried any.
+    pub timings: Option<Timings>,
+    /// Reasoning tokens.
+    pub reasoning_tokens: u64,
+    /// Its finish reason; `None` when it failed.
+    pub finish_reason: Option<FinishReason>,
+    /// Wall time from send to end.
+    pub elapsed: Duration,
+}
+
+/// The terminal result of a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunResult {
+    /// The request.
+    pub id: RequestId,
+    /// How it ended.
+    pub outcome: Outcome,
+    /// The last generation's answer text (partial on failure).
+    pub content: Option<String>,
+    /// The last generation's reasoning text (partial on failure).
+    pub reasoning_content: Option<String>,
+    /// Everything the runner added to the conversation: the assistant tool-call messages, the
+    /// tool results, and the last assistant message (partial on failure).
+    pub transcript: Vec<ChatMessage>,
+    /// The normal tool calls run, in order.
+    pub tool_calls: Vec<ToolRecord>,
+    /// The exit-tool signals, in order.
+    pub exits: Vec<ExitSignal>,
+    /// One entry per generation.
+    pub generations: Vec<GenerationStats>,
+    /// Tool iterations the request started with.
+    pub budget: u32,
+    /// Tool iterations left at the end.
+    pub budget_left: u32,
+    /// The worker's answers to the stalls this request reported.
+    pub stalls: Vec<StallAnswer>,
+}
+
+/// What a request does, for a caller watching it live.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RunEvent {
+    /// A generation starts with this BIOS.
+    Generation {
+        /// 1 for the first.
+        number: u32,
+        /// Tool iterations left.
+        budget_left: u32,
+    },
+    /// The client's event for the current generation.
+    Chat(ChatEvent),
+    /// A normal call is about to run.
+    ToolStarted {
+        /// The call.
+        call: ToolCall,
+        /// Where it came from.
+        source: CallSource,
+    },
+    /// A normal call ended.
+    ToolFinished {
+        /// The call's id.
+        id: String,
+        /// The result text, or what went wrong.
+        result: Result<String, String>,
+    },
+    /// An exit tool was called.
+    Exit(ExitSignal),
+    /// An iteration ended; generation continues.
+    Iteration {
+        /// 1 for the first.
+        number: u32,
+        /// Tool iterations left.
+        budget_left: u32,
+    },
+    /// The worker answered a stall report.
+    Stall(StallAnswer),
+}

@@ -1,0 +1,190 @@
+//! The `[runner]` section of `config.toml`: the tool budget, the tool timeout, the worker's
+//! status socket, the stall limit and the loop detector's thresholds.
+
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+/// `[runner]`: how the request runner runs agent requests.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RunnerConfig {
+    /// Tool iterations a request may use unless it asks for another budget (8).
+    pub budget: u32,
+    /// Slots in the runner's table; 0 takes the server's `total_slots` from `/props` (0).
+    pub slots: u32,
+    /// How long one tool call may run before it fails the request (10 s).
+    pub tool_timeout_ms: u64,
+    /// llama-worker's status socket; without it the runner admits on its slot table alone
+    /// and reports no stalls.
+    pub worker_socket: Option<PathBuf>,
+    /// How often the worker's status is read while requests run, and how often stalls are
+    /// checked (1 s).
+    pub worker_poll_ms: u64,
+    /// How long one status or stall call to the worker may take (2 s).
+    pub worker_timeout_ms: u64,
+    /// A generating request with no stream progress for this long reports a stall to the
+    /// worker, and again after each further such period (60 s).
+    pub stall_ms: u64,
+    /// The loop detector's thresholds.
+    pub loop_detector: LoopThresholds,
+}
+
+impl Default for RunnerConfig {
+    fn default() -> Self {
+        RunnerConfig {
+            budget: 8,
+            slots: 0,
+            tool_timeout_ms: 10_000,
+            worker_socket: None,
+            worker_poll_ms: 1_000,
+            worker_timeout_ms: 2_000,
+            stall_ms: 60_000,
+            loop_detector: LoopThresholds::default(),
+        }
+    }
+}
+
+/// `[runner.loop_detector]`: repeated lines fire after more repeats when they are short.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LoopThresholds {
+    /// The shortest medium unit in bytes (16).
+    pub medium_from: usize,
+    /// The shortest long unit in bytes (64).
+    pub long_from: usize,
+    /// Repeats of a short unit that fire (24).
+    pub short_repeats: u32,
+    /// Repeats of a medium unit that fire (8).
+    pub medium_repeats: u32,
+    /// Repeats of a long unit that fire (5).
+    pub long_repeats: u32,
+    /// Whether a sentence end (`.`, `!`, `?` then whitespace) ends a line too (true): small
+    /// models also loop on one sentence inside a paragraph.
+    pub sentence_ends_line: bool,
+}
+
+impl Default for LoopThresholds {
+    fn default() -> Self {
+        let d = llama_proto::LoopConfig::DEFAULT;
+        LoopThresholds {
+            medium_from: d.medium_from,
+            long_from: d.long_from,
+            short_repeats: d.short_repeats,
+            medium_repeats: d.medium_repeats,
+            long_repeats: d.long_repeats,
+            sentence_ends_line: d.sentence_ends_line,
+        }
+    }
+}
+
+impl LoopThresholds {
+    /// As the detector's configuration.
+    pub fn to_loop_config(self) -> llama_proto::LoopConfig {
+        llama_proto::LoopConfig {
+            medium_from: self.medium_from,
+            long_from: self.long_from,
+            short_repeats: self.short_repeats,
+            medium_repeats: self.medium_repeats,
+            long_repeats: self.long_repeats,
+            sentence_ends_line: self.sentence_ends_line,
+        }
+    }
+}
+
+impl RunnerConfig {
+    /// `(table, key, message)` of the first value the types cannot refuse.
+    pub fn validate(&self) -> Result<(), (&'static str, &'static str, &'static str)> {
+        let ms = [
+            ("tool_timeout_ms", self.tool_timeout_ms),
+            ("worker_poll_ms", self.worker_poll_ms),
+            ("worker_timeout_ms", self.worker_timeout_ms),
+            ("stall_ms", self.stall_ms),
+        ];
+        if let Some((key, _)) = ms.iter().find(|(_, v)| *v == 0) {
+            return Err(("runner", key, "must be at least 1 ms"));
+        }
+        let table = "runner.loop_detector";
+        match self.loop_detector.to_loop_config().check() {
+            Ok(()) => Ok(()),
+            Err(llama_proto::LoopConfigError::TooFewRepeats { field, .. }) => {
+                let key = match field {
+                    "short_repeats" => "short_repeats",
+                    "medium_repeats" => "medium_repeats",
+                    _ => "long_repeats",
+                };
+                Err((table, key, "must be at least 2"))
+            }
+            Err(_) => Err((table, "medium_from", "must not be greater than long_from")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use crate::config::{Config, ConfigError};
+
+    fn parse(runner: &str) -> Result<Config, ConfigError> {
+        let text = format!("socket = \"/run/infer.sock\"\nmodel = \"m\"\n{runner}");
+        Config::parse(Path::new("/etc/loopd.toml"), &text)
+    }
+
+    #[test]
+    fn runner_defaults_and_every_key() {
+        let c = parse("").unwrap();
+        assert_eq!(c.runner, super::RunnerConfig::default());
+        assert_eq!(
+            (c.runner.budget, c.runner.tool_timeout_ms, c.runner.stall_ms),
+            (8, 10_000, 60_000)
+        );
+        assert_eq!(c.runner.loop_detector.medium_repeats, 8);
+        let c = parse(
+            "[runner]\nbudget = 2\nslots = 4\ntool_timeout_ms = 5\nworker_socket = \"/run/w.sock\"\n\
+             worker_poll_ms = 7\nworker_timeout_ms = 9\nstall_ms = 11\n\
+             [runner.loop_detector]\nmedium_from = 10\nlong_from = 40\nshort_repeats = 30\n\
+             medium_repeats = 6\nlong_repeats = 3\nsentence_ends_line = false\n",
+        )
+        .unwrap();
+        let r = c.runner;
+        assert_eq!((r.budget, r.slots, r.tool_timeout_ms), (2, 4, 5));
+        assert_eq!(r.worker_socket.as_deref(), Some(Path::new("/run/w.sock")));
+        assert_eq!(
+            (r.worker_poll_ms, r.worker_timeout_ms, r.stall_ms),
+            (7, 9, 11)
+        );
+        let l = r.loop_detector;
+        assert_eq!(
+            (
+                l.medium_from,
+                l.long_from,
+                l.short_repeats,
+                l.medium_repeats,
+                l.long_repeats
+            ),
+            (10, 40, 30, 6, 3)
+        );
+        assert!(!l.sentence_ends_line);
+        assert!(parse("").unwrap().runner.loop_detector.sentence_ends_line);
+    }
+
+    #[test]
+    fn bad_runner_values_name_their_key_and_line() {
+        let e = parse("[runner]\nbudget = 1\nstall_ms = 0\n").unwrap_err();
+        assert_eq!((e.line, e.key.as_str()), (5, "runner.stall_ms"));
+        assert_eq!(e.message, "must be at least 1 ms");
+        let e = parse("[runner.loop_detector]\nlong_repeats = 1\n").unwrap_err();
+        assert_eq!(
+            (e.line, e.key.as_str()),
+            (4, "runner.loop_detector.long_repeats")
+        );
+        assert!(parse("[runner.loop_detector]\nlong_repeats = 2\n").is_ok());
+        let e = parse("[runner.loop_detector]\nmedium_from = 65\n").unwrap_err();
+        assert_eq!(e.key, "runner.loop_detector.medium_from");
+        let e = parse("[runner]\nbudgett = 1\n").unwrap_err();
+        assert_eq!(e.key, "runner.budgett");
+        let e = parse("[runner]\nbudget = -1\n").unwrap_err();
+        assert_eq!(e.key, "runner.budget");
+    }
+}

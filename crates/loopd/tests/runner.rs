@@ -1,0 +1,1029 @@
+//! The request runner against the fake server (and a fake llama-worker status socket): every
+//! scenario of seed 003's appendix L. Limits are tens of milliseconds, so nothing waits long.
+
+mod support;
+mod worker_fake;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use loopd::config::Config;
+use loopd::llama::{Cancel, ChatMessage, Client};
+use loopd::runner::{
+    BiosContext, BiosProvider, CallSource, ClientError, FailReason, Outcome, RequestId,
+    ResultError, RunEvent, RunRequest, RunResult, Runner, StallAnswer, SubmitError, Tool,
+    ToolError, ToolRegistry,
+};
+use serde_json::{json, Value};
+use support::{events_of, fixture, slots_json, End, FakeServer, Reply};
+use worker_fake::{FakeWorker, Script};
+
+const CHAT: &str = "/v1/chat/completions";
+const SLOTS: &str = "/slots";
+
+fn config(server: &FakeServer, worker: Option<&FakeWorker>) -> Config {
+    let mut c = Config::new(server.socket(), "smollm2");
+    c.limits.poll_ms = 20;
+    c.limits.busy_wait_ms = 5_000;
+    c.limits.load_wait_ms = 2_000;
+    c.limits.idle_grace_ms = 2_000;
+    c.limits.liveness_ms = 5_000;
+    c.runner.budget = 3;
+    c.runner.tool_timeout_ms = 200;
+    c.runner.stall_ms = 150;
+    c.runner.worker_poll_ms = 20;
+    c.runner.worker_timeout_ms = 1_000;
+    c.runner.worker_socket = worker.map(|w| w.socket().to_owned());
+    c
+}
+
+/// One `data:` event in llama-server's chunk format, `delta` a JSON value.
+fn chunk(delta: Value, finish: Option<&str>, cache_n: u64) -> Vec<u8> {
+    let v = json!({
+        "choices": [{"finish_reason": finish, "index": 0, "delta": delta}],
+        "created": 1, "id": "chatcmpl-r", "model": "smollm2",
+        "object": "chat.completion.chunk",
+        "timings": {"cache_n": cache_n, "prompt_n": 10, "predicted_n": 3}
+    });
+    format!("data: {v}\n\n").into_bytes()
+}
+
+fn content(text: &str) -> Vec<u8> {
+    chunk(json!({ "content": text }), None, 0)
+}
+
+fn done() -> Vec<u8> {
+    b"data: [DONE]\n\n".to_vec()
+}
+
+/// A complete answer without calls.
+fn answer(text: &str) -> Reply {
+    Reply::sse(vec![
+        content(text),
+        chunk(json!({}), Some("stop"), 5),
+        done(),
+    ])
+}
+
+/// One assistant message calling `(id, name, arguments)` in order.
+fn calls(list: &[(&str, &str, &str)]) -> Reply {
+    let deltas: Vec<Value> = list
+        .iter()
+        .enumerate()
+        .map(|(i, (id, name, args))| {
+            json!({"index": i, "id": id, "type": "function",
+                   "function": {"name": name, "arguments": args}})
+        })
+        .collect();
+    Reply::sse(vec![
+        chunk(json!({ "tool_calls": deltas }), None, 0),
+        chunk(json!({}), Some("tool_calls"), 0),
+        done(),
+    ])
+}
+
+/// The tools of these tests: `echo` logs its calls, `fail` fails, `sleep` outlives the tool
+/// timeout, `signal` is an exit tool.
+struct Echo(Arc<Mutex<Vec<String>>>);
+struct Fail;
+struct Sleep;
+struct Signal;
+
+fn object() -> Value {
+    json!({"type": "object", "properties": {}})
+}
+
+impl Tool for Echo {
+    fn name(&self) -> &str {
+        "echo"
+    }
+    fn description(&self) -> &str {
+        "echoes"
+    }
+    fn parameters(&self) -> Value {
+        object()
+    }
+    fn run(&self, args: &Value, _: &Cancel) -> Result<String, ToolError> {
+        self.0.lock().unwrap().push(args.to_string());
+        Ok(format!("echo {args}"))
+    }
+}
+
+impl Tool for Fail {
+    fn name(&self) -> &str {
+        "fail"
+    }
+    fn description(&self) -> &str {
+        "fails"
+    }
+    fn parameters(&self) -> Value {
+        object()
+    }
+    fn run(&self, _: &Value, _: &Cancel) -> Result<String, ToolError> {
+        Err(ToolError::Failed("disk on fire".into()))
+    }
+}
+
+impl Tool for Sleep {
+    fn name(&self) -> &str {
+        "sleep"
+    }
+    fn description(&self) -> &str {
+        "sleeps"
+    }
+    fn parameters(&self) -> Value {
+        object()
+    }
+    fn run(&self, _: &Value, cancel: &Cancel) -> Result<String, ToolError> {
+        cancel.sleep(Duration::from_secs(5));
+        Ok("woke".into())
+    }
+}
+
+impl Tool for Signal {
+    fn name(&self) -> &str {
+        "signal"
+    }
+    fn description(&self) -> &str {
+        "an exit tool"
+    }
+    fn parameters(&self) -> Value {
+        object()
+    }
+    fn is_exit(&self) -> bool {
+        true
+    }
+    fn run(&self, _: &Value, _: &Cancel) -> Result<String, ToolError> {
+        panic!("an exit tool is never run")
+    }
+}
+
+/// A BIOS that states the budget left and records every context it was asked for.
+#[derive(Default)]
+struct RecordingBios(Mutex<Vec<(u32, u32)>>);
+
+impl BiosProvider for RecordingBios {
+    fn bios(&self, ctx: &BiosContext<'_>) -> String {
+        self.0
+            .lock()
+            .unwrap()
+            .push((ctx.budget_left, ctx.iterations));
+        format!(
+            "BIOS: {} of {} tool iterations left",
+            ctx.budget_left, ctx.budget
+        )
+    }
+}
+
+struct Setup {
+    runner: Runner,
+    log: Arc<Mutex<Vec<String>>>,
+    bios: Arc<RecordingBios>,
+}
+
+fn setup(config: Config, slots: u32) -> Setup {
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let mut tools = ToolRegistry::new();
+    tools.register(Arc::new(Echo(log.clone()))).unwrap();
+    tools.register(Arc::new(Fail)).unwrap();
+    tools.register(Arc::new(Sleep)).unwrap();
+    tools.register(Arc::new(Signal)).unwrap();
+    let bios = Arc::new(RecordingBios::default());
+    let runner = Runner::new(Arc::new(Client::new(config)), tools, bios.clone(), slots);
+    Setup { runner, log, bios }
+}
+
+fn ask(text: &str) -> RunRequest {
+    RunRequest {
+        messages: vec![ChatMessage::User {
+            content: text.into(),
+        }],
+        ..RunRequest::default()
+    }
+}
+
+fn wait(runner: &Runner, id: RequestId) -> RunResult {
+    runner
+        .wait_result(id, Duration::from_secs(10))
+        .unwrap_or_else(|e| panic!("no result for {id} within 10 s: {e}"))
+}
+
+fn run(s: &Setup, req: RunRequest) -> RunResult {
+    let id = s.runner.submit(req).expect("a free slot");
+    wait(&s.runner, id)
+}
+
+/// The `messages` of the `n`th chat request the server received.
+fn sent(server: &FakeServer, n: usize) -> Vec<Value> {
+    let reqs = server.requests_to(CHAT);
+    let body: Value = serde_json::from_slice(&reqs[n].body).unwrap();
+    body["messages"].as_array().unwrap().clone()
+}
+
+fn failed(r: &RunResult) -> (FailReason, &str) {
+    match &r.outcome {
+        Outcome::Failed { reason, detail } => (*reason, detail.as_str()),
+        other => panic!("expected a failure, got {other:?}"),
+    }
+}
+
+fn assert_released(runner: &Runner) {
+    assert_eq!(runner.busy_slots(), 0, "every slot is free again");
+}
+
+#[test]
+fn a_batch_of_three_calls_is_one_iteration_run_in_order() {
+    let server = FakeServer::start(vec![(
+        CHAT,
+        vec![
+            calls(&[
+                ("c1", "echo", r#"{"n":1}"#),
+                ("c2", "echo", r#"{"n":2}"#),
+                ("c3", "echo", r#"{"n":3}"#),
+            ]),
+            answer("Done."),
+        ],
+    )]);
+    let s = setup(config(&server, None), 2);
+    let r = run(&s, ask("go"));
+    assert_eq!(
+        r.outcome,
+        Outcome::Completed {
+            finish_reason: loopd::llama::FinishReason::Stop
+        }
+    );
+    assert_eq!(
+        *s.log.lock().unwrap(),
+        [r#"{"n":1}"#, r#"{"n":2}"#, r#"{"n":3}"#]
+    );
+    assert_eq!(
+        (r.budget, r.budget_left),
+        (3, 2),
+        "one iteration costs 1, not 3"
+    );
+    let left: Vec<u32> = r.generations.iter().map(|g| g.budget_left).collect();
+    assert_eq!(left, [3, 2]);
+    assert_eq!(r.tool_calls.len(), 3);
+    assert!(r.tool_calls.iter().all(|t| t.iteration == 1));
+    assert_eq!(r.content.as_deref(), Some("Done."));
+    // The second generation sees one assistant message with the three calls, then the three
+    // results in the listed order.
+    let m = sent(&server, 1);
+    let roles: Vec<&str> = m.iter().map(|x| x["role"].as_str().unwrap()).collect();
+    assert_eq!(
+        roles,
+        ["system", "user", "assistant", "tool", "tool", "tool"]
+    );
+    assert_eq!(m[2]["tool_calls"].as_array().unwrap().len(), 3);
+    let results: Vec<(&str, &str)> = m[3..]
+        .iter()
+        .map(|x| {
+            (
+                x["tool_call_id"].as_str().unwrap(),
+                x["content"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        results,
+        [
+            ("c1", r#"echo {"n":1}"#),
+            ("c2", r#"echo {"n":2}"#),
+            ("c3", r#"echo {"n":3}"#)
+        ]
+    );
+    assert_released(&s.runner);
+}
+
+#[test]
+fn bios_first_then_the_caller_system_then_the_conversation_regenerated_per_iteration() {
+    let server = FakeServer::start(vec![(
+        CHAT,
+        vec![
+            calls(&[("c1", "echo", "{}")]),
+            calls(&[("c2", "echo", "{}")]),
+            answer("ok"),
+        ],
+    )]);
+    let s = setup(config(&server, None), 1);
+    let mut req = ask("hello");
+    req.system = Some("You are terse.".into());
+    let r = run(&s, req);
+    assert!(r.outcome.fail_reason().is_none(), "{:?}", r.outcome);
+    assert_eq!(*s.bios.0.lock().unwrap(), [(3, 0), (2, 1), (1, 2)]);
+    for (n, left) in [(0, 3), (1, 2), (2, 1)] {
+        let m = sent(&server, n);
+        assert_eq!(
+            m[0],
+            json!({"role": "system", "content": format!("BIOS: {left} of 3 tool iterations left")})
+        );
+        assert_eq!(m[1], json!({"role": "system", "content": "You are terse."}));
+        assert_eq!(m[2], json!({"role": "user", "content": "hello"}));
+    }
+    assert_eq!(
+        sent(&server, 2).len(),
+        7,
+        "BIOS, system, user, 2 x (call, result)"
+    );
+}
+
+#[test]
+fn an_exit_tool_is_recorded_costs_no_budget_and_generation_continues() {
+    let server = FakeServer::start(vec![(
+        CHAT,
+        vec![
+            calls(&[
+                ("x1", "signal", r#"{"why":"half way"}"#),
+                ("c1", "echo", "{}"),
+            ]),
+            calls(&[("x2", "signal", "{}")]),
+        ],
+    )]);
+    let s = setup(config(&server, None), 1);
+    let r = run(&s, ask("go"));
+    assert!(r.outcome.fail_reason().is_none(), "{:?}", r.outcome);
+    let exits: Vec<(u32, &str, CallSource)> = r
+        .exits
+        .iter()
+        .map(|e| (e.generation, e.call.id.as_str(), e.source))
+        .collect();
+    assert_eq!(
+        exits,
+        [(1, "x1", CallSource::Native), (2, "x2", CallSource::Native)]
+    );
+    // Only the normal call cost anything, and only it went back to the model.
+    assert_eq!(r.budget_left, 2);
+    assert_eq!(r.tool_calls.len(), 1);
+    let m = sent(&server, 1);
+    let ids: Vec<&str> = m[2]["tool_calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["c1"]);
+    assert_eq!(
+        server.requests_to(CHAT).len(),
+        2,
+        "the exit-only answer ends the request"
+    );
+}
+
+#[test]
+fn budget_zero_and_another_call_fails_with_tool_execution_error_output_kept() {
+    let server = FakeServer::start(vec![(
+        CHAT,
+        vec![
+            calls(&[("c1", "echo", r#"{"a":1}"#)]),
+            calls(&[("c2", "echo", r#"{"a":2}"#)]),
+        ],
+    )]);
+    let s = setup(config(&server, None), 1);
+    let mut req = ask("go");
+    req.budget = Some(1);
+    let r = run(&s, req);
+    assert_eq!(
+        failed(&r),
+        (
+            FailReason::ToolExecutionError,
+            "tool iteration budget exhausted"
+        )
+    );
+    assert_eq!(r.budget_left, 0);
+    assert_eq!(
+        *s.log.lock().unwrap(),
+        [r#"{"a":1}"#],
+        "the second call never ran"
+    );
+    // The output is kept: the first iteration and the refused message.
+    let last = r.transcript.last().unwrap();
+    assert!(
+        matches!(last, ChatMessage::Assistant { tool_calls, .. } if tool_calls[0].id == "c2"),
+        "{last:?}"
+    );
+    // A budget of 0 refuses the very first call.
+    let server = FakeServer::start(vec![(CHAT, vec![calls(&[("c1", "echo", "{}")])])]);
+    let s = setup(config(&server, None), 1);
+    let mut req = ask("go");
+    req.budget = Some(0);
+    let r = run(&s, req);
+    assert_eq!(failed(&r).0, FailReason::ToolExecutionError);
+    assert!(s.log.lock().unwrap().is_empty());
+    assert_released(&s.runner);
+}
+
+#[test]
+fn any_failing_call_fails_the_request_with_tool_execution_error() {
+    let cases = [
+        ("fail", "{}", "tool `fail` (call c2) failed: disk on fire"),
+        (
+            "sleep",
+            "{}",
+            "tool `sleep` (call c2) timed out after 200 ms (runner.tool_timeout_ms)",
+        ),
+        (
+            "echo",
+            "{not json",
+            "tool `echo` (call c2) bad arguments: not JSON",
+        ),
+        (
+            "echo",
+            "[1]",
+            "tool `echo` (call c2) bad arguments: not a JSON object",
+        ),
+        (
+            "nosuch",
+            "{}",
+            "tool `nosuch` (call c2) failed: no tool named `nosuch`",
+        ),
+    ];
+    for (name, args, want) in cases {
+        let server = FakeServer::start(vec![(
+            CHAT,
+            vec![calls(&[
+                ("c1", "echo", r#"{"first":true}"#),
+                ("c2", name, args),
+                ("c3", "echo", r#"{"third":true}"#),
+            ])],
+        )]);
+        let s = setup(config(&server, None), 1);
+        let start = Instant::now();
+        let r = run(&s, ask("go"));
+        let (reason, detail) = failed(&r);
+        assert_eq!(reason, FailReason::ToolExecutionError, "{name}");
+        assert!(detail.starts_with(want), "{name}: {detail}");
+        assert!(
+            start.elapsed() < Duration::from_secs(2),
+            "{name}: the timeout holds"
+        );
+        // Calls run in order and stop at the first failure; what ran is kept.
+        assert_eq!(*s.log.lock().unwrap(), [r#"{"first":true}"#], "{name}");
+        assert_eq!(r.tool_calls.len(), 2, "{name}");
+        assert!(r.tool_calls[1].result.is_err());
+        assert_eq!(r.budget_left, 3, "a failed iteration is not counted");
+        assert_released(&s.runner);
+    }
+}
+
+#[test]
+fn a_call_written_as_text_runs_as_a_call() {
+    // The real server's stream (recorded) of the model writing its call as text.
+    let text = Reply::sse(events_of(&fixture("tool_call_text.sse")));
+    let server = FakeServer::start(vec![(CHAT, vec![text, answer("Sunny.")])]);
+    let config = config(&server, None);
+    let log = Arc::new(Mutex::new(Vec::new()));
+    struct Weather(Arc<Mutex<Vec<String>>>);
+    impl Tool for Weather {
+        fn name(&self) -> &str {
+            "get_weather"
+        }
+        fn description(&self) -> &str {
+            "weather"
+        }
+        fn parameters(&self) -> Value {
+            object()
+        }
+        fn run(&self, args: &Value, _: &Cancel) -> Result<String, ToolError> {
+            self.0.lock().unwrap().push(args["city"].to_string());
+            Ok("sunny, 21 C".into())
+        }
+    }
+    let mut tools = ToolRegistry::new();
+    tools.register(Arc::new(Weather(log.clone()))).unwrap();
+    let runner = Runner::new(
+        Arc::new(Client::new(config)),
+        tools,
+        Arc::new(RecordingBios::default()),
+        1,
+    );
+    let id = runner.submit(ask("Weather in Paris?")).unwrap();
+    let r = wait(&runner, id);
+    assert!(r.outcome.fail_reason().is_none(), "{:?}", r.outcome);
+    assert_eq!(*log.lock().unwrap(), ["\"Paris\""]);
+    assert_eq!(r.tool_calls[0].source, CallSource::Text);
+    assert_eq!(r.tool_calls[0].call.id, "text-1-0");
+    assert_eq!(r.budget_left, 2);
+    // The call goes back as a call, not as text, so the template renders it once.
+    let m = sent(&server, 1);
+    assert_eq!(m[2]["content"], Value::Null);
+    assert_eq!(m[2]["tool_calls"][0]["function"]["name"], "get_weather");
+    assert_eq!(
+        m[3],
+        json!({"role": "tool", "tool_call_id": "text-1-0", "content": "sunny, 21 C"})
+    );
+}
+
+#[test]
+fn text_calls_that_do_not_parse_or_name_no_tool_are_tool_parse_errors() {
+    let cases = [
+        (
+            "Sure.\n<tool_call>\n{\"name\": \"echo\", \"arguments\": {\"a\": }\n</tool_call>",
+            "tool_call JSON is malformed",
+        ),
+        (
+            "<tool_call>{\"name\": \"rm_rf\", \"arguments\": {}}</tool_call>",
+            "names no tool: `rm_rf`",
+        ),
+        (
+            "<tool_call>{\"name\": \"echo\"}</tool_call>",
+            "has no \"arguments\"",
+        ),
+        (
+            "<tool_call>{\"name\": \"echo\", \"arguments\": {}}",
+            "no </tool_call>",
+        ),
+    ];
+    for (text, want) in cases {
+        let server = FakeServer::start(vec![(CHAT, vec![answer(text)])]);
+        let s = setup(config(&server, None), 1);
+        let r = run(&s, ask("go"));
+        let (reason, detail) = failed(&r);
+        assert_eq!(reason, FailReason::ToolParseError, "{text}");
+        assert!(detail.contains(want), "{text}: {detail}");
+        assert_eq!(r.content.as_deref(), Some(text), "the output is kept");
+        assert!(s.log.lock().unwrap().is_empty());
+        assert_released(&s.runner);
+    }
+}
+
+#[test]
+fn an_exit_tool_written_as_text_is_recorded_and_generation_continues() {
+    let text =
+        "Half way.\n<tool_call>{\"name\": \"signal\", \"arguments\": {\"p\": 50}}</tool_call>\
+                \n<tool_call>{\"name\": \"echo\", \"arguments\": {\"k\": 1}}</tool_call>";
+    let server = FakeServer::start(vec![(CHAT, vec![answer(text), answer("All done.")])]);
+    let s = setup(config(&server, None), 1);
+    let r = run(&s, ask("go"));
+    assert!(r.outcome.fail_reason().is_none(), "{:?}", r.outcome);
+    assert_eq!(r.exits.len(), 1);
+    assert_eq!(
+        (
+            r.exits[0].call.name.as_str(),
+            r.exits[0].call.arguments.as_str()
+        ),
+        ("signal", "{\"p\": 50}")
+    );
+    assert_eq!(r.exits[0].source, CallSource::Text);
+    assert_eq!(*s.log.lock().unwrap(), [r#"{"k":1}"#]);
+    assert_eq!(r.budget_left, 2);
+    assert_eq!(r.content.as_deref(), Some("All done."));
+    // The prose stays in the assistant message; the calls become calls.
+    let m = sent(&server, 1);
+    assert_eq!(m[2]["content"], "Half way.");
+    assert_eq!(m[2]["tool_calls"].as_array().unwrap().len(), 1);
+    // An exit call alone in text ends nothing early and costs nothing.
+    let server = FakeServer::start(vec![(
+        CHAT,
+        vec![answer(
+            "<tool_call>{\"name\": \"signal\", \"arguments\": {}}</tool_call>",
+        )],
+    )]);
+    let s = setup(config(&server, None), 1);
+    let r = run(&s, ask("go"));
+    assert!(r.outcome.fail_reason().is_none(), "{:?}", r.outcome);
+    assert_eq!((r.exits.len(), r.budget_left), (1, 3));
+}
+
+/// A stream of `line` written `times` times, then silence (the server would go on for ever).
+fn looping(line: &str, times: usize) -> Reply {
+    let mut pieces = vec![content("Let me think.\n")];
+    pieces.extend((0..times).map(|_| content(&format!("{line}\n"))));
+    Reply::sse(pieces).ending(End::Silence)
+}
+
+#[test]
+fn a_39_character_line_repeated_closes_the_stream_with_loop_detected() {
+    let line = "I will now check the weather for you.."; // 38 bytes + '\n'
+    assert_eq!(line.len() + 1, 39);
+    let server = FakeServer::start(vec![(CHAT, vec![looping(line, 40)])]);
+    let s = setup(config(&server, None), 1);
+    let start = Instant::now();
+    let r = run(&s, ask("go"));
+    // The server never finishes: only the client closing the stream ends it this soon.
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        start.elapsed()
+    );
+    let (reason, detail) = failed(&r);
+    assert_eq!(reason, FailReason::LoopDetected);
+    assert!(
+        detail.contains("1-line unit of 38 bytes repeated 8 times"),
+        "{detail}"
+    );
+    let kept = r.content.unwrap();
+    assert!(kept.starts_with("Let me think.\n"));
+    assert!(kept.matches(line).count() >= 8, "the output is kept");
+    assert_released(&s.runner);
+}
+
+#[test]
+fn loop_tiers_short_lines_need_more_repeats_than_long_ones() {
+    // (line, repeats written, fires): short < 16 bytes needs 24, long >= 64 needs 5.
+    let long = "This is a rather long sentence that the model keeps on writing out.";
+    assert!(long.len() >= 64);
+    let cases = [
+        ("Yes.", 23, false),
+        ("Yes.", 24, true),
+        (long, 4, false),
+        (long, 5, true),
+    ];
+    for (line, times, fires) in cases {
+        let mut pieces = vec![];
+        pieces.extend((0..times).map(|_| content(&format!("{line}\n"))));
+        pieces.push(content("The end."));
+        pieces.push(chunk(json!({}), Some("stop"), 0));
+        pieces.push(done());
+        let server = FakeServer::start(vec![(CHAT, vec![Reply::sse(pieces)])]);
+        let s = setup(config(&server, None), 1);
+        let r = run(&s, ask("go"));
+        assert_eq!(
+            r.outcome.fail_reason() == Some(FailReason::LoopDetected),
+            fires,
+            "{line:?} x{times}: {:?}",
+            r.outcome
+        );
+    }
+}
+
+#[test]
+fn benign_repetition_does_not_trigger_the_loop_detector() {
+    let code =
+        "fn main() {\n    if a {\n        if b {\n            f();\n        }\n    }\n}\n}\n}\n}\n";
+    let bullets = "- item\n".repeat(6) + "\n\n\n\n\n\n\n\n\n\n";
+    let few = "Checking the weather in the city now.\n".repeat(4);
+    for text in [code.to_string(), bullets, few] {
+        let server = FakeServer::start(vec![(CHAT, vec![answer(&text)])]);
+        let s = setup(config(&server, None), 1);
+        let r = run(&s, ask("go"));
+        assert!(
+            r.outcome.fail_reason().is_none(),
+            "{text:?}: {:?}",
+            r.outcome
+        );
+        assert_eq!(r.content.as_deref(), Some(text.as_str()));
+    }
+}
+
+#[test]
+fn no_slot_available_at_once_when_every_slot_is_busy_and_no_queue() {
+    let server = FakeServer::start(vec![(
+        CHAT,
+        vec![Reply::sse(vec![content("...")]).ending(End::Silence)],
+    )]);
+    let s = setup(config(&server, None), 2);
+    let a = s.runner.submit(ask("a")).unwrap();
+    let b = s.runner.submit(ask("b")).unwrap();
+    let start = Instant::now();
+    assert_eq!(s.runner.submit(ask("c")), Err(SubmitError::NoSlotAvailable));
+    assert!(
+        start.elapsed() < Duration::from_millis(50),
+        "refused at once"
+    );
+    assert_eq!(
+        SubmitError::NoSlotAvailable.to_string(),
+        "NO_SLOT_AVAILABLE"
+    );
+    assert_eq!(s.runner.busy_slots(), 2, "the refusal used no slot");
+    // The two run on server slots 0 and 1.
+    support_wait(|| server.requests_to(CHAT).len() == 2);
+    let mut ids: Vec<u64> = server
+        .requests_to(CHAT)
+        .iter()
+        .map(|r| {
+            serde_json::from_slice::<Value>(&r.body).unwrap()["id_slot"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect();
+    ids.sort();
+    assert_eq!(ids, [0, 1]);
+    s.runner.cancel(a).unwrap();
+    let ra = wait(&s.runner, a);
+    assert_eq!(failed(&ra).0, FailReason::Cancelled);
+    assert_eq!(s.runner.busy_slots(), 1);
+    let c = s.runner.submit(ask("c")).expect("a cancel frees its slot");
+    for id in [b, c] {
+        s.runner.cancel(id).unwrap();
+        wait(&s.runner, id);
+    }
+    assert_released(&s.runner);
+}
+
+#[test]
+fn worker_not_ready_or_failed_refuses_without_using_a_slot() {
+    let server = FakeServer::start(vec![(CHAT, vec![answer("hi")])]);
+    let worker = FakeWorker::start(Script::default());
+    let s = setup(config(&server, Some(&worker)), 1);
+    for (state, want) in [
+        ("starting", SubmitError::WorkerNotReady),
+        ("restarting", SubmitError::WorkerNotReady),
+        ("failed", SubmitError::WorkerFailed),
+        ("stopped", SubmitError::WorkerStopped),
+    ] {
+        worker.set(|w| w.state = state);
+        assert_eq!(s.runner.submit(ask("x")), Err(want), "{state}");
+        assert_eq!(s.runner.busy_slots(), 0);
+    }
+    assert_eq!(SubmitError::WorkerNotReady.to_string(), "WORKER_NOT_READY");
+    assert_eq!(SubmitError::WorkerFailed.to_string(), "WORKER_FAILED");
+    assert!(server.requests_to(CHAT).is_empty());
+    worker.set(|w| w.state = "ready");
+    let r = run(&s, ask("x"));
+    assert!(r.outcome.fail_reason().is_none(), "{:?}", r.outcome);
+    // A worker socket that does not answer is not a ready worker.
+    drop(worker);
+    assert_eq!(s.runner.submit(ask("x")), Err(SubmitError::WorkerNotReady));
+}
+
+#[test]
+fn a_result_is_handed_out_once_then_not_found() {
+    let server = FakeServer::start(vec![(
+        CHAT,
+        vec![answer("one").first_after(Duration::from_millis(100))],
+    )]);
+    let s = setup(config(&server, None), 1);
+    let id = s.runner.submit(ask("x")).unwrap();
+    assert_eq!(s.runner.get_result(id), Err(ResultError::Pending));
+    let r = wait(&s.runner, id);
+    assert_eq!(r.id, id);
+    assert_eq!(r.content.as_deref(), Some("one"));
+    assert_eq!(s.runner.get_result(id), Err(ResultError::NotFound));
+    assert_eq!(s.runner.get_result(id), Err(ResultError::NotFound));
+    assert_eq!(s.runner.cancel(id), Err(ResultError::NotFound));
+    assert_eq!(
+        s.runner.get_result(RequestId(999)),
+        Err(ResultError::NotFound)
+    );
+    assert_eq!(ResultError::NotFound.to_string(), "NOT_FOUND");
+    assert_eq!(s.runner.records(), 0, "the record is released");
+}
+
+#[test]
+fn cancel_ends_a_silent_stream_within_one_poll_with_its_partial_output() {
+    let server = FakeServer::start(vec![(
+        CHAT,
+        vec![Reply::sse(vec![content("Hello, "), content("wor")]).ending(End::Silence)],
+    )]);
+    let s = setup(config(&server, None), 1);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let observer = Box::new(move |e: &RunEvent| {
+        if let RunEvent::Chat(loopd::llama::ChatEvent::Content(t)) = e {
+            let _ = tx.send(t.clone());
+        }
+    });
+    let id = s.runner.submit_observed(ask("x"), Some(observer)).unwrap();
+    assert_eq!(rx.recv_timeout(Duration::from_secs(5)).unwrap(), "Hello, ");
+    assert_eq!(rx.recv_timeout(Duration::from_secs(5)).unwrap(), "wor");
+    let start = Instant::now();
+    s.runner.cancel(id).unwrap();
+    let r = wait(&s.runner, id);
+    // poll_ms is 20: a cancel is seen within one poll, with some room for a loaded machine.
+    assert!(
+        start.elapsed() < Duration::from_millis(500),
+        "{:?}",
+        start.elapsed()
+    );
+    assert_eq!(
+        failed(&r),
+        (FailReason::Cancelled, "cancelled by the caller")
+    );
+    assert_eq!(r.content.as_deref(), Some("Hello, wor"));
+    assert_eq!(
+        r.transcript,
+        [ChatMessage::Assistant {
+            content: Some("Hello, wor".into()),
+            reasoning_content: None,
+            tool_calls: vec![]
+        }]
+    );
+    assert_released(&s.runner);
+}
+
+#[test]
+fn cancel_while_a_tool_runs_ends_the_request() {
+    let server = FakeServer::start(vec![(CHAT, vec![calls(&[("c1", "sleep", "{}")])])]);
+    let mut c = config(&server, None);
+    c.runner.tool_timeout_ms = 10_000;
+    let s = setup(c, 1);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let observer = Box::new(move |e: &RunEvent| {
+        if matches!(e, RunEvent::ToolStarted { .. }) {
+            let _ = tx.send(());
+        }
+    });
+    let id = s.runner.submit_observed(ask("x"), Some(observer)).unwrap();
+    rx.recv_timeout(Duration::from_secs(5)).unwrap();
+    let start = Instant::now();
+    s.runner.cancel(id).unwrap();
+    let r = wait(&s.runner, id);
+    assert!(start.elapsed() < Duration::from_millis(500));
+    assert_eq!(failed(&r).0, FailReason::Cancelled);
+    assert_released(&s.runner);
+}
+
+#[test]
+fn slow_headers_past_the_stall_limit_end_in_a_restart_and_worker_restarted() {
+    let server = FakeServer::start(vec![
+        (
+            CHAT,
+            vec![answer("late").first_after(Duration::from_secs(3))],
+        ),
+        (SLOTS, vec![Reply::json(200, &slots_json(Some(0)))]),
+    ]);
+    let worker = FakeWorker::start(Script {
+        stall: "restarting",
+        ..Script::default()
+    });
+    let s = setup(config(&server, Some(&worker)), 1);
+    let start = Instant::now();
+    let r = run(&s, ask("x"));
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        start.elapsed()
+    );
+    let (reason, detail) = failed(&r);
+    assert_eq!(reason, FailReason::WorkerRestarted);
+    assert!(detail.contains("runner.stall_ms"), "{detail}");
+    assert_eq!(r.stalls, [StallAnswer::Restarting]);
+    assert_eq!(worker.stalls(), 1);
+    assert_eq!(r.content, None);
+    assert_released(&s.runner);
+}
+
+#[test]
+fn a_long_silent_prefill_with_cpu_progress_is_not_a_stall() {
+    // Nothing for 700 ms (the slot busy with the prompt); the worker sees CPU time rise.
+    let server = FakeServer::start(vec![
+        (
+            CHAT,
+            vec![answer("worth the wait").first_after(Duration::from_millis(700))],
+        ),
+        (SLOTS, vec![Reply::json(200, &slots_json(Some(0)))]),
+    ]);
+    let worker = FakeWorker::start(Script::default());
+    let s = setup(config(&server, Some(&worker)), 1);
+    let r = run(&s, ask("x"));
+    assert!(r.outcome.fail_reason().is_none(), "{:?}", r.outcome);
+    assert_eq!(r.content.as_deref(), Some("worth the wait"));
+    // stall_ms is 150: the silence was reported a few times, each answered not stalled.
+    assert!(r.stalls.len() >= 2, "{:?}", r.stalls);
+    assert!(r.stalls.iter().all(|a| matches!(
+        a,
+        StallAnswer::NotStalled {
+            since_progress_ms: 250
+        }
+    )));
+    assert_eq!(worker.stalls(), r.stalls.len());
+}
+
+#[test]
+fn a_mid_stream_stall_ends_in_a_restart_and_worker_restarted_with_partial_output() {
+    let server = FakeServer::start(vec![(
+        CHAT,
+        vec![Reply::sse(vec![content("The answer is")]).ending(End::Silence)],
+    )]);
+    let worker = FakeWorker::start(Script {
+        stall: "restarting",
+        ..Script::default()
+    });
+    let s = setup(config(&server, Some(&worker)), 1);
+    let r = run(&s, ask("x"));
+    assert_eq!(failed(&r).0, FailReason::WorkerRestarted);
+    assert_eq!(r.content.as_deref(), Some("The answer is"));
+    assert_eq!(r.stalls, [StallAnswer::Restarting]);
+    assert_eq!(
+        r.generations[0].finish_reason, None,
+        "the failed generation has no finish reason"
+    );
+    assert_released(&s.runner);
+    // The worker is restarting now: new requests are refused without a slot.
+    assert_eq!(s.runner.submit(ask("y")), Err(SubmitError::WorkerNotReady));
+}
+
+#[test]
+fn a_restart_or_death_seen_on_the_status_socket_fails_the_requests_in_flight() {
+    for (cause, want) in [
+        ("unready", FailReason::WorkerRestarted),
+        ("exited", FailReason::ServerDied),
+    ] {
+        let server = FakeServer::start(vec![(
+            CHAT,
+            vec![Reply::sse(vec![content("partial")]).ending(End::Silence)],
+        )]);
+        let worker = FakeWorker::start(Script::default());
+        let mut c = config(&server, Some(&worker));
+        c.runner.stall_ms = 60_000;
+        let s = setup(c, 2);
+        let a = s.runner.submit(ask("a")).unwrap();
+        let b = s.runner.submit(ask("b")).unwrap();
+        support_wait(|| server.requests_to(CHAT).len() == 2);
+        worker.set(|w| {
+            w.state = "restarting";
+            w.spawns = 2;
+            w.last_cause = Some(cause);
+        });
+        for id in [a, b] {
+            let r = wait(&s.runner, id);
+            assert_eq!(failed(&r).0, want, "{cause}");
+            assert_eq!(r.content.as_deref(), Some("partial"));
+        }
+        assert_eq!(
+            want.to_string(),
+            if cause == "exited" {
+                "server_died"
+            } else {
+                "worker_restarted"
+            }
+        );
+        assert_released(&s.runner);
+    }
+}
+
+#[test]
+fn a_disconnect_mid_stream_fails_with_the_partial_output() {
+    let server = FakeServer::start(vec![(
+        CHAT,
+        vec![Reply::sse(vec![content("Half an ans")]).ending(End::Cut)],
+    )]);
+    let s = setup(config(&server, None), 1);
+    let r = run(&s, ask("x"));
+    let (reason, detail) = failed(&r);
+    assert_eq!(reason, FailReason::Client(ClientError::StreamClosedEarly));
+    assert_eq!(reason.to_string(), "stream_closed_early");
+    assert_eq!(detail, "the stream ended before its last chunk");
+    assert_eq!(r.content.as_deref(), Some("Half an ans"));
+    assert_released(&s.runner);
+}
+
+#[test]
+fn failure_reasons_print_as_the_seed_names_them() {
+    let names: Vec<String> = [
+        FailReason::ToolExecutionError,
+        FailReason::ToolParseError,
+        FailReason::WorkerRestarted,
+        FailReason::ServerDied,
+        FailReason::LoopDetected,
+        FailReason::Cancelled,
+    ]
+    .iter()
+    .map(ToString::to_string)
+    .collect();
+    assert_eq!(
+        names,
+        [
+            "tool_execution_error",
+            "tool_parse_error",
+            "worker_restarted",
+            "server_died",
+            "loop_detected",
+            "cancelled"
+        ]
+    );
+}
+
+/// Waits up to 5 s for `cond`.
+fn support_wait(cond: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !cond() {
+        assert!(Instant::now() < deadline, "condition not met within 5 s");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn a_panicking_observer_fails_its_request_and_frees_the_slot() {
+    let server = FakeServer::start(vec![(CHAT, vec![answer("hi")])]);
+    let s = setup(config(&server, None), 1);
+    let observer = Box::new(|_: &RunEvent| panic!("observer bug"));
+    let id = s.runner.submit_observed(ask("x"), Some(observer)).unwrap();
+    let r = wait(&s.runner, id);
+    assert_eq!(failed(&r).0, FailReason::Panicked);
+    assert_released(&s.runner);
+    let r = run(&s, ask("y"));
+    assert!(r.outcome.fail_reason().is_none(), "{:?}", r.outcome);
+}
+
+#[test]
+fn the_recorded_smollm2_loop_is_detected_with_its_output_kept() {
+    // The real server's stream of the model repeating one sentence (fixtures/looping.sse),
+    // then silence where the server would have gone on to max_tokens.
+    let events = events_of(&fixture("looping.sse"));
+    let server = FakeServer::start(vec![(CHAT, vec![Reply::sse(events).ending(End::Silence)])]);
+    let s = setup(config(&server, None), 1);
+    let start = Instant::now();
+    let r = run(&s, ask("go"));
+    assert!(
+        start.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        start.elapsed()
+    );
+    let (reason, detail) = failed(&r);
+    assert_eq!(reason, FailReason::LoopDetected, "{detail}");
+    assert!(
+        r.content.is_some_and(|c| !c.is_empty()),
+        "the output is kept"
+    );
+    assert_released(&s.runner);
+}

@@ -1,0 +1,147 @@
+//! A fake llama-worker status socket: `status` answers the scripted state, `stall` the
+//! scripted verdict (a `restarting` verdict also moves the state to `restarting` with a new
+//! spawn, as the real worker does). Every command is recorded.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::{self, JoinHandle};
+use std::time::Duration;
+
+/// What the fake worker says.
+#[derive(Debug, Clone)]
+pub struct Script {
+    pub state: &'static str,
+    pub spawns: u64,
+    pub last_cause: Option<&'static str>,
+    /// `restarting`, `not_ready` or `not_stalled`.
+    pub stall: &'static str,
+}
+
+impl Default for Script {
+    fn default() -> Self {
+        Script {
+            state: "ready",
+            spawns: 1,
+            last_cause: None,
+            stall: "not_stalled",
+        }
+    }
+}
+
+struct Shared {
+    script: Mutex<Script>,
+    commands: Mutex<Vec<String>>,
+    stop: AtomicBool,
+}
+
+/// The fake worker; stops and removes its directory on drop.
+pub struct FakeWorker {
+    dir: PathBuf,
+    socket: PathBuf,
+    shared: Arc<Shared>,
+    accept: Option<JoinHandle<()>>,
+}
+
+impl FakeWorker {
+    pub fn start(script: Script) -> FakeWorker {
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("loopd-worker-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let socket = dir.join("worker.sock");
+        let listener = UnixListener::bind(&socket).unwrap();
+        let shared = Arc::new(Shared {
+            script: Mutex::new(script),
+            commands: Mutex::new(Vec::new()),
+            stop: AtomicBool::new(false),
+        });
+        let s = shared.clone();
+        let accept = thread::spawn(move || {
+            for conn in listener.incoming() {
+                if s.stop.load(Ordering::SeqCst) {
+                    break;
+                }
+                if let Ok(conn) = conn {
+                    serve(conn, &s);
+                }
+            }
+        });
+        FakeWorker {
+            dir,
+            socket,
+            shared,
+            accept: Some(accept),
+        }
+    }
+
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    /// Changes what it says from now on.
+    pub fn set(&self, f: impl FnOnce(&mut Script)) {
+        f(&mut self.shared.script.lock().unwrap());
+    }
+
+    /// Every command received, in order.
+    pub fn commands(&self) -> Vec<String> {
+        self.shared.commands.lock().unwrap().clone()
+    }
+
+    /// How many `stall` commands came.
+    pub fn stalls(&self) -> usize {
+        self.commands().iter().filter(|c| *c == "stall").count()
+    }
+}
+
+impl Drop for FakeWorker {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        let _ = UnixStream::connect(&self.socket);
+        if let Some(t) = self.accept.take() {
+            let _ = t.join();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn serve(conn: UnixStream, s: &Shared) {
+    let _ = conn.set_read_timeout(Some(Duration::from_secs(2)));
+    let mut line = String::new();
+    if BufReader::new(&conn).read_line(&mut line).is_err() {
+        return;
+    }
+    let command = line.trim().to_owned();
+    s.commands.lock().unwrap().push(command.clone());
+    let mut script = s.script.lock().unwrap();
+    let answer = match command.as_str() {
+        "status" => format!(
+            "{{\"state\":\"{}\",\"pid\":42,\"port\":8080,\"restarts_in_window\":0,\
+             \"total_restarts\":0,\"spawns\":{},\"last_cause\":{},\"cpu_ticks\":7,\
+             \"cpu_progress_age_s\":0.100,\"last_readiness\":null,\"inflight\":0}}",
+            script.state,
+            script.spawns,
+            script
+                .last_cause
+                .map_or("null".to_owned(), |c| format!("\"{c}\""))
+        ),
+        "stall" => match script.stall {
+            "restarting" if script.state == "ready" => {
+                script.state = "restarting";
+                script.spawns += 1;
+                script.last_cause = Some("stall");
+                "{\"stall\":\"restarting\"}".to_owned()
+            }
+            "restarting" | "not_ready" => "{\"stall\":\"not_ready\"}".to_owned(),
+            _ => "{\"stall\":\"not_stalled\",\"since_progress_s\":0.250}".to_owned(),
+        },
+        _ => "{\"error\":\"unknown command\"}".to_owned(),
+    };
+    drop(script);
+    let _ = (&conn).write_all(format!("{answer}\n").as_bytes());
+}
