@@ -50,7 +50,7 @@ impl ReadError {
             ReadError::Closed => InferError::StreamClosedEarly,
             // A reset mid-response is the server going away, like a close.
             ReadError::Io(_) => InferError::StreamClosedEarly,
-            ReadError::Http(e) => InferError::Protocol(format!("HTTP response: {e}")),
+            ReadError::Http(e) => InferError::from(e),
         }
     }
 }

@@ -32,8 +32,10 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+mod cancel;
 pub mod clock;
 pub mod config;
+mod heap;
 pub mod http;
 pub mod sse;
 

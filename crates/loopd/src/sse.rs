@@ -45,7 +45,7 @@ impl Default for EventStream {
 }
 
 fn protocol(e: SseError) -> InferError {
-    InferError::Protocol(format!("event stream: {e}"))
+    InferError::from(e)
 }
 
 impl EventStream {
@@ -86,6 +86,7 @@ impl EventStream {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::llama::ProtocolError;
 
     fn items(pieces: &[&[u8]]) -> Result<Vec<String>, InferError> {
         let mut s = EventStream::new();
@@ -139,7 +140,12 @@ mod tests {
         assert_eq!(items(&[&line(SSE_CAP)]).map(|v| v.len()).ok(), Some(1));
         let e = items(&[&line(SSE_CAP + 1)]).map(|v| v.len());
         assert!(
-            matches!(e, Err(InferError::Protocol(ref m)) if m.starts_with("event stream: ")),
+            matches!(
+                e,
+                Err(InferError::Protocol(ProtocolError::Sse(
+                    SseError::LineTooLong
+                )))
+            ),
             "{e:?}"
         );
     }

@@ -391,7 +391,7 @@ fn protocol_errors_for_bad_json_and_broken_caps() {
     let client = Client::new(config(&server));
     for what in ["chunk: ", "HTTP response: ", "event stream: "] {
         match run(&client, &request(0)).0 {
-            Err(InferError::Protocol(m)) => assert!(m.starts_with(what), "{m}"),
+            Err(InferError::Protocol(m)) => assert!(m.to_string().starts_with(what), "{m}"),
             other => panic!("{what}: {other:?}"),
         }
     }

@@ -222,7 +222,7 @@ fn read_events(
             match item {
                 _ if done => Ok(()),
                 Item::Data(data) => {
-                    let step = folder.push(data, on_event)?;
+                    let step = folder.push(data, &mut |e| on_event(&e))?;
                     match cap.check(folder.reasoning_tokens()) {
                         CapAction::None => {}
                         CapAction::Overrun => return Err(InferError::ThinkingOverrun),
@@ -275,7 +275,7 @@ fn end_reasoning(config: &Config, id: &str) -> bool {
     let body = request::render_reasoning_end(&config.model, id);
     let timeout = Duration::from_millis(config.limits.liveness_ms);
     let target = "/v1/chat/completions/control";
-    info::call_json::<Ack>(&config.socket, "POST", target, Some(&body), timeout)
+    info::call_json::<Ack>(target, &config.socket, "POST", target, Some(&body), timeout)
         .is_ok_and(|ack| ack.success)
 }
 

@@ -11,7 +11,7 @@ use serde::Deserialize;
 
 use crate::http::{self, ReadError};
 
-use super::{request, Client, InferError};
+use super::{request, Client, InferError, ProtocolError};
 
 pub use llama_proto::{cache_outcome, CacheOutcome};
 
@@ -74,6 +74,7 @@ pub fn query_escape(s: &str) -> String {
 
 /// One call: `method target [body]`, a 200 answer's JSON body decoded as `T`.
 pub fn call_json<T: for<'de> Deserialize<'de>>(
+    what: &'static str,
     socket: &Path,
     method: &str,
     target: &str,
@@ -91,13 +92,19 @@ pub fn call_json<T: for<'de> Deserialize<'de>>(
         return Err(resp.into_http_error());
     }
     let body = resp.read_body().map_err(ReadError::into_infer)?;
-    serde_json::from_slice(body.as_bytes())
-        .map_err(|e| InferError::Protocol(format!("{target}: unexpected JSON: {e}")))
+    serde_json::from_slice(body.as_bytes()).map_err(|e| {
+        InferError::Protocol(ProtocolError::Json {
+            what,
+            line: e.line(),
+            column: e.column(),
+        })
+    })
 }
 
 /// `GET /slots?model=..` on `socket`.
 pub fn slots(socket: &Path, model: &str, timeout: Duration) -> Result<Vec<SlotState>, InferError> {
     call_json(
+        "/slots",
         socket,
         "GET",
         &format!("/slots?model={}", query_escape(model)),
@@ -115,7 +122,14 @@ impl Client {
     pub fn props(&self) -> Result<Props, InferError> {
         let c = &self.config;
         let target = format!("/props?model={}", query_escape(&c.model));
-        let raw: RawProps = call_json(&c.socket, "GET", &target, None, self.info_timeout())?;
+        let raw: RawProps = call_json(
+            "/props",
+            &c.socket,
+            "GET",
+            &target,
+            None,
+            self.info_timeout(),
+        )?;
         Ok(Props {
             chat_template: raw.chat_template,
             total_slots: raw.total_slots,
@@ -134,6 +148,7 @@ impl Client {
         let c = &self.config;
         let body = request::render_tokenize(&c.model, content);
         let raw: RawTokens = call_json(
+            "/tokenize",
             &c.socket,
             "POST",
             "/tokenize",

@@ -241,7 +241,9 @@ mod tests {
             InferError::Busy,
             InferError::WaitTimeout,
             InferError::ThinkingOverrun,
-            InferError::Protocol("x".into()),
+            InferError::Protocol(crate::llama::ProtocolError::Sse(
+                sse_nostd::SseError::LineTooLong,
+            )),
             InferError::Http {
                 status: 400,
                 body: "the prompt does not fit".into(),
