@@ -14,10 +14,12 @@ use crate::config::{Config, Sampling};
 pub mod assemble;
 pub mod chat;
 mod error;
+pub mod exchange;
 pub mod gate;
 pub mod info;
 pub mod request;
 pub mod retry;
+pub mod timers;
 
 pub use crate::cancel::Cancel;
 pub use error::{
