@@ -109,7 +109,7 @@ struct Timings {
 
 /// The peer: same socket and HTTP layer, then eventsource-stream and serde_json.
 fn baseline_once(config: &Config) -> usize {
-    let body = loopd::llama::request::render(config, &request());
+    let body = loopd::llama::render_request(config, &request());
     let far = std::time::Instant::now() + Duration::from_secs(60);
     let stream = loopd::http::request(
         &config.socket,
@@ -242,8 +242,8 @@ fn bench(c: &mut Criterion) {
 /// The exchange (HTTP, SSE, decode and assemble) over the response in memory, in 16 KiB
 /// reads, every output drained as the client loop does.
 fn parse_only(bytes: &[u8]) -> usize {
-    use loopd::llama::exchange::{ChatExchange, Output};
-    let mut buffers = loopd::llama::assemble::Buffers::new();
+    use loopd::llama::{ChatExchange, Output};
+    let mut buffers = loopd::llama::Buffers::new();
     let limits = loopd::config::Limits::default();
     let mut x = ChatExchange::new(limits, Duration::ZERO, &mut buffers);
     let mut n = 0;

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use loopd::config::{Config, Limits};
-use loopd::llama::request::render;
+
 use loopd::llama::{
     Cancel, ChatEvent, ChatMessage, ChatRequest, Client, Completion, FinishReason, InferError,
     ProtocolError,
@@ -94,7 +94,10 @@ fn a_plain_answer_sends_the_rendered_request_and_assembles() {
         ("POST", CHAT)
     );
     assert_eq!(sent[0].header("connection"), Some("close"));
-    assert_eq!(sent[0].body, render(client.config(), &request(1)));
+    assert_eq!(
+        sent[0].body,
+        loopd::llama::render_request(client.config(), &request(1))
+    );
 }
 
 #[test]

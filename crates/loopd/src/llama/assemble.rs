@@ -25,7 +25,8 @@ pub const TEXT_CAP: usize = crate::sse::SSE_CAP;
 type Inner<'s> =
     llama_proto::Assembler<'s, CONTENT_CAP, REASONING_CAP, TOOL_CALLS_CAP, ARGUMENTS_CAP>;
 
-/// The heap storage of one [`Folder`]; allocate once, reuse for every request.
+/// The heap storage of one message (content, reasoning, tool-call arguments) for a
+/// [`ChatExchange`](super::ChatExchange); allocate once, reuse for every request.
 pub struct Buffers {
     content: Box<[u8; CONTENT_CAP]>,
     reasoning: Box<[u8; REASONING_CAP]>,

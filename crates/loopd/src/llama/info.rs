@@ -1,5 +1,4 @@
-//! What the server says about itself: `/props`, `/slots` and `/tokenize`, and the cache-loss
-//! function (`cache_outcome`, from `llama-proto`).
+//! What the server says about itself: `/props`, `/slots` and `/tokenize`.
 //!
 //! The router needs the model id on every call: as `?model=` on a GET, in the body of a POST.
 //! Each call is one connection, connected and sent within `limits.connect_ms` and answered,
@@ -15,8 +14,6 @@ use crate::http::{self, ReadError, Response};
 use super::{
     capped_body, request, Cancel, Client, Deadline, InferError, ProtocolError, ERROR_BODY_CAP,
 };
-
-pub use llama_proto::{cache_outcome, CacheOutcome};
 
 /// What the self-test reads from `/props`.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,9 +1,13 @@
 //! The llama-server client: what goes in ([`ChatRequest`]), what comes back while it runs
-//! ([`ChatEvent`]) and at the end ([`Completion`] or [`InferError`]), and the [`Client`].
+//! ([`ChatEvent`]) and at the end ([`Completion`], or [`Failed`] with its [`InferError`] and
+//! [`Partial`] output), and the [`Client`].
 //!
-//! `Client::chat` (in [`chat`]) runs one request from the slot gate to the completion;
-//! `Client::chat_with_retry` (in [`retry`]) wraps it in the backoff schedule; the calls of
-//! [`info`] read `/props`, `/slots` and `/tokenize`.
+//! [`Client::run`] runs one request from the slot gate to the completion, cancellable through
+//! a [`Cancel`]; [`Client::run_with_retry`] wraps it in the [`RetrySchedule`]; [`Client::chat`]
+//! and [`Client::chat_with_retry`] are the same without a cancel. The request itself is a
+//! [`ChatExchange`], a sans-IO state machine (bytes and time in, [`Output`]s out) that the
+//! client drives over the socket. [`Client::props`], [`Client::slots`] and
+//! [`Client::tokenize`] read what the server says about itself.
 
 use std::fmt;
 use std::sync::Arc;
@@ -11,24 +15,32 @@ use std::sync::Arc;
 use crate::clock::{Clock, Jitter, SystemClock, SystemJitter};
 use crate::config::{Config, Sampling};
 
-pub mod assemble;
-pub mod chat;
+mod assemble;
+mod chat;
 mod error;
-pub mod exchange;
-pub mod gate;
-pub mod info;
-pub mod request;
-pub mod retry;
-pub mod timers;
+mod exchange;
+mod gate;
+mod info;
+mod request;
+mod retry;
+mod timers;
 
 pub use crate::cancel::Cancel;
+pub use assemble::{Buffers, ARGUMENTS_CAP, CONTENT_CAP, REASONING_CAP, TOOL_CALLS_CAP};
+pub use chat::{CHAT_PATH, CONTROL_PATH};
 pub use error::{
     capped_body, Deadline, Failed, InferError, Partial, ProtocolError, Silence, ERROR_BODY_CAP,
 };
+pub use exchange::{ChatExchange, Output};
+pub use gate::{SlotGate, SlotPermit};
+pub use info::{Props, SlotState};
 pub use llama_proto::{
     cache_outcome, CacheOutcome, ChatMessage, Completion, FinishReason, Timings, ToolCall,
     ToolSchema, CACHE_LOSS_TOLERANCE,
 };
+pub use request::render as render_request;
+pub use retry::{is_retryable, Decision, RetrySchedule};
+pub use timers::{CapAction, FirstByteWait, SlotSeen, ThinkingCap};
 
 /// One chat request: the messages, the tools and the slot it is pinned to.
 #[derive(Debug, Clone, PartialEq)]
@@ -155,7 +167,7 @@ impl Client {
     }
 
     /// The slot gate every request of this client passes.
-    pub fn gate(&self) -> &gate::SlotGate {
+    pub fn gate(&self) -> &SlotGate {
         &self.gate
     }
 }
