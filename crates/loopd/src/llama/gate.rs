@@ -267,9 +267,12 @@ mod tests {
         }
         for (i, (tag, seen)) in order.iter().enumerate() {
             assert_eq!(*tag, i, "served in arrival order");
-            // Queued with i + 1 ahead, then each departure counted down to 1.
-            let expected: Vec<usize> = (1..=i + 1).rev().collect();
-            assert_eq!(seen, &expected, "waiter {i}");
+            // Queued with i + 1 ahead, then counted down to 1. A waiter that is not scheduled
+            // between two departures (5 ms apart) sees both at once, so steps may be skipped,
+            // but the count only ever falls.
+            assert_eq!(seen.first(), Some(&(i + 1)), "waiter {i}: {seen:?}");
+            assert_eq!(seen.last(), Some(&1), "waiter {i}: {seen:?}");
+            assert!(seen.windows(2).all(|w| w[0] > w[1]), "waiter {i}: {seen:?}");
         }
         assert_eq!(gate.queued(3), 0);
         assert!(!gate.is_held(3));
