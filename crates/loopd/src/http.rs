@@ -512,10 +512,8 @@ mod tests {
 
     #[test]
     fn request_is_one_write_with_connection_close() {
-        let dir = std::env::temp_dir().join(format!("loopd-http-{}", std::process::id()));
-        let _ = std::fs::create_dir_all(&dir);
+        let dir = llama_harness::temp_dir("loopd-http");
         let path = dir.join("s.sock");
-        let _ = std::fs::remove_file(&path);
         let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
         let never = Cancel::new();
         let r = request(

@@ -171,11 +171,7 @@ pub struct FakeServer {
 impl FakeServer {
     /// Serves `routes`: `(path, replies)`; an unknown path gets a 404.
     pub fn start(routes: Vec<(&str, Vec<Reply>)>) -> FakeServer {
-        static NEXT: AtomicU32 = AtomicU32::new(0);
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let dir = std::env::temp_dir().join(format!("loopd-fake-{}-{n}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = llama_harness::temp_dir("loopd-fake");
         let socket = dir.join("infer.sock");
         let listener = UnixListener::bind(&socket).unwrap();
         let shared = Arc::new(Shared {
@@ -438,14 +434,6 @@ fn reason(status: u16) -> &'static str {
         503 => "Service Unavailable",
         _ => "Status",
     }
-}
-
-/// The bytes of `fixtures/<name>` (recorded from the real server).
-pub fn fixture(name: &str) -> Vec<u8> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../fixtures")
-        .join(name);
-    std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
 /// A recorded SSE body cut into one piece per event (`\n\n`-terminated), as it streamed.
