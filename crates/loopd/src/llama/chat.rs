@@ -93,6 +93,8 @@ impl Client {
         }
         let mut buf = crate::heap::array::<READ_CHUNK>();
         let (mut pos, mut len) = (0, 0);
+        // The socket's read timeout as last set; `None` until the first read.
+        let mut timeout: Option<Duration> = None;
         loop {
             while let Some(out) = x.poll_output() {
                 match out {
@@ -123,9 +125,17 @@ impl Client {
                 .poll_timeout()
                 .map_or(poll, |at| at.saturating_sub(now))
                 .clamp(Duration::from_millis(1), poll);
-            let read = stream
-                .set_read_timeout(Some(wait))
-                .and_then(|()| stream.read(&mut buf[..]));
+            // A timeout a little under the one wanted only wakes the loop early, and the
+            // exchange ignores a timer that is not due; so it is set again only when it must
+            // shrink or would wake far too early. While a stream flows the wait is poll_ms each
+            // time and the system call is saved.
+            let set = match timeout {
+                Some(t) if t <= wait && t >= wait / 2 => Ok(()),
+                _ => stream
+                    .set_read_timeout(Some(wait))
+                    .map(|()| timeout = Some(wait)),
+            };
+            let read = set.and_then(|()| stream.read(&mut buf[..]));
             match read {
                 Ok(0) => x.handle_eof(self.clock.now()),
                 Ok(n) => (pos, len) = (0, n),
