@@ -19,13 +19,13 @@ use std::time::{Duration, Instant};
 use serde::Deserialize;
 
 use crate::config::Config;
-use crate::http::{self, SendError, READ_CHUNK};
+use crate::http::{self, READ_CHUNK};
 
 use super::assemble::Buffers;
 use super::exchange::{ChatExchange, Output};
 use super::timers::SlotSeen;
 use super::{
-    info, request, Cancel, ChatEvent, ChatRequest, Client, Completion, Deadline, Failed, InferError,
+    info, request, Cancel, ChatEvent, ChatRequest, Client, Completion, Failed, InferError,
 };
 
 /// The chat-completions path.
@@ -85,7 +85,7 @@ impl Client {
             connect,
             cancel,
         )
-        .map_err(|e| Failed::bare(send_error(config, e)))?;
+        .map_err(|e| Failed::bare(InferError::from_send(&config.socket, e)))?;
         let mut buffers = Buffers::new();
         let mut x = ChatExchange::new(limits, self.clock.now(), &mut buffers);
         if let Some(at) = first_byte_by {
@@ -161,18 +161,6 @@ impl Client {
             }),
             None => unreachable!("the loop ends only when the exchange is over"),
         }
-    }
-}
-
-/// The client error for a request that could not be sent.
-pub(super) fn send_error(config: &Config, e: SendError) -> InferError {
-    match e {
-        SendError::Io(source) => InferError::Connect {
-            socket: config.socket.clone(),
-            source,
-        },
-        SendError::TimedOut => InferError::TimedOut(Deadline::Connect),
-        SendError::Cancelled => InferError::Cancelled,
     }
 }
 

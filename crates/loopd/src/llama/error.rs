@@ -10,6 +10,8 @@ use http_nostd::HttpError;
 use llama_proto::{AssembleError, DecodeError};
 use sse_nostd::SseError;
 
+use crate::http::SendError;
+
 use super::{Timings, ToolCall};
 
 /// Bytes of an error body kept in [`InferError::Http`].
@@ -235,6 +237,20 @@ impl std::error::Error for InferError {
             InferError::Connect { source, .. } => Some(source),
             InferError::Protocol(e) => Some(e),
             _ => None,
+        }
+    }
+}
+
+impl InferError {
+    /// The error for a request to `socket` that could not be sent.
+    pub fn from_send(socket: &std::path::Path, e: SendError) -> InferError {
+        match e {
+            SendError::Io(source) => InferError::Connect {
+                socket: socket.to_owned(),
+                source,
+            },
+            SendError::TimedOut => InferError::TimedOut(Deadline::Connect),
+            SendError::Cancelled => InferError::Cancelled,
         }
     }
 }

@@ -91,7 +91,7 @@ pub fn call_json<T: for<'de> Deserialize<'de>>(
     let left = deadline.saturating_duration_since(Instant::now());
     let connect = Duration::from_millis(config.limits.connect_ms).min(left);
     let stream = http::request(&config.socket, method, &target, body, connect, cancel)
-        .map_err(|e| super::chat::send_error(config, e))?;
+        .map_err(|e| InferError::from_send(&config.socket, e))?;
     let mut resp = Response::new(stream, deadline, cancel);
     let status = resp.head().map_err(read_error)?;
     if status != 200 {
