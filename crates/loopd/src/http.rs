@@ -69,6 +69,9 @@ fn slice(deadline: Instant) -> Option<Duration> {
 
 /// Connects to `socket` before `deadline`. A full backlog makes a Unix connect wait; the wait is
 /// bounded by the socket's send timeout (Linux), set to a slice of what is left each time.
+/// (`socket2`'s `connect_timeout` does not serve here: a non-blocking Unix connect to a full
+/// backlog fails at once with `EAGAIN`, and its poll then reports "no error set after
+/// POLLHUP" within microseconds instead of waiting.)
 pub fn connect(socket: &Path, deadline: Instant, cancel: &Cancel) -> Result<UnixStream, SendError> {
     let addr = SockAddr::unix(socket).map_err(SendError::Io)?;
     let sock = Socket::new(Domain::UNIX, Type::STREAM, None).map_err(SendError::Io)?;
