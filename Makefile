@@ -10,7 +10,16 @@ NOSTD_CRATES := -p sse-nostd -p http-nostd -p llama-proto
 DEVICE_TARGET := thumbv7em-none-eabihf
 FUZZ_SECONDS ?= 60
 
-.PHONY: test selftest ask run verify-device verify-local fuzz bench serve fixtures soak llama fmt-check clippy unit no-std embedded
+.PHONY: help check hermetic test selftest ask run verify-device verify-local fuzz bench serve fixtures soak llama fmt-check clippy unit no-std embedded
+
+## help: this list of targets
+help:
+	@awk '/^## [a-z-]+:/ { sub(/^## /, ""); n = index($$0, ":"); printf "make %-14s%s\n", substr($$0, 1, n - 1), substr($$0, n + 1); next } \
+	     /^## / { sub(/^## /, ""); printf "%20s%s\n", "", $$0 }' $(MAKEFILE_LIST)
+
+## check: the fast lane: format, lints, the hermetic tests (no llama.cpp build, no apt) and the
+## no_std build, in about a minute once compiled
+check: fmt-check clippy hermetic no-std
 
 ## test: format, lints, every test (the end-to-end ones against a real llama-server), the no_std
 ## build, the firmware image under QEMU, and verify-device against the local router
@@ -20,10 +29,15 @@ fmt-check:
 	$(CARGO) fmt --all -- --check
 
 clippy:
-	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(CARGO) clippy --workspace --all-targets --all-features -- -D warnings
 
-unit: llama
+## hermetic: every test that needs no real llama-server (what a plain `cargo test` runs)
+hermetic:
 	$(CARGO) test --workspace
+
+## unit: every test, the real-server ones (the `real-server` cargo feature) included
+unit: llama
+	$(CARGO) test --workspace --all-features
 
 ## no-std: the proof that the core needs neither std nor alloc
 no-std:

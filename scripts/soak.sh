@@ -18,11 +18,11 @@ mkdir -p "$SOAK_DIR"
 
 # name | command. The cargo suites are the integration tests that start real processes.
 suites=(
-  "loopd-real-server|cargo test -q -p loopd --test real_server"
-  "loopd-worker-restart|cargo test -q -p loopd --test worker_restart"
-  "loopd-runner-real-server|cargo test -q -p loopd --test runner_real_server"
-  "harness-local-server|cargo test -q -p llama-harness --test local_server"
-  "worker-real-server|cargo test -q -p llama-worker --test real_server"
+  "loopd-real-server|cargo test -q --features real-server -p loopd --test real_server"
+  "loopd-worker-restart|cargo test -q --features real-server -p loopd --test worker_restart"
+  "loopd-runner-real-server|cargo test -q --features real-server -p loopd --test runner_real_server"
+  "harness-local-server|cargo test -q --features real-server -p llama-harness --test local_server"
+  "worker-real-server|cargo test -q --features real-server -p llama-worker --test real_server"
   "worker-group|cargo test -q -p llama-worker --test group"
   "worker-cli|cargo test -q -p llama-worker --test cli"
   "inferproxy-lifecycle|cargo test -q -p inferproxy --test lifecycle"
@@ -33,7 +33,7 @@ suites=(
 
 scripts/llama-server.sh all >/dev/null
 # Build everything once, so that no run pays for (or races) a build.
-cargo test -q --workspace --no-run >/dev/null 2>&1 || cargo test --workspace --no-run
+cargo test -q --workspace --all-features --no-run >/dev/null 2>&1 || cargo test --workspace --all-features --no-run
 cargo build -q -p loopd -p inferproxy -p llama-worker
 
 declare -A passed

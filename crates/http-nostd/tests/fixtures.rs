@@ -11,11 +11,7 @@ use http_nostd::{
 };
 
 fn fixture() -> Vec<u8> {
-    std::fs::read(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../fixtures/chunked_response.http"
-    ))
-    .expect("fixtures/chunked_response.http is readable")
+    llama_harness::fixture("chunked_response.http")
 }
 
 /// The fixture split by hand: (status line, header fields in order, the raw chunked body).
@@ -74,7 +70,7 @@ struct Read {
 
 /// Feeds `input` in reads of `read` bytes (the head buffer on the heap), then finishes.
 fn read_in_pieces(input: &[u8], read: usize) -> Read {
-    let storage: Box<[u8; HEAD_CAP]> = vec![0u8; HEAD_CAP].into_boxed_slice().try_into().unwrap();
+    let storage: Box<[u8; HEAD_CAP]> = llama_harness::boxed_array();
     let mut reader = ResponseReader::new(storage);
     let mut body = Vec::new();
     let mut heads = 0;
@@ -168,8 +164,8 @@ fn the_recorded_response_reads_the_same_whole_byte_by_byte_and_in_1460_byte_read
 fn the_recorded_response_collects_into_a_4_mib_heap_body_buffer() {
     let bytes = fixture();
     let (_, _, chunked) = split_head(&bytes);
-    let head: Box<[u8; HEAD_CAP]> = vec![0u8; HEAD_CAP].into_boxed_slice().try_into().unwrap();
-    let body: Box<[u8; BODY_CAP]> = vec![0u8; BODY_CAP].into_boxed_slice().try_into().unwrap();
+    let head: Box<[u8; HEAD_CAP]> = llama_harness::boxed_array();
+    let body: Box<[u8; BODY_CAP]> = llama_harness::boxed_array();
     let (mut reader, mut body) = (ResponseReader::new(head), BodyBuffer::new(body));
     assert_eq!(
         reader.feed_into(&bytes, &mut body),

@@ -34,11 +34,7 @@ fn http_dump(stdin: &[u8]) -> Output {
 }
 
 fn fixture() -> Vec<u8> {
-    std::fs::read(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../fixtures/chunked_response.http"
-    ))
-    .expect("fixtures/chunked_response.http is readable")
+    llama_harness::fixture("chunked_response.http")
 }
 
 /// The header fields of the fixture in file order, by a split on CRLF, and the raw body.

@@ -1,32 +1,11 @@
 //! The reader and the body buffer never touch the heap: a counting global allocator sees zero
 //! allocations while a chunked and a length-framed response are read (storage is made before).
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering};
-
 use http_nostd::{BodyBuffer, Event, Progress, ResponseReader, HEAD_CAP};
-
-struct Counting;
-
-static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
-
-// SAFETY: defers to the system allocator and only counts calls.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::SeqCst);
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::SeqCst);
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
+use llama_harness::{allocations, CountingAlloc};
 
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: CountingAlloc = CountingAlloc;
 
 const CHUNKED: &[u8] =
     b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\
@@ -40,7 +19,7 @@ fn reading_responses_allocates_nothing() {
     let head: &mut [u8; HEAD_CAP] = (&mut head[..]).try_into().unwrap();
     let mut body_storage = [0u8; 64];
 
-    let before = ALLOCATIONS.load(Ordering::SeqCst);
+    let before = allocations();
     let mut streamed = 0usize;
     {
         let mut reader = ResponseReader::new(&mut *head);
@@ -68,7 +47,7 @@ fn reading_responses_allocates_nothing() {
         let (_, progress) = reader.feed_into(LENGTH, &mut body).unwrap();
         progress == Progress::Done && body.as_bytes() == b"{\"ok\":true}"
     };
-    let after = ALLOCATIONS.load(Ordering::SeqCst);
+    let after = allocations();
 
     assert_eq!(after - before, 0, "heap allocations while reading");
     assert_eq!(streamed, 21);

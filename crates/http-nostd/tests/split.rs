@@ -15,7 +15,7 @@ struct Outcome {
 }
 
 fn read_pieces<'a>(pieces: impl IntoIterator<Item = &'a [u8]>) -> Result<Outcome, HttpError> {
-    let storage: Box<[u8; HEAD_CAP]> = vec![0u8; HEAD_CAP].into_boxed_slice().try_into().unwrap();
+    let storage: Box<[u8; HEAD_CAP]> = llama_harness::boxed_array();
     let mut reader = ResponseReader::new(storage);
     let mut body = Vec::new();
     'outer: for piece in pieces {

@@ -1,4 +1,6 @@
-//! Test support: a real local `llama-server` router, and an `inferproxy` in front of it.
+//! Test support for every crate of the workspace: a real local `llama-server` router and an
+//! `inferproxy` in front of it, and the small helpers more than one crate's tests need (the
+//! recorded fixtures, temp dirs, a free port, heap arrays, a counting allocator).
 //!
 //! Every test that talks to the real server gets it through [`LocalServer::start`], which runs
 //! `scripts/serve.sh` (the same command line as `make serve`: the router under `llama-worker`)
@@ -22,6 +24,10 @@ const READY_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long a stopped process group gets between SIGTERM and SIGKILL.
 const STOP_GRACE: Duration = Duration::from_secs(5);
 
+mod alloc;
+
+pub use alloc::{allocations, counted, CountingAlloc};
+
 /// The model id the preset in `scripts/serve.sh` defines.
 pub const MODEL_ID: &str = "smollm2";
 
@@ -32,6 +38,26 @@ pub fn workspace_root() -> PathBuf {
         .nth(2)
         .expect("crate lives in crates/<name>")
         .to_path_buf()
+}
+
+/// The path of `fixtures/<name>` (recorded from the real server; see fixtures/README.md).
+pub fn fixture_path(name: &str) -> PathBuf {
+    workspace_root().join("fixtures").join(name)
+}
+
+/// The bytes of `fixtures/<name>`; panics naming the path when it cannot be read.
+pub fn fixture(name: &str) -> Vec<u8> {
+    let path = fixture_path(name);
+    std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// `N` zero bytes on the heap as a fixed-size array, made without building it on the stack
+/// (the storage a parser with an `N`-byte cap takes).
+pub fn boxed_array<const N: usize>() -> Box<[u8; N]> {
+    vec![0u8; N]
+        .into_boxed_slice()
+        .try_into()
+        .expect("the vec has exactly N bytes")
 }
 
 /// A fresh, empty directory under the system temp dir, unique to this process and call.

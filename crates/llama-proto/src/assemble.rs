@@ -450,6 +450,16 @@ impl<'s, const CONTENT: usize, const REASONING: usize, const CALLS: usize, const
         })
     }
 
+    /// The tool calls seen so far, in index order: for the output of a request that failed
+    /// part-way, so an id or name may be empty and the arguments incomplete.
+    pub fn tool_calls(&self) -> ToolCalls<'_> {
+        ToolCalls {
+            metas: &self.calls[..self.calls_len],
+            args: self.args.as_flattened(),
+            stride: ARGS,
+        }
+    }
+
     /// The finished message. A stream without `finish_reason` is
     /// [`AssembleError::NoFinishReason`]; a missing `[DONE]` afterwards does not matter.
     pub fn finish(&self) -> Result<Message<'_>, AssembleError> {

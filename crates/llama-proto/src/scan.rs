@@ -4,7 +4,7 @@
 //! Most of a llama-server chunk is data the client never reads: `created`, `model`,
 //! `system_fingerprint`, `object` and nine `timings` fields, six of them floats. Through
 //! `serde-json-core` every key and every skipped string costs a byte-by-byte scan and a
-//! `from_utf8` pass (about 25 instructions a byte in all); here a skipped value costs one
+//! `from_utf8` pass (docs/benchmarks/llama-proto.md has the counts); here a skipped value costs one
 //! scan for its end, and the three `timings` counts and the four `prompt_progress` numbers are
 //! read directly. What this walk accepts is checked only as far as the fields the decoder
 //! returns: a skipped value is not validated beyond finding its end (as `serde-json-core`
@@ -221,7 +221,7 @@ impl<'a> Scan<'a> {
     /// Skips the array or object whose opening bracket is at `self.i`, to its matching close.
     /// One pass over eight bytes at a time: the quotes, backslashes and brackets of a word are
     /// handled from its masks without going back to memory, so a word with no bracket
-    /// outside a string costs a few instructions whatever its quotes. `outer` arrays and
+    /// outside a string is passed in one step whatever its quotes. `outer` arrays and
     /// objects enclose this one.
     fn nested(&mut self, outer: usize) -> Result<()> {
         let mut st = Nesting {
@@ -361,8 +361,8 @@ impl<'a> Scan<'a> {
     }
 }
 
-// The byte sets `find` looks for, as masks over eight bytes at a time (a byte loop costs
-// about eight instructions a byte; this about two). `x | 0x20` folds `[` into `{` and `]`
+// The byte sets `find` looks for, as masks over eight bytes at a time (cheaper than a byte
+// loop; docs/benchmarks/llama-proto.md has the counts). `x | 0x20` folds `[` into `{` and `]`
 // into `}` and leaves no other byte on either.
 const ONES: u64 = 0x0101_0101_0101_0101;
 const HIGH: u64 = 0x8080_8080_8080_8080;

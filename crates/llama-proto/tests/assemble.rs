@@ -182,6 +182,32 @@ fn tool_calls_matched_by_index_first_brace_kept() {
 }
 
 #[test]
+fn tool_calls_so_far_before_the_finish() {
+    let mut b = bufs();
+    let mut a = asm(&mut b);
+    assert!(a.tool_calls().is_empty());
+    push(&mut a, &call(0, Some("id0"), Some("get"), Some("{\"k"))).unwrap();
+    push(&mut a, &call(1, None, None, Some("{"))).unwrap();
+    let calls: Vec<_> = a.tool_calls().iter().collect();
+    assert_eq!(
+        calls,
+        [
+            ToolCallRef {
+                id: "id0",
+                name: "get",
+                arguments: "{\"k"
+            },
+            ToolCallRef {
+                id: "",
+                name: "",
+                arguments: "{"
+            },
+        ]
+    );
+    assert_eq!(a.finish(), Err(AssembleError::NoFinishReason));
+}
+
+#[test]
 fn tool_call_count_at_limit_and_one_past() {
     let mut b = bufs();
     let mut a = asm(&mut b);

@@ -568,8 +568,9 @@ fn sigterm_sigint_sighup_and_sigquit_each_stop_cleanly() {
         signal(child.0.id(), sig);
         let (exit, took) = exit_within(&mut child, Duration::from_secs(5));
         assert!(exit.success(), "SIG{sig}: {exit:?}");
-        // The grace (0.5 s) runs out for the child ignoring SIGTERM, then SIGKILL.
-        assert!(took < Duration::from_millis(1500), "SIG{sig}: {took:?}");
+        // The grace (0.5 s) runs out for the child ignoring SIGTERM, then SIGKILL; the bound
+        // leaves room for a loaded machine.
+        assert!(took < Duration::from_secs(4), "SIG{sig}: {took:?}");
         wait_group_gone(pgid, Duration::from_secs(1));
         assert!(!socket.exists(), "SIG{sig}: socket left behind");
     }
@@ -627,16 +628,18 @@ fn a_second_signal_kills_the_group_without_waiting_out_the_grace() {
     let t0 = Instant::now();
     signal(child.0.id(), "INT");
     wait_line("SIGINT again: killing the server's group now");
-    let (exit, _) = exit_within(&mut child, Duration::from_secs(5));
+    let (exit, _) = exit_within(&mut child, Duration::from_secs(12));
     assert!(exit.success(), "{exit:?}");
-    assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+    // Far below the 60 s grace the first stop would have waited out.
+    assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
     wait_group_gone(pgid, Duration::from_secs(1));
     assert!(!socket.exists());
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// `stop` (socket command or signal) finishes within stop_grace_s + 1 s even while a readiness
-/// probe with a 20 s timeout waits on a server that never answers.
+/// `stop` (socket command or signal) is not held up by a readiness probe in flight: the probe
+/// waits up to 60 s on a server that never answers, and stop ends within stop_grace_s (1 s)
+/// plus a margin for a loaded machine (a stop that waited for the probe would take 60 s).
 #[test]
 fn stop_is_not_held_up_by_a_readiness_probe_in_flight() {
     let ep = Endpoint::start(Mode::Silent);
@@ -646,11 +649,12 @@ fn stop_is_not_held_up_by_a_readiness_probe_in_flight() {
         &dir,
         &socket,
         STUBBORN,
-        "probe_timeout_s = 20\nstop_grace_s = 1\n",
+        "probe_timeout_s = 60\nstop_grace_s = 1\n",
     );
     let mut child = spawn_run(&config, &ep);
-    let bound = Duration::from_secs(2); // stop_grace_s + 1 s
-                                        // The socket command: the daemon stays, the group goes.
+    // stop_grace_s + 1 s is the promise; the rest is margin for a shared 2-core machine.
+    let bound = Duration::from_secs(10);
+    // The socket command: the daemon stays, the group goes.
     wait_status(&socket, "starting");
     let pgid = wait_pgid(&socket);
     wait_members(pgid, 4);

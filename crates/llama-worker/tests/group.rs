@@ -388,7 +388,8 @@ fn a_server_in_uninterruptible_sleep_does_not_hang_stop() {
         panic!("stop did not return within 10 s with a server in uninterruptible sleep");
     };
     let mut w = driver.join().unwrap();
-    assert!(took < Duration::from_millis(1500), "stop took {took:?}");
+    // Bounded (the kill waits 0.8 s for a child that cannot die), with room for a loaded machine.
+    assert!(took < Duration::from_secs(5), "stop took {took:?}");
     assert_eq!(state(&w), State::Stopped);
     assert_eq!(w.lingering_pids(), [pid]);
     assert!(!dead(pid as i32), "frozen, SIGKILL pending");

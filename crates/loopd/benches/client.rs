@@ -109,10 +109,18 @@ struct Timings {
 
 /// The peer: same socket and HTTP layer, then eventsource-stream and serde_json.
 fn baseline_once(config: &Config) -> usize {
-    let body = loopd::llama::request::render(config, &request());
-    let mut resp =
-        loopd::http::request(&config.socket, "POST", "/v1/chat/completions", Some(&body))
-            .expect("connect");
+    let body = loopd::llama::render_request(config, &request());
+    let far = std::time::Instant::now() + Duration::from_secs(60);
+    let stream = loopd::http::request(
+        &config.socket,
+        "POST",
+        "/v1/chat/completions",
+        Some(&body),
+        Duration::from_secs(5),
+        &loopd::llama::Cancel::new(),
+    )
+    .expect("connect");
+    let mut resp = loopd::http::Response::new(stream, far, &loopd::llama::Cancel::new());
     assert_eq!(resp.head().expect("head"), 200);
     let pieces = futures::stream::poll_fn(move |_| {
         std::task::Poll::Ready(match resp.next_body() {
@@ -181,8 +189,16 @@ fn bench(c: &mut Criterion) {
             cpu
         })
     });
-    // The same transcript from memory: what the parsing costs without the socket.
-    let bytes: Vec<u8> = transcript().concat();
+    // The same response from memory: what the exchange costs without the socket.
+    let mut bytes =
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+            .to_vec();
+    for e in transcript() {
+        bytes.extend_from_slice(format!("{:x}\r\n", e.len()).as_bytes());
+        bytes.extend_from_slice(&e);
+        bytes.extend_from_slice(b"\r\n");
+    }
+    bytes.extend_from_slice(b"0\r\n\r\n");
     g.bench_function("loopd_parse_only", |b| {
         b.iter_custom(|iters| {
             let mut cpu = Duration::ZERO;
@@ -223,22 +239,27 @@ fn bench(c: &mut Criterion) {
     g.finish();
 }
 
-/// SSE, decode and assemble over the transcript in memory, in 16 KiB reads.
+/// The exchange (HTTP, SSE, decode and assemble) over the response in memory, in 16 KiB
+/// reads, every output drained as the client loop does.
 fn parse_only(bytes: &[u8]) -> usize {
-    let mut buffers = loopd::llama::assemble::Buffers::new();
-    let mut folder = buffers.folder();
-    let mut sse = loopd::sse::EventStream::new();
+    use loopd::llama::{ChatExchange, Output};
+    let mut buffers = loopd::llama::Buffers::new();
+    let limits = loopd::config::Limits::default();
+    let mut x = ChatExchange::new(limits, Duration::ZERO, &mut buffers);
     let mut n = 0;
     for piece in bytes.chunks(16 * 1024) {
-        sse.feed(piece, &mut |item| -> Result<(), loopd::llama::InferError> {
-            if let loopd::sse::Item::Data(d) = item {
-                folder.push(d, &mut |_| n += 1)?;
+        x.handle_bytes(Duration::ZERO, piece);
+        while let Some(out) = x.poll_output() {
+            if let Output::Event(e) = out {
+                std::hint::black_box(&e);
+                n += 1;
             }
-            Ok(())
-        })
-        .expect("parse");
+        }
+        if x.is_over() {
+            break;
+        }
     }
-    folder.completion(false).expect("done");
+    x.take_result().expect("over").expect("done");
     n
 }
 

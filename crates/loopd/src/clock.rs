@@ -1,7 +1,8 @@
 //! Time and randomness, passed in from outside so timers and retries are testable.
 //!
 //! [`SystemClock`] and [`SystemJitter`] are the real ones; [`FakeClock`] and [`FakeJitter`]
-//! let a test drive the retry schedule exactly, with no sleeping.
+//! let a test drive time and the retry schedule exactly. A clock only tells the time: waiting
+//! is the caller's (on a cancel token, so a cancel ends it).
 
 use std::collections::hash_map::RandomState;
 use std::collections::VecDeque;
@@ -10,12 +11,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-/// A monotonic clock that can also wait.
+/// A monotonic clock.
 pub trait Clock: Send + Sync {
     /// Time since an arbitrary fixed start; never goes backwards.
     fn now(&self) -> Duration;
-    /// Blocks the calling thread for `d` (a fake clock only moves its time on).
-    fn sleep(&self, d: Duration);
 }
 
 /// A source of jitter for the retry waits.
@@ -48,9 +47,6 @@ impl Default for SystemClock {
 impl Clock for SystemClock {
     fn now(&self) -> Duration {
         self.start.elapsed()
-    }
-    fn sleep(&self, d: Duration) {
-        std::thread::sleep(d);
     }
 }
 
@@ -88,39 +84,26 @@ impl Jitter for SystemJitter {
     }
 }
 
-/// A clock that moves only when told to, or when something sleeps on it.
+/// A clock that moves only when told to.
 #[derive(Debug, Default)]
 pub struct FakeClock {
-    state: Mutex<(Duration, Vec<Duration>)>,
+    now: Mutex<Duration>,
 }
 
 impl FakeClock {
-    /// A clock at zero with no sleeps recorded.
+    /// A clock at zero.
     pub fn new() -> Self {
         Self::default()
     }
     /// Moves time on by `d`.
     pub fn advance(&self, d: Duration) {
-        self.state.lock().unwrap_or_else(|e| e.into_inner()).0 += d;
-    }
-    /// Every `sleep` so far, in order.
-    pub fn sleeps(&self) -> Vec<Duration> {
-        self.state
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .1
-            .clone()
+        *self.now.lock().unwrap_or_else(|e| e.into_inner()) += d;
     }
 }
 
 impl Clock for FakeClock {
     fn now(&self) -> Duration {
-        self.state.lock().unwrap_or_else(|e| e.into_inner()).0
-    }
-    fn sleep(&self, d: Duration) {
-        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        s.0 += d;
-        s.1.push(d);
+        *self.now.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -179,9 +162,8 @@ mod tests {
         let c = FakeClock::new();
         assert_eq!(c.now(), Duration::ZERO);
         c.advance(Duration::from_millis(5));
-        c.sleep(Duration::from_secs(2));
+        c.advance(Duration::from_secs(2));
         assert_eq!(c.now(), Duration::from_millis(2_005));
-        assert_eq!(c.sleeps(), [Duration::from_secs(2)]);
     }
 
     #[test]
@@ -198,7 +180,7 @@ mod tests {
     fn system_clock_is_monotonic() {
         let c = SystemClock::new();
         let a = c.now();
-        c.sleep(Duration::from_millis(2));
+        std::thread::sleep(Duration::from_millis(2));
         assert!(c.now() >= a + Duration::from_millis(2));
     }
 }

@@ -47,6 +47,11 @@ pub struct Limits {
     pub idle_grace_ms: u64,
     /// Read timeout after the first byte: silence past it is `Stalled` (30 s).
     pub liveness_ms: u64,
+    /// Connecting to the socket and writing a request, whole: past it is `TimedOut` (5 s).
+    pub connect_ms: u64,
+    /// A whole `/props`, `/slots`, `/tokenize` or control call with its body, an error body,
+    /// or a response head after its first byte: past it is `TimedOut` (30 s).
+    pub call_ms: u64,
     /// Reasoning tokens before the client posts `reasoning_end` (4,096).
     pub thinking_cap: u64,
     /// Reasoning tokens tolerated after the cap before `ThinkingOverrun` (256).
@@ -65,6 +70,8 @@ impl Default for Limits {
             load_wait_ms: 180_000,
             idle_grace_ms: 30_000,
             liveness_ms: 30_000,
+            connect_ms: 5_000,
+            call_ms: 30_000,
             thinking_cap: 4_096,
             thinking_overrun: 256,
             max_tokens: 8_192,
@@ -228,6 +235,8 @@ impl Config {
             ("load_wait_ms", l.load_wait_ms),
             ("idle_grace_ms", l.idle_grace_ms),
             ("liveness_ms", l.liveness_ms),
+            ("connect_ms", l.connect_ms),
+            ("call_ms", l.call_ms),
         ];
         // A zero read timeout means "block forever" to std, the opposite of what was asked.
         if let Some((key, _)) = ms.iter().find(|(_, v)| *v == 0) {
@@ -351,6 +360,7 @@ mod tests {
             ],
             [5_000, 600_000, 180_000, 30_000, 30_000]
         );
+        assert_eq!([l.connect_ms, l.call_ms], [5_000, 30_000]);
         assert_eq!(
             [l.thinking_cap, l.thinking_overrun, l.max_tokens],
             [4_096, 256, 8_192]

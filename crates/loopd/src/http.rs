@@ -1,39 +1,51 @@
-//! HTTP/1.1 over a `UnixStream`: one request per connection, `Connection: close`.
+//! HTTP/1.1 over a `UnixStream`: one request per connection, `Connection: close`, every step
+//! under a deadline.
 //!
-//! [`request`] connects and writes one request; [`Response`] reads the status line and headers
-//! (at most [`HEAD_CAP`], 16 KiB) with `http-nostd`, then offers the body piece by piece,
-//! whether chunked, content-length or read-to-close, or collected into a [`BODY_CAP`] (4 MiB)
-//! heap buffer. A socket read timeout surfaces as [`ReadError::Timeout`] and leaves the
-//! response readable, so a caller can do something else and read on. No TCP here: loopd
-//! reaches the model only through inferproxy's socket.
+//! [`request`] connects and writes one request within one deadline (a Unix connect blocks
+//! while the listener's backlog is full, a write while the server does not read). [`Response`]
+//! reads the status line and headers (at most [`HEAD_CAP`], 16 KiB) with `http-nostd`, then
+//! offers the body piece by piece, whether chunked, content-length or read-to-close, or
+//! collected into a [`BODY_CAP`] (4 MiB) heap buffer, all within the call's deadline: a server
+//! that trickles one byte at a time cannot hold it longer. Errors are this module's own
+//! ([`SendError`], [`ReadError`]); the client maps them. No TCP here: loopd reaches the model
+//! only through inferproxy's socket.
 
 use std::io::{self, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use http_nostd::{BodyBuffer, Event, HttpError, ResponseReader};
+use socket2::{Domain, SockAddr, Socket, Type};
 
 pub use http_nostd::{BODY_CAP, HEAD_CAP};
 
-use crate::llama::{capped_body, InferError, Silence, ERROR_BODY_CAP};
+use crate::cancel::Cancel;
 
 /// Bytes read from the socket at a time.
 pub const READ_CHUNK: usize = 16 * 1024;
 
-/// A heap array of `N` zero bytes, made without building it on the stack.
-pub fn heap_array<const N: usize>() -> Box<[u8; N]> {
-    vec![0u8; N]
-        .into_boxed_slice()
-        .try_into()
-        .expect("the vec has exactly N bytes")
+/// The longest a blocked connect or write goes without looking at its cancel token.
+pub const CANCEL_TICK: Duration = Duration::from_millis(20);
+
+/// Why a request could not be sent.
+#[derive(Debug)]
+pub enum SendError {
+    /// Connecting or writing failed.
+    Io(io::Error),
+    /// The deadline passed first.
+    TimedOut,
+    /// The cancel token was set.
+    Cancelled,
 }
 
 /// Why reading a response stopped.
 #[derive(Debug)]
 pub enum ReadError {
-    /// The socket's read timeout expired; the response can be read on.
+    /// The call's deadline passed.
     Timeout,
+    /// The cancel token was set.
+    Cancelled,
     /// The connection ended before the response was complete.
     Closed,
     /// Reading failed.
@@ -42,31 +54,72 @@ pub enum ReadError {
     Http(HttpError),
 }
 
-impl ReadError {
-    /// The client error for this, where a timeout means the server went silent.
-    pub fn into_infer(self) -> InferError {
-        match self {
-            ReadError::Timeout => InferError::Stalled(Silence::Liveness),
-            ReadError::Closed => InferError::StreamClosedEarly,
-            // A reset mid-response is the server going away, like a close.
-            ReadError::Io(_) => InferError::StreamClosedEarly,
-            ReadError::Http(e) => InferError::Protocol(format!("HTTP response: {e}")),
+fn timed_out(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+    )
+}
+
+/// Time left until `deadline`, in slices of at most [`CANCEL_TICK`]; `None` once it passed.
+fn slice(deadline: Instant) -> Option<Duration> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    (!left.is_zero()).then(|| left.min(CANCEL_TICK))
+}
+
+/// Connects to `socket` before `deadline`. A full backlog makes a Unix connect wait; the wait is
+/// bounded by the socket's send timeout (Linux), set to a slice of what is left each time.
+/// (`socket2`'s `connect_timeout` does not serve here: a non-blocking Unix connect to a full
+/// backlog fails at once with `EAGAIN`, and its poll then reports "no error set after
+/// POLLHUP" within microseconds instead of waiting.)
+pub fn connect(socket: &Path, deadline: Instant, cancel: &Cancel) -> Result<UnixStream, SendError> {
+    let addr = SockAddr::unix(socket).map_err(SendError::Io)?;
+    let sock = Socket::new(Domain::UNIX, Type::STREAM, None).map_err(SendError::Io)?;
+    loop {
+        if cancel.is_cancelled() {
+            return Err(SendError::Cancelled);
+        }
+        let Some(wait) = slice(deadline) else {
+            return Err(SendError::TimedOut);
+        };
+        sock.set_write_timeout(Some(wait)).map_err(SendError::Io)?;
+        match sock.connect(&addr) {
+            Ok(()) => return Ok(UnixStream::from(std::os::fd::OwnedFd::from(sock))),
+            Err(e) if timed_out(&e) || e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(SendError::Io(e)),
         }
     }
 }
 
-/// Connects to `socket` and sends one request; `body` goes out as `application/json`.
-pub fn request(
-    socket: &Path,
-    method: &str,
-    target: &str,
-    body: Option<&[u8]>,
-) -> Result<Response, InferError> {
-    let connect = |source| InferError::Connect {
-        socket: socket.to_owned(),
-        source,
-    };
-    let mut stream = UnixStream::connect(socket).map_err(connect)?;
+/// Writes all of `bytes` before `deadline`.
+pub fn send(
+    stream: &mut UnixStream,
+    mut bytes: &[u8],
+    deadline: Instant,
+    cancel: &Cancel,
+) -> Result<(), SendError> {
+    while !bytes.is_empty() {
+        if cancel.is_cancelled() {
+            return Err(SendError::Cancelled);
+        }
+        let Some(wait) = slice(deadline) else {
+            return Err(SendError::TimedOut);
+        };
+        stream
+            .set_write_timeout(Some(wait))
+            .map_err(SendError::Io)?;
+        match stream.write(bytes) {
+            Ok(0) => return Err(SendError::Io(io::ErrorKind::WriteZero.into())),
+            Ok(n) => bytes = &bytes[n..],
+            Err(e) if timed_out(&e) || e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(SendError::Io(e)),
+        }
+    }
+    Ok(())
+}
+
+/// The bytes of one request; `body` goes out as `application/json`.
+pub fn render(method: &str, target: &str, body: Option<&[u8]>) -> Vec<u8> {
     let mut head = format!(
         "{method} {target} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nAccept: */*\r\n"
     );
@@ -77,14 +130,28 @@ pub fn request(
         ));
     }
     head.push_str("\r\n");
-    // One write for small requests, so the server sees the request whole.
     let mut bytes = head.into_bytes();
     bytes.extend_from_slice(body.unwrap_or_default());
-    stream.write_all(&bytes).map_err(connect)?;
-    Ok(Response::new(stream))
+    bytes
 }
 
-/// The response of one request, read as it arrives.
+/// Connects to `socket` and sends one request, both within `timeout`.
+pub fn request(
+    socket: &Path,
+    method: &str,
+    target: &str,
+    body: Option<&[u8]>,
+    timeout: Duration,
+    cancel: &Cancel,
+) -> Result<UnixStream, SendError> {
+    let deadline = Instant::now() + timeout;
+    let mut stream = connect(socket, deadline, cancel)?;
+    // One write for small requests, so the server sees the request whole.
+    send(&mut stream, &render(method, target, body), deadline, cancel)?;
+    Ok(stream)
+}
+
+/// The response of one request, read as it arrives, all of it before a deadline.
 pub struct Response {
     stream: UnixStream,
     reader: ResponseReader<Box<[u8; HEAD_CAP]>, HEAD_CAP>,
@@ -94,7 +161,8 @@ pub struct Response {
     received: u64,
     eof: bool,
     has_head: bool,
-    after_first_byte: Option<Duration>,
+    deadline: Instant,
+    cancel: Cancel,
 }
 
 impl std::fmt::Debug for Response {
@@ -106,30 +174,21 @@ impl std::fmt::Debug for Response {
 }
 
 impl Response {
-    /// Reads the response to a request already written on `stream`.
-    pub fn new(stream: UnixStream) -> Response {
+    /// Reads the response to a request already written on `stream`, all of it by `deadline`,
+    /// unless `cancel` is set first (it is looked at every [`CANCEL_TICK`]).
+    pub fn new(stream: UnixStream, deadline: Instant, cancel: &Cancel) -> Response {
         Response {
             stream,
-            reader: ResponseReader::new(heap_array::<HEAD_CAP>()),
-            buf: heap_array::<READ_CHUNK>(),
+            reader: ResponseReader::new(crate::heap::array::<HEAD_CAP>()),
+            buf: crate::heap::array::<READ_CHUNK>(),
             pos: 0,
             len: 0,
             received: 0,
             eof: false,
             has_head: false,
-            after_first_byte: None,
+            deadline,
+            cancel: cancel.clone(),
         }
-    }
-
-    /// Sets the socket read timeout (`None` blocks).
-    pub fn set_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
-        self.stream.set_read_timeout(timeout)
-    }
-
-    /// Switches the read timeout to `timeout` as soon as the first byte arrives (the wait for
-    /// a first byte and the silence allowed after it are different limits).
-    pub fn set_timeout_after_first_byte(&mut self, timeout: Duration) {
-        self.after_first_byte = Some(timeout);
     }
 
     /// Bytes received from the socket so far.
@@ -140,31 +199,27 @@ impl Response {
     /// Reads from the socket once: `Ok(false)` at the end of the stream.
     fn fill(&mut self) -> Result<bool, ReadError> {
         loop {
+            if self.cancel.is_cancelled() {
+                return Err(ReadError::Cancelled);
+            }
+            let Some(wait) = slice(self.deadline) else {
+                return Err(ReadError::Timeout);
+            };
+            self.stream
+                .set_read_timeout(Some(wait))
+                .map_err(ReadError::Io)?;
             match self.stream.read(&mut self.buf[..]) {
                 Ok(0) => {
                     self.eof = true;
                     return Ok(false);
                 }
                 Ok(n) => {
-                    if let (0, Some(t)) = (self.received, self.after_first_byte) {
-                        self.stream
-                            .set_read_timeout(Some(t))
-                            .map_err(ReadError::Io)?;
-                    }
                     self.pos = 0;
                     self.len = n;
                     self.received += n as u64;
                     return Ok(true);
                 }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                    ) =>
-                {
-                    return Err(ReadError::Timeout)
-                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted || timed_out(&e) => {}
                 Err(e) => return Err(ReadError::Io(e)),
             }
         }
@@ -243,7 +298,7 @@ impl Response {
         if !self.has_head {
             self.head()?;
         }
-        let mut body = BodyBuffer::new(heap_array::<BODY_CAP>());
+        let mut body = BodyBuffer::new(crate::heap::array::<BODY_CAP>());
         if let Some(Ok(n)) = self
             .header("content-length")
             .map(|v| std::str::from_utf8(v).unwrap_or("").parse::<u64>())
@@ -259,24 +314,20 @@ impl Response {
         Ok(body)
     }
 
-    /// The body of an error response as [`InferError::Http`], cut at [`ERROR_BODY_CAP`]
-    /// bytes (the rest is not read). A body that breaks off keeps what arrived.
-    pub fn into_http_error(mut self) -> InferError {
-        if let Err(e) = self.head() {
-            return e.into_infer();
-        }
-        let status = self.status();
+    /// The status and the first `cap` bytes of the body of an error response; a body that
+    /// breaks off or runs past the deadline keeps what arrived (the rest is not read).
+    pub fn error_body(&mut self, cap: usize) -> Result<(u16, Vec<u8>), ReadError> {
+        let status = self.head()?;
         let mut kept = Vec::new();
-        while kept.len() < ERROR_BODY_CAP {
+        while kept.len() < cap {
             match self.next_body() {
-                Ok(Some(piece)) => kept.extend_from_slice(piece),
+                Ok(Some(piece)) => {
+                    kept.extend_from_slice(&piece[..piece.len().min(cap - kept.len())])
+                }
                 _ => break,
             }
         }
-        InferError::Http {
-            status,
-            body: capped_body(&kept),
-        }
+        Ok((status, kept))
     }
 
     fn ended(&mut self) -> ReadError {
@@ -291,6 +342,10 @@ impl Response {
 mod tests {
     use super::*;
 
+    fn later() -> Instant {
+        Instant::now() + Duration::from_secs(30)
+    }
+
     /// A response over a socket pair, the server side written in `pieces`.
     fn response(pieces: &[&[u8]]) -> Response {
         let (client, mut server) = UnixStream::pair().unwrap();
@@ -298,7 +353,7 @@ mod tests {
             server.write_all(p).unwrap();
         }
         drop(server);
-        Response::new(client)
+        Response::new(client, later(), &Cancel::new())
     }
 
     fn body_of(r: &mut Response) -> Result<Vec<u8>, ReadError> {
@@ -353,16 +408,22 @@ mod tests {
         };
         let (client, mut server) = UnixStream::pair().unwrap();
         let writer = std::thread::spawn(move || server.write_all(head(HEAD_CAP).as_bytes()));
-        assert_eq!(Response::new(client).head().unwrap(), 200);
+        assert_eq!(
+            Response::new(client, later(), &Cancel::new())
+                .head()
+                .unwrap(),
+            200
+        );
         writer.join().unwrap().unwrap();
         let (client, mut server) = UnixStream::pair().unwrap();
         let writer = std::thread::spawn(move || server.write_all(head(HEAD_CAP + 1).as_bytes()));
-        let e = Response::new(client).head().unwrap_err();
+        let e = Response::new(client, later(), &Cancel::new())
+            .head()
+            .unwrap_err();
         assert!(
             matches!(e, ReadError::Http(HttpError::HeadersTooLarge)),
             "{e:?}"
         );
-        assert!(matches!(e.into_infer(), InferError::Protocol(_)));
         let _ = writer.join().unwrap();
     }
 
@@ -374,7 +435,13 @@ mod tests {
             server.write_all(at.as_bytes())?;
             server.write_all(&vec![b'x'; BODY_CAP])
         });
-        assert_eq!(Response::new(client).read_body().unwrap().len(), BODY_CAP);
+        assert_eq!(
+            Response::new(client, later(), &Cancel::new())
+                .read_body()
+                .unwrap()
+                .len(),
+            BODY_CAP
+        );
         writer.join().unwrap().unwrap();
         let over = format!(
             "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n",
@@ -391,7 +458,7 @@ mod tests {
             server.write_all(b"HTTP/1.1 200 OK\r\n\r\n")?;
             server.write_all(&vec![b'x'; BODY_CAP + 1])
         });
-        let mut r = Response::new(client);
+        let mut r = Response::new(client, later(), &Cancel::new());
         let e = r.read_body().map(|b| b.len());
         assert!(
             matches!(e, Err(ReadError::Http(HttpError::BodyTooLarge))),
@@ -402,41 +469,65 @@ mod tests {
     }
 
     #[test]
-    fn error_body_is_cut_at_4_kib() {
+    fn error_body_is_cut_at_the_cap() {
         let long = format!("HTTP/1.1 400 Bad Request\r\n\r\n{}", "e".repeat(10_000));
-        let e = response(&[long.as_bytes()]).into_http_error();
-        match e {
-            InferError::Http { status, body } => assert_eq!((status, body.len()), (400, 4096)),
-            other => panic!("{other:?}"),
-        }
+        let (status, body) = response(&[long.as_bytes()]).error_body(4096).unwrap();
+        assert_eq!((status, body.len()), (400, 4096));
         let short = b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 7\r\n\r\nloading";
-        let e = response(&[short]).into_http_error();
-        assert!(matches!(e, InferError::Http { status: 503, ref body } if body == "loading"));
+        let got = response(&[short]).error_body(4096).unwrap();
+        assert_eq!(got, (503, b"loading".to_vec()));
     }
 
     #[test]
-    fn timeout_leaves_the_response_readable() {
+    fn a_trickled_response_times_out_at_its_deadline_keeping_what_came() {
         let (client, mut server) = UnixStream::pair().unwrap();
-        let mut r = Response::new(client);
-        r.set_timeout(Some(Duration::from_millis(20))).unwrap();
-        assert!(matches!(r.head(), Err(ReadError::Timeout)));
-        server
-            .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n")
-            .unwrap();
-        assert_eq!(r.head().unwrap(), 200);
+        let writer = std::thread::spawn(move || {
+            for b in b"HTTP/1.1 500 Oops\r\nContent-Length: 50\r\n\r\nslow and steady" {
+                if server.write_all(&[*b]).is_err() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(3));
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        });
+        let start = Instant::now();
+        let mut r = Response::new(client, start + Duration::from_millis(250), &Cancel::new());
+        let (status, kept) = r.error_body(4096).unwrap();
+        let took = start.elapsed();
+        assert_eq!(status, 500);
+        assert!(b"slow and steady".starts_with(&kept), "{kept:?}");
+        assert!(
+            took >= Duration::from_millis(250) && took < Duration::from_secs(2),
+            "{took:?}"
+        );
         assert!(matches!(r.next_body(), Err(ReadError::Timeout)));
-        server.write_all(b"ok").unwrap();
-        assert_eq!(body_of(&mut r).unwrap(), b"ok");
+        drop(r);
+        writer.join().unwrap();
+        // Silence before the head is the same deadline.
+        let (client, _server) = UnixStream::pair().unwrap();
+        let mut r = Response::new(
+            client,
+            Instant::now() + Duration::from_millis(30),
+            &Cancel::new(),
+        );
+        assert!(matches!(r.head(), Err(ReadError::Timeout)));
     }
 
     #[test]
     fn request_is_one_write_with_connection_close() {
-        let dir = std::env::temp_dir().join(format!("loopd-http-{}", std::process::id()));
-        let _ = std::fs::create_dir_all(&dir);
+        let dir = llama_harness::temp_dir("loopd-http");
         let path = dir.join("s.sock");
-        let _ = std::fs::remove_file(&path);
         let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
-        let r = request(&path, "POST", "/x?y=1", Some(b"{}")).unwrap();
+        let never = Cancel::new();
+        let r = request(
+            &path,
+            "POST",
+            "/x?y=1",
+            Some(b"{}"),
+            Duration::from_secs(5),
+            &never,
+        )
+        .unwrap();
         let (mut conn, _) = listener.accept().unwrap();
         drop(r);
         let mut got = Vec::new();
@@ -446,9 +537,17 @@ mod tests {
             "POST /x?y=1 HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nAccept: */*\r\n\
              Content-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
         );
-        let missing = request(&dir.join("none.sock"), "GET", "/", None).unwrap_err();
+        let missing = request(
+            &dir.join("none.sock"),
+            "GET",
+            "/",
+            None,
+            Duration::from_secs(5),
+            &never,
+        );
         assert!(
-            matches!(missing, InferError::Connect { ref source, .. } if source.kind() == io::ErrorKind::NotFound)
+            matches!(missing, Err(SendError::Io(ref e)) if e.kind() == io::ErrorKind::NotFound),
+            "{missing:?}"
         );
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -1,13 +1,15 @@
 //! loopd's inference client: llama-server reached through inferproxy's Unix socket.
 //!
-//! [`config`] reads `config.toml`; [`http`] and [`sse`] are the std side of the `http-nostd`
-//! and `sse-nostd` parsers over a `UnixStream`; [`llama`] is the client itself, with its slot
-//! gate, timers, thinking cap and retry. Time and jitter come in through [`clock`], so the
-//! timers and the retry schedule are tested without sleeping. [`selftest`] holds the three
-//! startup checks that `loopd selftest` runs. [`runner`] is the request runner of seed 003
-//! (agent requests on a fixed slot table, tool iterations on a budget, results kept until
-//! fetched); it is the only part that starts threads (one per request, one per tool call,
-//! and a watcher when llama-worker's socket is configured). Nothing opens a TCP connection.
+//! [`config`] reads `config.toml`; [`http`] is a blocking HTTP/1.1 client over a `UnixStream`
+//! with a deadline on every step (on `http-nostd`); [`llama`] is the client itself: a sans-IO
+//! exchange per request (on `http-nostd`, `sse-nostd` and `llama-proto`) with its timers and
+//! thinking cap, driven over the socket, and the slot gate, cancel and retry around it. Time
+//! and jitter come in through [`clock`]; the exchange takes time as input, so its timers are
+//! tested on fake time. [`selftest`] holds the three startup checks that `loopd selftest`
+//! runs. [`runner`] is the request runner of seed 003 (agent requests on a fixed slot table,
+//! tool iterations on a budget, results kept until fetched); it is the only part that starts
+//! threads (one per request, one per tool call, and a watcher when llama-worker's socket is
+//! configured). Nothing opens a TCP connection.
 //!
 //! ```no_run
 //! use loopd::llama::{ChatEvent, ChatMessage, ChatRequest, Client};
@@ -34,10 +36,12 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+mod cancel;
 pub mod clock;
 pub mod config;
+mod heap;
 pub mod http;
-pub mod sse;
+mod sse;
 
 pub use config::{Config, ConfigError};
 pub use llama::{ChatEvent, ChatRequest, Client, InferError};

@@ -9,7 +9,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use loopd::llama::{ChatMessage, ChatRequest, Client};
+use loopd::http::SendError;
+use loopd::llama::{Cancel, ChatMessage, ChatRequest, Client};
 use loopd::runner::{builtin_tools, Outcome, ResultError, RunRequest, Runner, StandardBios};
 use loopd::selftest;
 use loopd::Config;
@@ -157,9 +158,16 @@ fn main() -> ExitCode {
 /// Loads the config and checks that its socket answers, or says in one line why not.
 fn client_for(path: &std::path::Path) -> Result<Client, String> {
     let config = Config::load(path).map_err(|e| format!("bad config: {e}"))?;
-    if let Err(e) = std::os::unix::net::UnixStream::connect(&config.socket) {
+    let deadline = Instant::now() + Duration::from_millis(config.limits.connect_ms);
+    let reached = loopd::http::connect(&config.socket, deadline, &Cancel::new());
+    if let Err(e) = reached {
+        let why = match e {
+            SendError::Io(e) => e.to_string(),
+            SendError::TimedOut => "no answer within limits.connect_ms".into(),
+            SendError::Cancelled => "cancelled".into(),
+        };
         return Err(format!(
-            "cannot reach the inference socket {}: {e} (is inferproxy running?)",
+            "cannot reach the inference socket {}: {why} (is inferproxy running?)",
             config.socket.display()
         ));
     }

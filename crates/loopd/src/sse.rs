@@ -2,17 +2,12 @@
 //!
 //! [`EventStream`] wraps `sse-nostd` with a [`SSE_CAP`] (1 MiB) heap buffer: lines split across
 //! reads, CRLF and comment lines are the parser's business; this module sorts what comes out
-//! into [`Item`]s and recognises llama-server's `[DONE]`. A line or event over the cap is
-//! [`InferError::Protocol`].
+//! into [`Item`]s and recognises llama-server's `[DONE]`. A line or event over the cap is the
+//! parser's [`SseError`].
 
 use sse_nostd::{Event, Parser, SseError};
 
 pub use sse_nostd::LOOPD_CAP as SSE_CAP;
-
-use crate::http::heap_array;
-use crate::llama::InferError;
-#[cfg(test)]
-use crate::llama::Silence;
 
 /// One thing the stream said.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,42 +39,30 @@ impl Default for EventStream {
     }
 }
 
-fn protocol(e: SseError) -> InferError {
-    InferError::Protocol(format!("event stream: {e}"))
-}
-
 impl EventStream {
     /// A parser at the start of a stream.
     pub fn new() -> Self {
         EventStream {
-            parser: Parser::new(heap_array::<SSE_CAP>()),
+            parser: Parser::new(crate::heap::array::<SSE_CAP>()),
         }
     }
 
-    /// Parses one body piece, calling `on_item` for each item in it, in order. Stops at the
-    /// first error `on_item` returns.
-    pub fn feed<E: From<InferError>>(
-        &mut self,
-        mut piece: &[u8],
-        on_item: &mut dyn FnMut(Item<'_>) -> Result<(), E>,
-    ) -> Result<(), E> {
-        loop {
-            let (used, event) = self.parser.feed(piece).map_err(|e| E::from(protocol(e)))?;
-            let item = match event {
-                None => return Ok(()),
-                Some(Event::Message(m)) if m.event == b"error" => Item::Error(m.data),
-                Some(Event::Message(m)) if sse_nostd::is_done(m.data) => Item::Done,
-                Some(Event::Message(m)) => Item::Data(m.data),
-                Some(_) => Item::Other,
-            };
-            on_item(item)?;
-            piece = &piece[used..];
-        }
+    /// Parses from the start of `piece` up to the next item: the bytes consumed, and the item
+    /// if one completed (`None` means all of `piece` was consumed and more is needed).
+    pub fn next<'a>(&'a mut self, piece: &'a [u8]) -> Result<(usize, Option<Item<'a>>), SseError> {
+        let (used, event) = self.parser.feed(piece)?;
+        let item = event.map(|event| match event {
+            Event::Message(m) if m.event == b"error" => Item::Error(m.data),
+            Event::Message(m) if sse_nostd::is_done(m.data) => Item::Done,
+            Event::Message(m) => Item::Data(m.data),
+            _ => Item::Other,
+        });
+        Ok((used, item))
     }
 
-    /// Declares the end of the stream: an event cut off inside is [`InferError::Protocol`].
-    pub fn finish(&mut self) -> Result<(), InferError> {
-        self.parser.finish().map_err(protocol)
+    /// Declares the end of the stream: an event cut off inside is [`SseError::Unterminated`].
+    pub fn finish(&mut self) -> Result<(), SseError> {
+        self.parser.finish()
     }
 }
 
@@ -87,19 +70,22 @@ impl EventStream {
 mod tests {
     use super::*;
 
-    fn items(pieces: &[&[u8]]) -> Result<Vec<String>, InferError> {
+    fn items(pieces: &[&[u8]]) -> Result<Vec<String>, SseError> {
         let mut s = EventStream::new();
         let mut out = Vec::new();
         for p in pieces {
-            s.feed(p, &mut |item| -> Result<(), InferError> {
+            let mut p: &[u8] = p;
+            loop {
+                let (used, item) = s.next(p)?;
+                let Some(item) = item else { break };
                 out.push(match item {
                     Item::Data(d) => format!("data {}", String::from_utf8_lossy(d)),
                     Item::Error(d) => format!("error {}", String::from_utf8_lossy(d)),
                     Item::Done => "done".into(),
                     Item::Other => "other".into(),
                 });
-                Ok(())
-            })?;
+                p = &p[used..];
+            }
         }
         s.finish()?;
         Ok(out)
@@ -120,11 +106,8 @@ mod tests {
     }
 
     #[test]
-    fn cut_off_event_is_a_protocol_error() {
-        assert!(matches!(
-            items(&[b"data: {\"a\""]),
-            Err(InferError::Protocol(_))
-        ));
+    fn cut_off_event_is_unterminated() {
+        assert_eq!(items(&[b"data: {\"a\""]), Err(SseError::Unterminated));
     }
 
     #[test]
@@ -136,23 +119,7 @@ mod tests {
             l.extend_from_slice(b"\n\n");
             l
         };
-        assert_eq!(items(&[&line(SSE_CAP)]).map(|v| v.len()).ok(), Some(1));
-        let e = items(&[&line(SSE_CAP + 1)]).map(|v| v.len());
-        assert!(
-            matches!(e, Err(InferError::Protocol(ref m)) if m.starts_with("event stream: ")),
-            "{e:?}"
-        );
-    }
-
-    #[test]
-    fn an_error_from_the_callback_stops_the_feed() {
-        let mut s = EventStream::new();
-        let mut seen = 0;
-        let r = s.feed(b"data: 1\n\ndata: 2\n\n", &mut |_| {
-            seen += 1;
-            Err(InferError::Stalled(Silence::Liveness))
-        });
-        assert!(matches!(r, Err(InferError::Stalled(Silence::Liveness))));
-        assert_eq!(seen, 1);
+        assert_eq!(items(&[&line(SSE_CAP)]).map(|v| v.len()), Ok(1));
+        assert_eq!(items(&[&line(SSE_CAP + 1)]), Err(SseError::LineTooLong));
     }
 }

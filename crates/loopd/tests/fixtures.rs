@@ -4,10 +4,11 @@
 
 mod support;
 
+use llama_harness::fixture;
 use loopd::config::Config;
 use loopd::llama::{ChatEvent, ChatMessage, ChatRequest, Client, Completion, FinishReason};
 use serde_json::Value;
-use support::{events_of, fixture, FakeServer, Reply};
+use support::{events_of, FakeServer, Reply};
 
 const CHAT: &str = "/v1/chat/completions";
 const CONTROL: &str = "/v1/chat/completions/control";

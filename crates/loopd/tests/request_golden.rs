@@ -5,8 +5,8 @@
 use std::path::PathBuf;
 
 use loopd::config::{Config, Sampling};
-use loopd::llama::request::render;
-use loopd::llama::{ChatMessage, ChatRequest, ToolCall, ToolSchema};
+
+use loopd::llama::{render_request as render, ChatMessage, ChatRequest, ToolCall, ToolSchema};
 
 fn golden(name: &str, config: &Config, req: &ChatRequest) {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))

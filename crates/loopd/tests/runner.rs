@@ -7,6 +7,7 @@ mod worker_fake;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use llama_harness::fixture;
 use loopd::config::Config;
 use loopd::llama::{Cancel, ChatMessage, Client};
 use loopd::runner::{
@@ -15,7 +16,7 @@ use loopd::runner::{
     ToolError, ToolRegistry,
 };
 use serde_json::{json, Value};
-use support::{events_of, fixture, slots_json, End, FakeServer, Reply};
+use support::{events_of, slots_json, End, FakeServer, Reply};
 use worker_fake::{FakeWorker, Script};
 
 const CHAT: &str = "/v1/chat/completions";

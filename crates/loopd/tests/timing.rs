@@ -1,31 +1,33 @@
-//! Timing tests against the fake server: every limit between 50 and 200 ms, so nothing sleeps
-//! for a second. They cover every `InferError` variant and the events of the waits, the cap
-//! and the retry. Streams that the real server cannot be made to send (cuts, silence, error
-//! payloads, runaway reasoning) are built here from chunks in the recorded format.
+//! Timers through the real socket, on the wall clock. The timers' rules are tested on fake time
+//! to the millisecond in `src/llama/exchange/tests.rs`; here, three smoke tests show the loop
+//! sets its socket timeouts from them, and one test per whole-step deadline shows it firing
+//! against a fake server that trickles one byte at a time (well within every per-read limit)
+//! or never answers. Every limit is 50 to 300 ms, so nothing waits for a second.
 
 mod support;
 
+use std::os::unix::net::UnixListener;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use loopd::config::{Config, Limits};
-use loopd::llama::request::render;
 use loopd::llama::{
-    ChatEvent, ChatMessage, ChatRequest, Client, FinishReason, InferError, Silence,
+    Cancel, ChatEvent, ChatMessage, ChatRequest, Client, Completion, Deadline, InferError, Silence,
 };
-use support::{slots_json, End, FakeServer, Reply};
+use support::{content, finish, reasoning, slots_json, End, FakeServer, Reply, CHAT, CONTROL};
 
-const CHAT: &str = "/v1/chat/completions";
-const CONTROL: &str = "/v1/chat/completions/control";
+const TRICKLE: Duration = Duration::from_millis(15);
 
-fn config(server: &FakeServer) -> Config {
-    let mut c = Config::new(server.socket(), "smollm2");
+fn config(socket: &std::path::Path) -> Config {
+    let mut c = Config::new(socket, "smollm2");
     c.limits = Limits {
         poll_ms: 50,
         busy_wait_ms: 200,
         load_wait_ms: 150,
         idle_grace_ms: 120,
         liveness_ms: 100,
+        connect_ms: 150,
+        call_ms: 300,
         thinking_cap: 3,
         thinking_overrun: 2,
         max_tokens: 64,
@@ -48,181 +50,38 @@ fn request(slot: u32) -> ChatRequest {
     }
 }
 
-/// One `data:` event in llama-server's chunk format.
-fn chunk(delta: &str, finish: Option<&str>, predicted_n: u64) -> Vec<u8> {
-    let finish = finish.map_or("null".to_owned(), |f| format!("\"{f}\""));
-    format!(
-        "data: {{\"choices\":[{{\"finish_reason\":{finish},\"index\":0,\"delta\":{delta}}}],\"created\":1,\"id\":\"chatcmpl-t\",\"model\":\"smollm2\",\"object\":\"chat.completion.chunk\",\"timings\":{{\"cache_n\":0,\"prompt_n\":12,\"predicted_n\":{predicted_n}}}}}\n\n"
-    )
-    .into_bytes()
-}
-
-fn content(text: &str, n: u64) -> Vec<u8> {
-    chunk(&format!("{{\"content\":\"{text}\"}}"), None, n)
-}
-
-fn reasoning(text: &str, n: u64) -> Vec<u8> {
-    chunk(&format!("{{\"reasoning_content\":\"{text}\"}}"), None, n)
-}
-
-fn finish(n: u64) -> Vec<u8> {
-    chunk("{}", Some("stop"), n)
-}
-
-fn done() -> Vec<u8> {
-    b"data: [DONE]\n\n".to_vec()
-}
-
-fn answer() -> Reply {
-    Reply::sse(vec![
-        content("Red", 1),
-        content(", blue", 2),
-        finish(3),
-        done(),
-    ])
-}
-
-/// Runs `chat` and returns the result, the events and how long it took.
-fn run(
-    client: &Client,
-    req: &ChatRequest,
-) -> (
-    Result<loopd::llama::Completion, InferError>,
-    Vec<ChatEvent>,
-    Duration,
-) {
-    let mut events = Vec::new();
+/// Runs `f` and says how long it took.
+fn timed<T>(f: impl FnOnce() -> T) -> (T, Duration) {
     let start = Instant::now();
-    let r = client.chat(req, &mut |e| events.push(e.clone()));
-    (r, events, start.elapsed())
+    let r = f();
+    (r, start.elapsed())
 }
 
-fn kind(r: &Result<loopd::llama::Completion, InferError>) -> String {
-    match r {
-        Ok(_) => "Ok".into(),
-        Err(e) => format!("{e:?}")
-            .split(['(', ' '])
-            .next()
-            .unwrap()
-            .to_owned(),
-    }
-}
-
-#[test]
-fn a_plain_answer_sends_the_rendered_request_and_assembles() {
-    let server = FakeServer::start(vec![(CHAT, vec![answer()])]);
-    let client = Client::new(config(&server));
-    let (r, events, _) = run(&client, &request(1));
-    let done = r.unwrap();
-    assert_eq!(
-        events,
-        [
-            ChatEvent::Content("Red".into()),
-            ChatEvent::Content(", blue".into())
-        ]
-    );
-    assert_eq!(
-        (done.content.as_deref(), done.finish_reason),
-        (Some("Red, blue"), FinishReason::Stop)
-    );
-    assert_eq!(done.timings.expect("timings").predicted_n, 3);
-    let sent = server.requests();
-    assert_eq!(sent.len(), 1);
-    assert_eq!(
-        (sent[0].method.as_str(), sent[0].target.as_str()),
-        ("POST", CHAT)
-    );
-    assert_eq!(sent[0].header("connection"), Some("close"));
-    assert_eq!(sent[0].body, render(client.config(), &request(1)));
-}
-
-#[test]
-fn connect_error_when_nothing_listens() {
-    let server = FakeServer::start(vec![]);
-    let mut c = config(&server);
-    c.socket = c.socket.with_file_name("absent.sock");
-    let (r, events, _) = run(&Client::new(c), &request(0));
+/// `took` is at least `limit` and well short of a second past it.
+fn near(took: Duration, limit_ms: u64) {
+    let limit = Duration::from_millis(limit_ms);
     assert!(
-        matches!(r, Err(InferError::Connect { ref source, .. }) if source.kind() == std::io::ErrorKind::NotFound),
-        "{r:?}"
+        took >= limit && took < limit + Duration::from_millis(900),
+        "took {took:?} for a {limit:?} limit"
     );
-    assert!(events.is_empty());
+}
+
+fn chat(client: &Client, req: &ChatRequest) -> (Result<Completion, InferError>, Vec<ChatEvent>) {
+    let mut events = Vec::new();
+    let r = client.chat(req, &mut |e| events.push(e.clone()));
+    (r, events)
 }
 
 #[test]
-fn busy_when_the_queue_is_full() {
-    let server = FakeServer::start(vec![(CHAT, vec![answer()])]);
-    let mut c = config(&server);
-    c.limits.queue = 0;
-    let client = Client::new(c);
-    let held = client.gate().acquire(0, &mut |_| {}).unwrap();
-    let (r, events, _) = run(&client, &request(0));
-    assert_eq!(kind(&r), "Busy");
-    assert!(events.is_empty() && server.requests().is_empty());
-    drop(held);
-    assert!(run(&client, &request(0)).0.is_ok());
-}
-
-#[test]
-fn queued_behind_a_request_on_the_same_slot() {
-    let slow = answer().first_after(Duration::from_millis(150));
-    let server = FakeServer::start(vec![
-        (CHAT, vec![slow, answer()]),
-        ("/slots", vec![Reply::json(200, &slots_json(Some(0)))]),
-    ]);
-    let client = Arc::new(Client::new(config(&server)));
-    let first = {
-        let client = client.clone();
-        std::thread::spawn(move || run(&client, &request(0)).0.map(|c| c.content))
-    };
-    while !client.gate().is_held(0) {
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    let (r, events, _) = run(&client, &request(0));
-    assert!(r.is_ok());
-    assert_eq!(events[0], ChatEvent::Queued { ahead: 1 });
-    assert_eq!(first.join().unwrap().unwrap().as_deref(), Some("Red, blue"));
-}
-
-#[test]
-fn waiting_on_a_busy_slot_then_the_answer() {
-    let server = FakeServer::start(vec![
-        (CHAT, vec![answer().first_after(Duration::from_millis(130))]),
-        ("/slots", vec![Reply::json(200, &slots_json(Some(1)))]),
-    ]);
-    let (r, events, _) = run(&Client::new(config(&server)), &request(1));
-    assert!(r.is_ok(), "{r:?}");
-    let waits = events
-        .iter()
-        .take_while(|e| **e == ChatEvent::Waiting { slot_busy: true })
-        .count();
-    assert!(waits >= 1, "{events:?}");
-    assert_eq!(
-        events[waits..],
-        [
-            ChatEvent::Content("Red".into()),
-            ChatEvent::Content(", blue".into())
-        ]
-    );
-    let polls = server.requests_to("/slots");
-    assert_eq!(polls.len(), waits, "one Waiting per poll");
-    assert!(polls
-        .iter()
-        .all(|p| p.target == "/slots?model=smollm2" && p.method == "GET"));
-}
-
-#[test]
-fn wait_timeout_when_the_slot_stays_busy() {
+fn smoke_a_busy_slot_is_polled_until_wait_timeout() {
     let server = FakeServer::start(vec![
         (CHAT, vec![Reply::silence()]),
         ("/slots", vec![Reply::json(200, &slots_json(Some(0)))]),
     ]);
-    let (r, events, took) = run(&Client::new(config(&server)), &request(0));
-    assert_eq!(kind(&r), "WaitTimeout");
-    assert!(
-        took >= Duration::from_millis(200) && took < Duration::from_secs(3),
-        "{took:?}"
-    );
+    let client = Client::new(config(server.socket()));
+    let ((r, events), took) = timed(|| chat(&client, &request(0)));
+    assert!(matches!(r, Err(InferError::WaitTimeout)), "{r:?}");
+    near(took, 200);
     assert!(
         events.len() >= 3
             && events
@@ -230,69 +89,24 @@ fn wait_timeout_when_the_slot_stays_busy() {
                 .all(|e| *e == ChatEvent::Waiting { slot_busy: true }),
         "{events:?}"
     );
+    assert_eq!(server.requests_to("/slots").len(), events.len());
 }
 
 #[test]
-fn load_timeout_when_slots_answers_503_or_fails() {
-    let loading = Reply::json(
-        503,
-        r#"{"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}"#,
-    );
-    for slots in [vec![loading], vec![Reply::silence().ending(End::Cut)]] {
-        let server = FakeServer::start(vec![(CHAT, vec![Reply::silence()]), ("/slots", slots)]);
-        let (r, events, took) = run(&Client::new(config(&server)), &request(0));
-        assert_eq!(kind(&r), "LoadTimeout");
-        assert!(
-            took >= Duration::from_millis(150) && took < Duration::from_secs(3),
-            "{took:?}"
-        );
-        assert!(
-            events.len() >= 2
-                && events
-                    .iter()
-                    .all(|e| *e == ChatEvent::Waiting { slot_busy: false }),
-            "{events:?}"
-        );
-    }
-}
-
-#[test]
-fn stalled_when_the_slot_is_idle_and_nothing_comes() {
-    let server = FakeServer::start(vec![
-        (CHAT, vec![Reply::silence()]),
-        ("/slots", vec![Reply::json(200, &slots_json(None))]),
-    ]);
-    let (r, events, took) = run(&Client::new(config(&server)), &request(0));
-    assert!(
-        matches!(r, Err(InferError::Stalled(Silence::IdleGrace))),
-        "{r:?}"
-    );
-    assert!(
-        took >= Duration::from_millis(120) && took < Duration::from_secs(3),
-        "{took:?}"
-    );
-    assert!(
-        events
-            .iter()
-            .all(|e| *e == ChatEvent::Waiting { slot_busy: false }),
-        "{events:?}"
-    );
-}
-
-#[test]
-fn stalled_when_silent_past_liveness_after_the_first_byte() {
+fn smoke_silence_after_the_first_byte_is_stalled_with_the_partial() {
     let reply = Reply::sse(vec![content("Red", 1)]).ending(End::Silence);
     let server = FakeServer::start(vec![(CHAT, vec![reply])]);
-    let (r, events, took) = run(&Client::new(config(&server)), &request(0));
+    let client = Client::new(config(server.socket()));
+    let start = Instant::now();
+    let r = client.run(&request(0), &Cancel::new(), &mut |_| {});
+    let took = start.elapsed();
+    let failed = r.unwrap_err();
     assert!(
-        matches!(r, Err(InferError::Stalled(Silence::Liveness))),
-        "{r:?}"
+        matches!(failed.error, InferError::Stalled(Silence::Liveness)),
+        "{failed}"
     );
-    assert!(
-        took >= Duration::from_millis(100) && took < Duration::from_secs(3),
-        "{took:?}"
-    );
-    assert_eq!(events, [ChatEvent::Content("Red".into())]);
+    near(took, 100);
+    assert_eq!(failed.partial.content.as_deref(), Some("Red"));
     assert!(
         server.requests_to("/slots").is_empty(),
         "no polls after the first byte"
@@ -300,241 +114,244 @@ fn stalled_when_silent_past_liveness_after_the_first_byte() {
 }
 
 #[test]
-fn comments_and_slow_deltas_keep_a_stream_alive() {
-    // 60 ms apart, under the 100 ms liveness limit, for 600 ms in all: no total deadline.
+fn smoke_slow_deltas_keep_a_stream_alive_past_any_single_limit() {
+    // 60 ms apart, under the 100 ms liveness limit, for 480 ms in all: no total deadline.
     let mut pieces = Vec::new();
-    for i in 0..5 {
+    for i in 0..4 {
         pieces.push(b": keep-alive\n\n".to_vec());
         pieces.push(content("x", i + 1));
     }
-    pieces.extend([finish(6), done()]);
+    pieces.push(finish(5));
     let server = FakeServer::start(vec![(
         CHAT,
         vec![Reply::sse(pieces).each_after(Duration::from_millis(60))],
     )]);
-    let (r, _, took) = run(&Client::new(config(&server)), &request(0));
-    assert_eq!(r.unwrap().content.as_deref(), Some("xxxxx"));
-    assert!(took >= Duration::from_millis(600), "{took:?}");
+    let client = Client::new(config(server.socket()));
+    let ((r, _), took) = timed(|| chat(&client, &request(0)));
+    assert_eq!(r.unwrap().content.as_deref(), Some("xxxx"));
+    assert!(took >= Duration::from_millis(480), "{took:?}");
 }
 
 #[test]
-fn stream_closed_early_on_a_cut_or_an_end_without_finish_reason() {
-    for end in [End::Cut, End::Clean] {
-        let server = FakeServer::start(vec![(
-            CHAT,
-            vec![Reply::sse(vec![content("Red", 1)]).ending(end)],
-        )]);
-        let (r, events, _) = run(&Client::new(config(&server)), &request(0));
-        assert_eq!(kind(&r), "StreamClosedEarly", "{end:?}");
-        assert_eq!(events, [ChatEvent::Content("Red".into())]);
-    }
-    let server = FakeServer::start(vec![(CHAT, vec![Reply::silence().ending(End::Cut)])]);
-    assert_eq!(
-        kind(&run(&Client::new(config(&server)), &request(0)).0),
-        "StreamClosedEarly"
-    );
-}
-
-#[test]
-fn a_cut_after_the_final_chunk_still_completes() {
-    let server = FakeServer::start(vec![(
-        CHAT,
-        vec![Reply::sse(vec![content("Red", 1), finish(2)]).ending(End::Cut)],
-    )]);
-    let (r, _, _) = run(&Client::new(config(&server)), &request(0));
-    assert_eq!(r.unwrap().content.as_deref(), Some("Red"));
-}
-
-#[test]
-fn http_errors_carry_status_and_a_capped_body() {
-    let fits = r#"{"error":{"code":400,"message":"the prompt does not fit","type":"invalid_request_error"}}"#;
-    let server = FakeServer::start(vec![(
-        CHAT,
-        vec![Reply::json(400, fits), Reply::json(503, &"x".repeat(5000))],
-    )]);
-    let client = Client::new(config(&server));
-    match run(&client, &request(0)).0 {
-        Err(InferError::Http { status: 400, body }) => assert_eq!(body, fits),
-        other => panic!("{other:?}"),
-    }
-    match run(&client, &request(0)).0 {
-        Err(InferError::Http { status: 503, body }) => assert_eq!(body, "x".repeat(4096)),
-        other => panic!("{other:?}"),
-    }
-}
-
-#[test]
-fn an_error_payload_mid_stream_is_an_error_not_a_success() {
-    let err = b"data: {\"error\":{\"code\":500,\"message\":\"Context size has been exceeded.\",\"type\":\"exceed_context_size_error\"}}\n\n".to_vec();
-    let server = FakeServer::start(vec![(CHAT, vec![Reply::sse(vec![content("Red", 1), err])])]);
-    match run(&Client::new(config(&server)), &request(0)) {
-        (Err(InferError::Http { status: 500, body }), events, _) => {
-            assert_eq!(body, "Context size has been exceeded.");
-            assert_eq!(events, [ChatEvent::Content("Red".into())]);
+fn connect_ms_ends_a_connect_to_a_listener_whose_backlog_is_full() {
+    use socket2::{Domain, SockAddr, Socket, Type};
+    let dir = llama_harness::temp_dir("loopd-backlog");
+    let path = dir.join("infer.sock");
+    let listener = Socket::new(Domain::UNIX, Type::STREAM, None).unwrap();
+    listener.bind(&SockAddr::unix(&path).unwrap()).unwrap();
+    listener.listen(0).unwrap();
+    // Fill the backlog with connections nobody accepts, until one would have to wait.
+    let mut queued = Vec::new();
+    loop {
+        let s = Socket::new(Domain::UNIX, Type::STREAM, None).unwrap();
+        s.set_nonblocking(true).unwrap();
+        match s.connect(&SockAddr::unix(&path).unwrap()) {
+            Ok(()) => queued.push(s),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+            Err(e) => panic!("filling the backlog: {e}"),
         }
-        other => panic!("{other:?}"),
+        assert!(queued.len() < 1_000, "the backlog never filled");
     }
-}
-
-#[test]
-fn protocol_errors_for_bad_json_and_broken_caps() {
-    let bad = Reply::sse(vec![b"data: {\"choices\":[{\"delta\":\n\n".to_vec()]);
-    let huge_head =
-        Reply::raw(format!("HTTP/1.1 200 OK\r\nX: {}\r\n\r\n", "a".repeat(16 * 1024)).into_bytes());
-    let mut long_line = b"data: ".to_vec();
-    long_line.resize(1024 * 1024 + 1, b'x');
-    long_line.extend_from_slice(b"\n\n");
-    let server = FakeServer::start(vec![(
-        CHAT,
-        vec![bad, huge_head, Reply::sse(vec![long_line])],
-    )]);
-    let client = Client::new(config(&server));
-    for what in ["chunk: ", "HTTP response: ", "event stream: "] {
-        match run(&client, &request(0)).0 {
-            Err(InferError::Protocol(m)) => assert!(m.starts_with(what), "{m}"),
-            other => panic!("{what}: {other:?}"),
-        }
-    }
-}
-
-/// Reasoning chunks 1..=n tokens, then (optionally) an answer.
-fn thinking_stream(n: u64, then_answer: bool) -> Reply {
-    let mut pieces: Vec<Vec<u8>> = (1..=n).map(|i| reasoning("hm", i)).collect();
-    if then_answer {
-        pieces.extend([content("5", n + 1), finish(n + 2), done()]);
-    }
-    Reply::sse(pieces)
-        .each_after(Duration::from_millis(5))
-        .ending(if then_answer {
-            End::Clean
-        } else {
-            End::Silence
-        })
-}
-
-#[test]
-fn thinking_cap_posts_reasoning_end_and_reads_on() {
-    let server = FakeServer::start(vec![
-        (CHAT, vec![thinking_stream(4, true)]),
-        (CONTROL, vec![Reply::json(200, r#"{"success":true}"#)]),
-    ]);
-    let (r, events, _) = run(&Client::new(config(&server)), &request(0));
-    let done = r.unwrap();
-    assert!(done.thinking_capped);
-    assert_eq!(
-        (done.content.as_deref(), done.reasoning_tokens),
-        (Some("5"), 4)
+    let client = Client::new(config(&path));
+    let ((r, events), took) = timed(|| chat(&client, &request(0)));
+    assert!(
+        matches!(r, Err(InferError::TimedOut(Deadline::Connect))),
+        "{r:?}"
     );
-    let capped = events
-        .iter()
-        .position(|e| *e == ChatEvent::ThinkingCapped { tokens: 3 })
-        .unwrap();
-    assert_eq!(
-        events[..capped],
-        [
-            ChatEvent::Reasoning("hm".into()),
-            ChatEvent::Reasoning("hm".into()),
-            ChatEvent::Reasoning("hm".into())
-        ]
-    );
-    let control = server.requests_to(CONTROL);
-    assert_eq!(control.len(), 1);
-    assert_eq!(
-        control[0].body,
-        br#"{"id":"chatcmpl-t","action":"reasoning_end","model":"smollm2"}"#
-    );
-}
-
-#[test]
-fn thinking_overrun_after_the_grace_tokens() {
-    let server = FakeServer::start(vec![
-        (CHAT, vec![thinking_stream(20, false)]),
-        (CONTROL, vec![Reply::json(200, r#"{"success":true}"#)]),
-    ]);
-    let (r, events, _) = run(&Client::new(config(&server)), &request(0));
-    assert_eq!(kind(&r), "ThinkingOverrun");
-    // Capped at 3, overrun at 3 + 2: five reasoning pieces were seen.
-    assert_eq!(
-        events
-            .iter()
-            .filter(|e| matches!(e, ChatEvent::Reasoning(_)))
-            .count(),
-        5
-    );
-    assert!(events.contains(&ChatEvent::ThinkingCapped { tokens: 3 }));
-}
-
-#[test]
-fn thinking_overrun_when_the_control_call_fails() {
-    let refusals = [
-        Reply::json(200, r#"{"success":false,"message":"no such completion"}"#),
-        Reply::json(404, r#"{"error":{"code":404,"message":"not found"}}"#),
-        Reply::silence(),
-    ];
-    for refusal in refusals {
-        let server = FakeServer::start(vec![
-            (CHAT, vec![thinking_stream(20, false)]),
-            (CONTROL, vec![refusal]),
-        ]);
-        let (r, events, _) = run(&Client::new(config(&server)), &request(0));
-        assert_eq!(kind(&r), "ThinkingOverrun");
-        assert!(
-            !events
-                .iter()
-                .any(|e| matches!(e, ChatEvent::ThinkingCapped { .. })),
-            "{events:?}"
-        );
-    }
-}
-
-#[test]
-fn retry_after_a_cut_goes_through_the_gate_again_with_the_same_bytes() {
-    let server = FakeServer::start(vec![(
-        CHAT,
-        vec![Reply::silence().ending(End::Cut), answer()],
-    )]);
-    let client = Client::new(config(&server));
-    let mut events = Vec::new();
-    let r = client.chat_with_retry(&request(0), &mut |e| events.push(e.clone()));
-    assert_eq!(r.unwrap().content.as_deref(), Some("Red, blue"));
-    match &events[0] {
-        ChatEvent::Retrying {
-            attempt: 2,
-            after_ms,
-            error,
-        } => {
-            assert!((45..=75).contains(after_ms), "60 ms ± 25%: {after_ms}");
-            assert_eq!(error, &InferError::StreamClosedEarly.to_string());
-        }
-        other => panic!("{other:?}"),
-    }
-    let sent = server.requests_to(CHAT);
-    assert_eq!(sent.len(), 2);
-    assert_eq!(sent[0].body, sent[1].body);
-}
-
-#[test]
-fn retry_gives_up_after_four_attempts_and_not_on_400() {
-    let server = FakeServer::start(vec![(CHAT, vec![Reply::json(503, "Loading model")])]);
-    let client = Client::new(config(&server));
-    let mut events = Vec::new();
-    let r = client.chat_with_retry(&request(0), &mut |e| events.push(e.clone()));
-    assert!(matches!(r, Err(InferError::Http { status: 503, .. })));
-    let attempts: Vec<u32> = events
-        .iter()
-        .filter_map(|e| match e {
-            ChatEvent::Retrying { attempt, .. } => Some(*attempt),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(attempts, [2, 3, 4]);
-    assert_eq!(server.requests_to(CHAT).len(), 4);
-    let server = FakeServer::start(vec![(CHAT, vec![Reply::json(400, "bad")])]);
-    let client = Client::new(config(&server));
-    let mut events = Vec::new();
-    assert!(client
-        .chat_with_retry(&request(0), &mut |e| events.push(e.clone()))
-        .is_err());
     assert!(events.is_empty());
-    assert_eq!(server.requests_to(CHAT).len(), 1);
+    near(took, 150);
+    drop(listener);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn connect_ms_ends_a_request_write_the_server_never_reads() {
+    let dir = llama_harness::temp_dir("loopd-noread");
+    let path = dir.join("infer.sock");
+    let listener = UnixListener::bind(&path).unwrap();
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    let holder = std::thread::spawn(move || {
+        let (conn, _) = listener.accept().unwrap();
+        // Holds the connection, never reading, until the test is done with it.
+        let _ = released.recv_timeout(Duration::from_secs(10));
+        drop(conn);
+    });
+    let mut req = request(0);
+    // Far more than a Unix socket buffers.
+    req.messages = vec![ChatMessage::User {
+        content: "x".repeat(8 << 20),
+    }];
+    let client = Client::new(config(&path));
+    let start = Instant::now();
+    let r = client.chat(&req, &mut |_| {});
+    let took = start.elapsed();
+    assert!(
+        matches!(r, Err(InferError::TimedOut(Deadline::Connect))),
+        "{r:?}"
+    );
+    // Rendering 8 MiB of JSON comes before the clock starts; allow for it.
+    assert!(
+        took >= Duration::from_millis(150) && took < Duration::from_secs(2),
+        "{took:?}"
+    );
+    release.send(()).unwrap();
+    holder.join().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn call_ms_ends_trickled_props_slots_and_tokenize() {
+    let props =
+        r#"{"default_generation_settings":{"n_ctx":4096},"total_slots":2,"chat_template":"{{x}}"}"#;
+    let server = FakeServer::start(vec![
+        ("/props", vec![Reply::json(200, props).trickled(TRICKLE)]),
+        (
+            "/slots",
+            vec![Reply::json(200, &slots_json(None)).trickled(TRICKLE)],
+        ),
+        (
+            "/tokenize",
+            vec![
+                Reply::json(200, r#"{"tokens":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15]}"#)
+                    .trickled(TRICKLE),
+            ],
+        ),
+    ]);
+    let client = Client::new(config(server.socket()));
+    type Call<'a> = &'a dyn Fn() -> Result<(), InferError>;
+    let calls: [(&str, Call); 3] = [
+        ("/props", &|| client.props().map(drop)),
+        ("/slots", &|| client.slots().map(drop)),
+        ("/tokenize", &|| client.tokenize("hi").map(drop)),
+    ];
+    for (what, call) in calls {
+        let (r, took) = timed(call);
+        assert!(
+            matches!(r, Err(InferError::TimedOut(Deadline::Call))),
+            "{what}: {r:?}"
+        );
+        near(took, 300);
+    }
+}
+
+#[test]
+fn call_ms_ends_a_trickled_control_call_as_thinking_overrun() {
+    let thinking: Vec<Vec<u8>> = (1..=20).map(|i| reasoning("hm", i)).collect();
+    let server = FakeServer::start(vec![
+        (CHAT, vec![Reply::sse(thinking).ending(End::Silence)]),
+        (
+            CONTROL,
+            vec![Reply::json(
+                200,
+                r#"{"success":true,"padding":"........................"}"#,
+            )
+            .trickled(TRICKLE)],
+        ),
+    ]);
+    let client = Client::new(config(server.socket()));
+    let ((r, events), took) = timed(|| chat(&client, &request(0)));
+    assert!(matches!(r, Err(InferError::ThinkingOverrun)), "{r:?}");
+    near(took, 300);
+    assert!(!events.contains(&ChatEvent::ThinkingCapped { tokens: 3 }));
+}
+
+#[test]
+fn call_ms_ends_a_trickled_error_body_keeping_what_came() {
+    let body = "Loading model, please wait while the weights are read from the disk".repeat(3);
+    // The head at once, then the body one byte every 15 ms.
+    let mut reply = Reply::json(503, &body);
+    reply.pieces = body
+        .bytes()
+        .enumerate()
+        .map(|(i, b)| (if i == 0 { Duration::ZERO } else { TRICKLE }, vec![b]))
+        .collect();
+    let server = FakeServer::start(vec![(CHAT, vec![reply])]);
+    let mut c = config(server.socket());
+    c.retry.attempts = 1;
+    c.retry.delays_ms.clear();
+    let client = Client::new(c);
+    let ((r, _), took) = timed(|| chat(&client, &request(0)));
+    match r {
+        Err(InferError::Http {
+            status: 503,
+            body: kept,
+        }) => {
+            assert!(!kept.is_empty() && kept.len() < body.len(), "{kept:?}");
+            assert!(body.starts_with(&kept));
+        }
+        other => panic!("{other:?}"),
+    }
+    near(took, 300);
+}
+
+#[test]
+fn call_ms_ends_a_trickled_response_head() {
+    let head = format!("HTTP/1.1 200 OK\r\nX-Padding: {}\r\n\r\n", "p".repeat(100));
+    let server = FakeServer::start(vec![(
+        CHAT,
+        vec![Reply::raw(head.into_bytes()).trickled(TRICKLE)],
+    )]);
+    let client = Client::new(config(server.socket()));
+    let ((r, _), took) = timed(|| chat(&client, &request(0)));
+    assert!(
+        matches!(r, Err(InferError::TimedOut(Deadline::Call))),
+        "{r:?}"
+    );
+    near(took, 300);
+}
+
+#[test]
+fn busy_wait_ms_ends_a_wait_at_the_slot_gate() {
+    let server = FakeServer::start(vec![]);
+    let client = Arc::new(Client::new(config(server.socket())));
+    let held = client
+        .gate()
+        .acquire(
+            0,
+            Duration::MAX,
+            Duration::from_millis(10),
+            &Cancel::new(),
+            &mut |_| {},
+        )
+        .unwrap();
+    let ((r, events), took) = timed(|| chat(&client, &request(0)));
+    assert!(matches!(r, Err(InferError::WaitTimeout)), "{r:?}");
+    near(took, 200);
+    assert_eq!(events, [ChatEvent::Queued { ahead: 1 }]);
+    assert_eq!(client.gate().queued(0), 0, "the waiter left the queue");
+    assert!(server.requests().is_empty());
+    drop(held);
+}
+
+#[test]
+fn retry_total_ms_ends_a_retrys_wait_for_its_first_byte() {
+    // The first attempt is cut at once; the retry's wait on a busy slot (which alone could
+    // last busy_wait_ms) ends when the 250 ms budget does.
+    let server = FakeServer::start(vec![
+        (
+            CHAT,
+            vec![Reply::silence().ending(End::Cut), Reply::silence()],
+        ),
+        ("/slots", vec![Reply::json(200, &slots_json(Some(0)))]),
+    ]);
+    let mut c = config(server.socket());
+    c.limits.busy_wait_ms = 10_000;
+    c.retry.total_ms = 250;
+    let client = Client::new(c);
+    let mut events = Vec::new();
+    let (r, took) = timed(|| client.chat_with_retry(&request(0), &mut |e| events.push(e.clone())));
+    assert!(
+        matches!(r, Err(InferError::TimedOut(Deadline::RetryTotal))),
+        "{r:?}"
+    );
+    near(took, 250);
+    assert!(
+        matches!(events[0], ChatEvent::Retrying { attempt: 2, .. }),
+        "{events:?}"
+    );
+    assert_eq!(
+        server.requests_to(CHAT).len(),
+        2,
+        "no third attempt past the budget"
+    );
 }

@@ -23,7 +23,7 @@ enum Ev {
 }
 
 fn fixtures_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures")
+    llama_harness::fixture_path("")
 }
 
 /// Every `fixtures/*.sse`, sorted by name, with its bytes.
@@ -72,7 +72,7 @@ fn expected_events(name: &str, bytes: &[u8]) -> Vec<Ev> {
 /// the heap, collects every event, and finishes the stream.
 fn parse_in_reads(input: &[u8], read: usize) -> (Vec<Ev>, Result<(), SseError>) {
     // `vec!` fills the heap directly: the 1 MiB never passes through the stack.
-    let storage: Box<[u8; LOOPD_CAP]> = vec![0u8; LOOPD_CAP].into_boxed_slice().try_into().unwrap();
+    let storage: Box<[u8; LOOPD_CAP]> = llama_harness::boxed_array();
     let mut parser = Parser::new(storage);
     let mut out = Vec::new();
     for piece in input.chunks(read) {

@@ -66,11 +66,7 @@ fn message_line(data: &[u8]) -> String {
 }
 
 fn plain_sse() -> Vec<u8> {
-    std::fs::read(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../fixtures/plain.sse"
-    ))
-    .expect("fixtures/plain.sse is readable")
+    llama_harness::fixture("plain.sse")
 }
 
 /// The data payloads of a `data: X\n\n`-framed body, by a plain split (checked, not assumed).

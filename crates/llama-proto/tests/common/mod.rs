@@ -10,14 +10,11 @@ pub const PAIRED: [&str; 4] = ["plain", "thinking", "tool_call", "tool_call_text
 pub const SSE_ONLY: [&str; 3] = ["progress", "reasoning_end", "looping"];
 
 pub fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../fixtures")
-        .join(name)
+    llama_harness::fixture_path(name)
 }
 
 pub fn read(name: &str) -> Vec<u8> {
-    let p = fixture(name);
-    std::fs::read(&p).unwrap_or_else(|e| panic!("fixture {} missing: {e}", p.display()))
+    llama_harness::fixture(name)
 }
 
 /// One SSE event: its type and data.

@@ -3,12 +3,13 @@
 //!
 //! Each payload is decoded, folded into the assembler (which checks it whole before changing
 //! anything), and only then reported, so an event is never emitted for a chunk the
-//! completion does not contain. The capacities below are the caps of one message; going past
-//! one is [`InferError::Protocol`].
+//! completion does not contain. Events are handed over owned, so the caller queues them
+//! without a copy. The capacities below are the caps of one message; going past one is
+//! [`InferError::Protocol`] with the assembler's [`AssembleError`](llama_proto::AssembleError).
 
 use llama_proto::{decode_chunk, decode_error_event, Payload, ServerError};
 
-use super::{ChatEvent, Completion, InferError, Timings};
+use super::{capped_body, ChatEvent, Completion, InferError, Partial, Timings, ToolCall};
 
 /// Bytes of answer text one message may carry.
 pub const CONTENT_CAP: usize = 1024 * 1024;
@@ -24,7 +25,8 @@ pub const TEXT_CAP: usize = crate::sse::SSE_CAP;
 type Inner<'s> =
     llama_proto::Assembler<'s, CONTENT_CAP, REASONING_CAP, TOOL_CALLS_CAP, ARGUMENTS_CAP>;
 
-/// The heap storage of one [`Folder`]; allocate once, reuse for every request.
+/// The heap storage of one message (content, reasoning, tool-call arguments) for a
+/// [`ChatExchange`](super::ChatExchange); allocate once, reuse for every request.
 pub struct Buffers {
     content: Box<[u8; CONTENT_CAP]>,
     reasoning: Box<[u8; REASONING_CAP]>,
@@ -48,8 +50,8 @@ impl Buffers {
     /// Zeroed buffers straight on the heap (the allocator hands out untouched pages).
     pub fn new() -> Self {
         Buffers {
-            content: crate::http::heap_array::<CONTENT_CAP>(),
-            reasoning: crate::http::heap_array::<REASONING_CAP>(),
+            content: crate::heap::array::<CONTENT_CAP>(),
+            reasoning: crate::heap::array::<REASONING_CAP>(),
             args: vec![[0u8; ARGUMENTS_CAP]; TOOL_CALLS_CAP]
                 .into_boxed_slice()
                 .try_into()
@@ -90,11 +92,7 @@ impl std::fmt::Debug for Folder<'_> {
     }
 }
 
-fn protocol(what: &str, e: impl std::fmt::Display) -> InferError {
-    InferError::Protocol(format!("{what}: {e}"))
-}
-
-/// A server's in-stream error: `Http` with its code and message, or `Protocol` without a code.
+/// A server's in-stream error: `Http` with its code and message (500 when it has no code).
 pub fn server_error(e: &ServerError<'_>) -> InferError {
     match e
         .code
@@ -103,9 +101,12 @@ pub fn server_error(e: &ServerError<'_>) -> InferError {
     {
         Some(status) => InferError::Http {
             status,
-            body: super::capped_body(e.message.as_bytes()),
+            body: capped_body(e.message.as_bytes()),
         },
-        None => InferError::Protocol(format!("server error in stream: {}", e.message)),
+        None => InferError::Http {
+            status: 500,
+            body: capped_body(e.message.as_bytes()),
+        },
     }
 }
 
@@ -114,28 +115,28 @@ impl Folder<'_> {
     pub fn push(
         &mut self,
         data: &[u8],
-        on_event: &mut dyn FnMut(&ChatEvent),
+        on_event: &mut dyn FnMut(ChatEvent),
     ) -> Result<Step, InferError> {
-        let chunk = match decode_chunk(data, self.text).map_err(|e| protocol("chunk", e))? {
+        let chunk = match decode_chunk(data, self.text)? {
             Payload::Error(e) => return Err(server_error(&e)),
             Payload::Chunk(c) => c,
         };
-        self.inner.push(&chunk).map_err(|e| protocol("stream", e))?;
+        self.inner.push(&chunk)?;
         if let Some(p) = chunk.prompt_progress {
-            on_event(&ChatEvent::Progress {
+            on_event(ChatEvent::Progress {
                 total: p.total,
                 cache: p.cache,
                 processed: p.processed,
             });
         }
         if let Some(r) = chunk.reasoning_content.filter(|r| !r.is_empty()) {
-            on_event(&ChatEvent::Reasoning(r.to_owned()));
+            on_event(ChatEvent::Reasoning(r.to_owned()));
         }
         if let Some(c) = chunk.content.filter(|c| !c.is_empty()) {
-            on_event(&ChatEvent::Content(c.to_owned()));
+            on_event(ChatEvent::Content(c.to_owned()));
         }
         for d in chunk.tool_calls() {
-            on_event(&ChatEvent::ToolCallDelta {
+            on_event(ChatEvent::ToolCallDelta {
                 index: d.index,
                 id: d.id.map(str::to_owned),
                 name: d.name.map(str::to_owned),
@@ -149,14 +150,15 @@ impl Folder<'_> {
         })
     }
 
-    /// Decodes the data of an `event: error` event into the error it reports.
+    /// Decodes the data of an `event: error` event into the error it reports; data that is
+    /// not the error JSON is kept as the body of an HTTP 500.
     pub fn error_event(&mut self, data: &[u8]) -> InferError {
         match decode_error_event(data, self.text) {
             Ok(e) => server_error(&e),
-            Err(_) => InferError::Protocol(format!(
-                "server error in stream: {}",
-                super::capped_body(data)
-            )),
+            Err(_) => InferError::Http {
+                status: 500,
+                body: capped_body(data),
+            },
         }
     }
 
@@ -184,25 +186,46 @@ impl Folder<'_> {
     pub fn completion(&self, thinking_capped: bool) -> Result<Completion, InferError> {
         let message = self.inner.finish().map_err(|e| match e {
             llama_proto::AssembleError::NoFinishReason => InferError::StreamClosedEarly,
-            other => protocol("stream", other),
+            other => InferError::from(other),
         })?;
         let mut done = Completion::from(&message);
         done.thinking_capped = thinking_capped;
         Ok(done)
+    }
+
+    /// What was assembled so far, for a request that failed part-way.
+    pub fn partial(&self) -> Partial {
+        Partial {
+            content: self.inner.content().map(str::to_owned),
+            reasoning_content: self.inner.reasoning_content().map(str::to_owned),
+            tool_calls: self
+                .inner
+                .tool_calls()
+                .iter()
+                .map(|c| ToolCall {
+                    id: c.id.to_owned(),
+                    name: c.name.to_owned(),
+                    arguments: c.arguments.to_owned(),
+                })
+                .collect(),
+            timings: self.inner.timings(),
+            reasoning_tokens: self.inner.reasoning_tokens(),
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use llama_proto::{FinishReason, ToolCall};
+    use crate::llama::ProtocolError;
+    use llama_proto::{AssembleError, DecodeError, FinishReason};
 
     fn fold(payloads: &[&str]) -> (Result<Completion, InferError>, Vec<ChatEvent>) {
         let mut bufs = Buffers::new();
         let mut f = bufs.folder();
         let mut events = Vec::new();
         for p in payloads {
-            if let Err(e) = f.push(p.as_bytes(), &mut |e| events.push(e.clone())) {
+            if let Err(e) = f.push(p.as_bytes(), &mut |e| events.push(e)) {
                 return (Err(e), events);
             }
         }
@@ -283,7 +306,7 @@ mod tests {
         assert!(events.is_empty());
         let (r, _) = fold(&[r#"{"error":{"message":"no code"}}"#]);
         assert!(
-            matches!(r, Err(InferError::Protocol(ref m)) if m.ends_with("no code")),
+            matches!(r, Err(InferError::Http { status: 500, ref body }) if body == "no code"),
             "{r:?}"
         );
     }
@@ -292,7 +315,12 @@ mod tests {
     fn bad_json_and_broken_rules_are_protocol_errors() {
         let (r, _) = fold(&["{not json"]);
         assert!(
-            matches!(r, Err(InferError::Protocol(ref m)) if m.starts_with("chunk: ")),
+            matches!(
+                r,
+                Err(InferError::Protocol(ProtocolError::Decode(
+                    DecodeError::Json(_)
+                )))
+            ),
             "{r:?}"
         );
         let (r, _) = fold(&[
@@ -300,7 +328,12 @@ mod tests {
             r#"{"id":"b","choices":[{"index":0,"delta":{"content":"y"}}]}"#,
         ]);
         assert!(
-            matches!(r, Err(InferError::Protocol(ref m)) if m.starts_with("stream: ")),
+            matches!(
+                r,
+                Err(InferError::Protocol(ProtocolError::Assemble(
+                    AssembleError::CompletionIdChanged
+                )))
+            ),
             "{r:?}"
         );
     }
@@ -321,7 +354,12 @@ mod tests {
         let e = f
             .push(call(TOOL_CALLS_CAP as u32).as_bytes(), &mut |_| events += 1)
             .unwrap_err();
-        assert!(matches!(e, InferError::Protocol(_)));
+        assert!(matches!(
+            e,
+            InferError::Protocol(ProtocolError::Assemble(AssembleError::TooManyToolCalls {
+                index: 16
+            }))
+        ));
         assert_eq!(events, 0, "nothing is reported for a refused chunk");
     }
 
@@ -333,6 +371,6 @@ mod tests {
             f.error_event(br#"{"code":503,"message":"Loading model","type":"unavailable_error"}"#);
         assert!(matches!(e, InferError::Http { status: 503, ref body } if body == "Loading model"));
         let e = f.error_event(b"gibberish");
-        assert!(matches!(e, InferError::Protocol(ref m) if m.ends_with("gibberish")));
+        assert!(matches!(e, InferError::Http { status: 500, ref body } if body == "gibberish"));
     }
 }

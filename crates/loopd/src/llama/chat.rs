@@ -1,136 +1,37 @@
-//! One request from the slot gate to the completion (design section 4).
+//! One request from the slot gate to the completion (design section 4): the thin loop that does
+//! the IO for a [`ChatExchange`].
 //!
-//! 1. The slot gate ([`super::gate`]).
-//! 2. Send, then wait for the first byte: reads time out every `poll_ms`; each time, `/slots`
-//!    is asked on a second connection and `Waiting` is emitted. A slot busy for
-//!    `busy_wait_ms` is `WaitTimeout`; `/slots` failing or answering 503 for `load_wait_ms`
-//!    is `LoadTimeout`; an idle slot with no byte for `idle_grace_ms` is `Stalled`
-//!    ([`FirstByteWait`]).
-//! 3. After the first byte the read timeout is `liveness_ms`; any byte counts (comments,
-//!    progress, deltas). Silence past it is `Stalled`. There is no total deadline.
-//! 4. At `thinking_cap` reasoning tokens, `reasoning_end` is posted on a second connection and
-//!    `ThinkingCapped` emitted; reasoning that goes on for `thinking_overrun` more tokens, or a
-//!    control call not answered `success: true`, closes the stream: `ThinkingOverrun`
-//!    ([`ThinkingCap`]).
-//! 5. The chunk with `finish_reason` makes the completion; a stream ending without it is
-//!    `StreamClosedEarly`.
+//! 1. The slot gate ([`super::gate`]), for at most `busy_wait_ms`.
+//! 2. Connect and send the request within `connect_ms`.
+//! 3. Then, until the exchange is over: hand its outputs on (events to the caller, `/slots`
+//!    polls and the `reasoning_end` call on a second connection, each within its deadline),
+//!    look at the cancel token, feed it the bytes read, and read again with a socket timeout
+//!    of what is left until [`ChatExchange::poll_timeout`], never more than `poll_ms`, so a
+//!    cancel is seen within one poll interval. Only this loop reads the clock.
+//! 4. Dropping the connection at the end closes it, which makes the server stop generating
+//!    on every error and on a cancel.
 //!
-//! Everything runs on the caller's thread; the second connections are made in between reads.
+//! Everything runs on the caller's thread.
 
-use std::time::Duration;
+use std::io::{self, Read};
+use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 
-use crate::clock::Clock;
-use crate::config::{Config, Limits};
-use crate::http::{self, ReadError, Response};
-use crate::sse::{EventStream, Item};
+use crate::config::Config;
+use crate::http::{self, READ_CHUNK};
 
-use super::assemble::{Buffers, Folder, Step};
-use super::{info, request, ChatEvent, ChatRequest, Client, Completion, InferError, Silence};
+use super::assemble::Buffers;
+use super::exchange::{ChatExchange, Output};
+use super::timers::SlotSeen;
+use super::{
+    info, request, Cancel, ChatEvent, ChatRequest, Client, Completion, Failed, InferError,
+};
 
-/// What one `/slots` poll said about the request's slot.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SlotSeen {
-    /// The slot is processing a task.
-    Busy,
-    /// The slot is idle.
-    Idle,
-    /// `/slots` failed, answered an error (503 while a model loads), or has no such slot.
-    Unavailable,
-}
-
-/// The first-byte wait as a state machine: each poll's answer and time in, a verdict out.
-///
-/// A limit is measured from the end of the last poll that saw something else (or from the
-/// send, for the first run), so it covers the whole time the slot was seen that way.
-#[derive(Debug, Clone)]
-pub struct FirstByteWait {
-    limits: Limits,
-    seen: Option<SlotSeen>,
-    since: Duration,
-    last: Duration,
-}
-
-impl FirstByteWait {
-    /// A wait for a request sent at `sent_at`.
-    pub fn new(limits: Limits, sent_at: Duration) -> Self {
-        FirstByteWait {
-            limits,
-            seen: None,
-            since: sent_at,
-            last: sent_at,
-        }
-    }
-
-    /// Takes one poll's answer at `now`: `Ok` to keep waiting, or the error that ends it.
-    pub fn observe(&mut self, seen: SlotSeen, now: Duration) -> Result<(), InferError> {
-        if self.seen != Some(seen) {
-            self.seen = Some(seen);
-            self.since = self.last;
-        }
-        self.last = now;
-        let held = now.saturating_sub(self.since);
-        let ms = |v: u64| Duration::from_millis(v);
-        match seen {
-            SlotSeen::Busy if held >= ms(self.limits.busy_wait_ms) => Err(InferError::WaitTimeout),
-            SlotSeen::Unavailable if held >= ms(self.limits.load_wait_ms) => {
-                Err(InferError::LoadTimeout)
-            }
-            SlotSeen::Idle if held >= ms(self.limits.idle_grace_ms) => {
-                Err(InferError::Stalled(Silence::IdleGrace))
-            }
-            _ => Ok(()),
-        }
-    }
-}
-
-/// What the thinking cap asks of the client after a chunk.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CapAction {
-    /// Nothing to do.
-    None,
-    /// The cap was reached at this many tokens: post `reasoning_end`.
-    EndReasoning(u64),
-    /// Reasoning went on `thinking_overrun` tokens past the cap.
-    Overrun,
-}
-
-/// The thinking cap as a state machine over the running reasoning-token count.
-#[derive(Debug, Clone, Copy)]
-pub struct ThinkingCap {
-    cap: u64,
-    overrun: u64,
-    capped_at: Option<u64>,
-}
-
-impl ThinkingCap {
-    /// A cap of `cap` tokens with `overrun` tokens of grace after it.
-    pub fn new(cap: u64, overrun: u64) -> Self {
-        ThinkingCap {
-            cap,
-            overrun,
-            capped_at: None,
-        }
-    }
-
-    /// Whether `reasoning_end` was asked for.
-    pub fn capped(&self) -> bool {
-        self.capped_at.is_some()
-    }
-
-    /// Takes the reasoning tokens counted so far.
-    pub fn check(&mut self, tokens: u64) -> CapAction {
-        match self.capped_at {
-            None if tokens >= self.cap => {
-                self.capped_at = Some(tokens);
-                CapAction::EndReasoning(tokens)
-            }
-            Some(at) if tokens >= at.saturating_add(self.overrun) => CapAction::Overrun,
-            _ => CapAction::None,
-        }
-    }
-}
+/// The chat-completions path.
+pub const CHAT_PATH: &str = "/v1/chat/completions";
+/// The control path (`reasoning_end`).
+pub const CONTROL_PATH: &str = "/v1/chat/completions/control";
 
 impl Client {
     /// Runs one request: through the slot gate, sent, streamed, and assembled. Events are
@@ -140,120 +41,133 @@ impl Client {
         req: &ChatRequest,
         on_event: &mut dyn FnMut(&ChatEvent),
     ) -> Result<Completion, InferError> {
-        let _permit = self.gate.acquire(req.slot, on_event)?;
-        let body = request::render(&self.config, req);
-        let mut buffers = Buffers::new();
-        stream(
-            &self.config,
-            &*self.clock,
-            req.slot,
-            &body,
-            &mut buffers,
-            on_event,
+        self.run(req, &Cancel::new(), on_event).map_err(|f| f.error)
+    }
+
+    /// One attempt, cancellable from another thread or from `on_event` (it ends within one
+    /// `poll_ms`, the connection closed). A failure carries what was assembled before it.
+    // `Failed` by value is the runner's contract; a request fails once, so its size costs nothing.
+    #[allow(clippy::result_large_err)]
+    pub fn run(
+        &self,
+        req: &ChatRequest,
+        cancel: &Cancel,
+        on_event: &mut dyn FnMut(&ChatEvent),
+    ) -> Result<Completion, Failed> {
+        self.attempt(req, cancel, None, on_event)
+    }
+
+    /// One attempt; `first_byte_by`, on the client's clock, ends the wait for the first byte.
+    // `Failed` by value is the runner's contract; a request fails once, so its size costs nothing.
+    #[allow(clippy::result_large_err)]
+    pub(super) fn attempt(
+        &self,
+        req: &ChatRequest,
+        cancel: &Cancel,
+        first_byte_by: Option<Duration>,
+        on_event: &mut dyn FnMut(&ChatEvent),
+    ) -> Result<Completion, Failed> {
+        let config = &self.config;
+        let limits = config.limits;
+        let poll = Duration::from_millis(limits.poll_ms);
+        let busy = Duration::from_millis(limits.busy_wait_ms);
+        let _permit = self
+            .gate
+            .acquire(req.slot, busy, poll, cancel, on_event)
+            .map_err(Failed::bare)?;
+        let body = request::render(config, req);
+        let connect = Duration::from_millis(limits.connect_ms);
+        let mut stream = http::request(
+            &config.socket,
+            "POST",
+            CHAT_PATH,
+            Some(&body),
+            connect,
+            cancel,
         )
-    }
-}
-
-/// Sends `body` and streams the answer, with the waits, liveness and thinking cap.
-pub fn stream(
-    config: &Config,
-    clock: &dyn Clock,
-    slot: u32,
-    body: &[u8],
-    buffers: &mut Buffers,
-    on_event: &mut dyn FnMut(&ChatEvent),
-) -> Result<Completion, InferError> {
-    let limits = config.limits;
-    let ms = Duration::from_millis;
-    let mut resp = http::request(&config.socket, "POST", "/v1/chat/completions", Some(body))?;
-    resp.set_timeout(Some(ms(limits.poll_ms)))
-        .map_err(|source| InferError::Connect {
-            socket: config.socket.clone(),
-            source,
-        })?;
-    resp.set_timeout_after_first_byte(ms(limits.liveness_ms));
-    let mut wait = FirstByteWait::new(limits, clock.now());
-    let status = loop {
-        match resp.head() {
-            Ok(status) => break status,
-            Err(ReadError::Timeout) if resp.received() == 0 => {
-                let seen = poll_slot(config, slot);
-                on_event(&ChatEvent::Waiting {
-                    slot_busy: seen == SlotSeen::Busy,
-                });
-                wait.observe(seen, clock.now())?;
-            }
-            Err(e) => return Err(e.into_infer()),
+        .map_err(|e| Failed::bare(InferError::from_send(&config.socket, e)))?;
+        let mut buffers = Buffers::new();
+        let mut x = ChatExchange::new(limits, self.clock.now(), &mut buffers);
+        if let Some(at) = first_byte_by {
+            x.set_first_byte_deadline(at);
         }
-    };
-    if status != 200 {
-        return Err(resp.into_http_error());
-    }
-    let mut folder = buffers.folder();
-    let mut cap = ThinkingCap::new(limits.thinking_cap, limits.thinking_overrun);
-    let read = read_events(config, &mut resp, &mut folder, &mut cap, on_event);
-    // Dropping the response closes the connection, which cancels generation on any error.
-    drop(resp);
-    match read {
-        Ok(()) => folder.completion(cap.capped()),
-        // The final chunk came and then the connection broke: the message is complete.
-        Err(InferError::StreamClosedEarly) if folder.is_finished() => {
-            folder.completion(cap.capped())
-        }
-        Err(e) => Err(e),
-    }
-}
-
-/// Reads the event stream until `[DONE]` or the end of the body.
-fn read_events(
-    config: &Config,
-    resp: &mut Response,
-    folder: &mut Folder<'_>,
-    cap: &mut ThinkingCap,
-    on_event: &mut dyn FnMut(&ChatEvent),
-) -> Result<(), InferError> {
-    let mut events = EventStream::new();
-    let mut done = false;
-    while !done {
-        let Some(piece) = resp.next_body().map_err(ReadError::into_infer)? else {
-            return events.finish();
-        };
-        events.feed(piece, &mut |item| -> Result<(), InferError> {
-            match item {
-                _ if done => Ok(()),
-                Item::Data(data) => {
-                    let step = folder.push(data, on_event)?;
-                    match cap.check(folder.reasoning_tokens()) {
-                        CapAction::None => {}
-                        CapAction::Overrun => return Err(InferError::ThinkingOverrun),
-                        CapAction::EndReasoning(tokens) => {
-                            let id = folder.id().unwrap_or_default();
-                            if !end_reasoning(config, id) {
-                                return Err(InferError::ThinkingOverrun);
-                            }
-                            on_event(&ChatEvent::ThinkingCapped { tokens });
-                        }
+        let mut buf = crate::heap::array::<READ_CHUNK>();
+        let (mut pos, mut len) = (0, 0);
+        // The socket's read timeout as last set; `None` until the first read.
+        let mut timeout: Option<Duration> = None;
+        loop {
+            while let Some(out) = x.poll_output() {
+                match out {
+                    Output::Event(e) => on_event(&e),
+                    Output::PollSlots => {
+                        let seen = poll_slot(config, req.slot, cancel);
+                        x.handle_slots(self.clock.now(), seen);
                     }
-                    // Nothing may follow the final chunk but `[DONE]`; stop reading here.
-                    done = step == Step::Finished;
-                    Ok(())
+                    Output::EndReasoning { id } => {
+                        let ok = end_reasoning(config, &id, cancel);
+                        x.handle_control_answer(self.clock.now(), ok);
+                    }
                 }
-                Item::Error(data) => Err(folder.error_event(data)),
-                Item::Done => {
-                    done = true;
-                    Ok(())
-                }
-                Item::Other => Ok(()),
             }
-        })?;
+            // After the events: a cancel from inside `on_event` is seen here.
+            if cancel.is_cancelled() {
+                x.cancel();
+            }
+            if x.is_over() {
+                break;
+            }
+            if pos < len {
+                pos += x.handle_bytes(self.clock.now(), &buf[pos..len]);
+                continue;
+            }
+            let now = self.clock.now();
+            let wait = x
+                .poll_timeout()
+                .map_or(poll, |at| at.saturating_sub(now))
+                .clamp(Duration::from_millis(1), poll);
+            // A timeout a little under the one wanted only wakes the loop early, and the
+            // exchange ignores a timer that is not due; so it is set again only when it must
+            // shrink or would wake far too early. While a stream flows the wait is poll_ms each
+            // time and the system call is saved.
+            let set = match timeout {
+                Some(t) if t <= wait && t >= wait / 2 => Ok(()),
+                _ => stream
+                    .set_read_timeout(Some(wait))
+                    .map(|()| timeout = Some(wait)),
+            };
+            let read = set.and_then(|()| stream.read(&mut buf[..]));
+            match read {
+                Ok(0) => x.handle_eof(self.clock.now()),
+                Ok(n) => (pos, len) = (0, n),
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    x.handle_timeout(self.clock.now())
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                // A reset mid-response is the server going away, like a close.
+                Err(_) => x.handle_eof(self.clock.now()),
+            }
+        }
+        drop(stream);
+        match x.take_result() {
+            Some(Ok(done)) => Ok(done),
+            Some(Err(error)) => Err(Failed {
+                error,
+                partial: x.partial(),
+            }),
+            None => unreachable!("the loop ends only when the exchange is over"),
+        }
     }
-    Ok(())
 }
 
-/// Asks `/slots` about `slot` on a second connection, waiting at most `poll_ms` per read.
-fn poll_slot(config: &Config, slot: u32) -> SlotSeen {
-    let timeout = Duration::from_millis(config.limits.poll_ms);
-    match info::slots(&config.socket, &config.model, timeout) {
+/// Asks `/slots` about `slot` on a second connection, within `call_ms`; a cancel ends the
+/// call at once (the loop then sees the token).
+fn poll_slot(config: &Config, slot: u32, cancel: &Cancel) -> SlotSeen {
+    match info::slots(config, cancel) {
         Ok(slots) => match slots.iter().find(|s| s.id == slot) {
             Some(s) if s.is_processing => SlotSeen::Busy,
             Some(_) => SlotSeen::Idle,
@@ -263,112 +177,15 @@ fn poll_slot(config: &Config, slot: u32) -> SlotSeen {
     }
 }
 
-/// Posts `reasoning_end` for completion `id`; true only on a 200 with `success: true`.
-fn end_reasoning(config: &Config, id: &str) -> bool {
+/// Posts `reasoning_end` for completion `id` within `call_ms` (or until a cancel); true only
+/// on a 200 with `success: true`.
+fn end_reasoning(config: &Config, id: &str, cancel: &Cancel) -> bool {
     #[derive(Deserialize)]
     struct Ack {
         success: bool,
     }
-    if id.is_empty() {
-        return false;
-    }
     let body = request::render_reasoning_end(&config.model, id);
-    let timeout = Duration::from_millis(config.limits.liveness_ms);
-    let target = "/v1/chat/completions/control";
-    info::call_json::<Ack>(&config.socket, "POST", target, Some(&body), timeout)
+    let deadline = Instant::now() + Duration::from_millis(config.limits.call_ms);
+    info::call_json::<Ack>(config, "POST", CONTROL_PATH, Some(&body), deadline, cancel)
         .is_ok_and(|ack| ack.success)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn limits() -> Limits {
-        Limits {
-            busy_wait_ms: 1_000,
-            load_wait_ms: 700,
-            idle_grace_ms: 300,
-            ..Limits::default()
-        }
-    }
-
-    fn at(ms: u64) -> Duration {
-        Duration::from_millis(ms)
-    }
-
-    fn outcome(w: &mut FirstByteWait, seen: SlotSeen, now: u64) -> Option<String> {
-        w.observe(seen, at(now)).err().map(|e| e.to_string())
-    }
-
-    #[test]
-    fn busy_slot_waits_up_to_busy_wait_ms() {
-        let mut w = FirstByteWait::new(limits(), at(0));
-        for t in [100, 500, 999] {
-            assert_eq!(outcome(&mut w, SlotSeen::Busy, t), None);
-        }
-        assert_eq!(
-            outcome(&mut w, SlotSeen::Busy, 1_000),
-            Some(InferError::WaitTimeout.to_string())
-        );
-    }
-
-    #[test]
-    fn unavailable_waits_up_to_load_wait_ms() {
-        let mut w = FirstByteWait::new(limits(), at(50));
-        assert_eq!(outcome(&mut w, SlotSeen::Unavailable, 749), None);
-        assert_eq!(
-            outcome(&mut w, SlotSeen::Unavailable, 750),
-            Some(InferError::LoadTimeout.to_string())
-        );
-    }
-
-    #[test]
-    fn idle_slot_gets_idle_grace_ms() {
-        let mut w = FirstByteWait::new(limits(), at(0));
-        assert_eq!(outcome(&mut w, SlotSeen::Idle, 299), None);
-        assert_eq!(
-            outcome(&mut w, SlotSeen::Idle, 300),
-            Some(InferError::Stalled(Silence::IdleGrace).to_string())
-        );
-    }
-
-    #[test]
-    fn a_change_restarts_the_clock_from_the_last_poll() {
-        let mut w = FirstByteWait::new(limits(), at(0));
-        assert_eq!(outcome(&mut w, SlotSeen::Busy, 900), None);
-        // Idle since the busy poll at 900: 1150 is 250 ms of idleness, 1200 is 300.
-        assert_eq!(outcome(&mut w, SlotSeen::Idle, 1_150), None);
-        assert_eq!(
-            outcome(&mut w, SlotSeen::Idle, 1_200),
-            Some(InferError::Stalled(Silence::IdleGrace).to_string())
-        );
-        // Loading after busy: the busy time does not count toward the load limit.
-        let mut w = FirstByteWait::new(limits(), at(0));
-        assert_eq!(outcome(&mut w, SlotSeen::Busy, 990), None);
-        assert_eq!(outcome(&mut w, SlotSeen::Unavailable, 1_600), None);
-        assert_eq!(
-            outcome(&mut w, SlotSeen::Unavailable, 1_690),
-            Some(InferError::LoadTimeout.to_string())
-        );
-    }
-
-    #[test]
-    fn thinking_cap_then_overrun_at_exactly_the_limits() {
-        let mut c = ThinkingCap::new(4_096, 256);
-        assert_eq!(c.check(4_095), CapAction::None);
-        assert!(!c.capped());
-        assert_eq!(c.check(4_096), CapAction::EndReasoning(4_096));
-        assert!(c.capped());
-        assert_eq!(c.check(4_351), CapAction::None);
-        assert_eq!(c.check(4_352), CapAction::Overrun);
-    }
-
-    #[test]
-    fn overrun_counts_from_where_the_cap_was_seen() {
-        let mut c = ThinkingCap::new(10, 5);
-        // A chunk can jump past the cap; the grace starts from the count seen then.
-        assert_eq!(c.check(12), CapAction::EndReasoning(12));
-        assert_eq!(c.check(16), CapAction::None);
-        assert_eq!(c.check(17), CapAction::Overrun);
-    }
 }

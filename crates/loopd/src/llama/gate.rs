@@ -3,12 +3,14 @@
 //!
 //! [`SlotGate::acquire`] returns a [`SlotPermit`] whose drop lets the next waiter in, so the
 //! slot is released on every path: success, error, and a panic unwinding through the caller.
-//! A full queue answers [`InferError::Busy`] at once.
+//! A full queue answers [`InferError::Busy`] at once; a waiter gives up after
+//! `limits.busy_wait_ms` ([`InferError::WaitTimeout`]) or when its request is cancelled.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
-use super::{ChatEvent, InferError};
+use super::{Cancel, ChatEvent, InferError};
 
 /// One slot's state: whether a request holds it, and the tickets waiting, oldest first.
 #[derive(Debug, Default)]
@@ -54,14 +56,20 @@ impl SlotGate {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Takes `slot`, waiting behind earlier requests. While waiting, emits
-    /// `Queued { ahead }` (the requests in front, the one in flight included) each time that
-    /// number changes. `Busy` if `queue_cap` requests already wait.
+    /// Takes `slot`, waiting behind earlier requests for at most `wait` (then `WaitTimeout`,
+    /// the request leaving the queue) and looking at `cancel` at least every `tick` (then
+    /// `Cancelled`). While waiting, emits `Queued { ahead }` (the requests in front, the one in
+    /// flight included) each time that number changes. `Busy` if `queue_cap` requests already
+    /// wait.
     pub fn acquire(
         &self,
         slot: u32,
+        wait: Duration,
+        tick: Duration,
+        cancel: &Cancel,
         on_event: &mut dyn FnMut(&ChatEvent),
     ) -> Result<SlotPermit<'_>, InferError> {
+        let deadline = Instant::now().checked_add(wait);
         let mut state = self.lock();
         let ticket = state.next_ticket;
         state.next_ticket += 1;
@@ -74,6 +82,12 @@ impl SlotGate {
             return Err(InferError::Busy);
         }
         s.queue.push_back(ticket);
+        // Leaves the queue on every way out but success: timeout, cancel, a panicking callback.
+        let guard = TicketGuard {
+            gate: self,
+            slot,
+            ticket,
+        };
         let mut reported = None;
         loop {
             let s = state
@@ -88,6 +102,7 @@ impl SlotGate {
             if position == 0 && !s.held {
                 s.queue.pop_front();
                 s.held = true;
+                std::mem::forget(guard);
                 return Ok(SlotPermit { gate: self, slot });
             }
             let ahead = position + usize::from(s.held);
@@ -95,17 +110,26 @@ impl SlotGate {
                 reported = Some(ahead);
                 // The callback may take its time or even panic; it must not do so under the lock.
                 drop(state);
-                let guard = TicketGuard {
-                    gate: self,
-                    slot,
-                    ticket,
-                };
                 on_event(&ChatEvent::Queued { ahead });
-                std::mem::forget(guard);
                 state = self.lock();
                 continue;
             }
-            state = self.changed.wait(state).unwrap_or_else(|e| e.into_inner());
+            if cancel.is_cancelled() {
+                drop(state);
+                return Err(InferError::Cancelled);
+            }
+            let left = deadline.map_or(Duration::MAX, |d| {
+                d.saturating_duration_since(Instant::now())
+            });
+            if left.is_zero() {
+                drop(state);
+                return Err(InferError::WaitTimeout);
+            }
+            state = self
+                .changed
+                .wait_timeout(state, left.min(tick))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
         }
     }
 
@@ -138,7 +162,8 @@ impl Drop for SlotPermit<'_> {
     }
 }
 
-/// Removes a waiting ticket if the `Queued` callback panics, so the queue does not wedge.
+/// Removes a waiting ticket when its request stops waiting without the slot (timeout, cancel,
+/// or a panicking `Queued` callback), so the queue does not wedge.
 struct TicketGuard<'a> {
     gate: &'a SlotGate,
     slot: u32,
@@ -161,7 +186,17 @@ mod tests {
     use super::*;
     use std::sync::mpsc;
     use std::thread;
-    use std::time::Duration;
+
+    const LONG: Duration = Duration::from_secs(600);
+    const TICK: Duration = Duration::from_millis(10);
+
+    fn take<'g>(
+        gate: &'g SlotGate,
+        slot: u32,
+        on_event: &mut dyn FnMut(&ChatEvent),
+    ) -> Result<SlotPermit<'g>, InferError> {
+        gate.acquire(slot, LONG, TICK, &Cancel::new(), on_event)
+    }
 
     fn no_events(e: &ChatEvent) {
         panic!("unexpected event {e:?}");
@@ -170,14 +205,14 @@ mod tests {
     #[test]
     fn free_slot_is_taken_at_once_and_released_on_drop() {
         let gate = SlotGate::new(8);
-        let p = gate.acquire(0, &mut no_events).unwrap();
+        let p = take(&gate, 0, &mut no_events).unwrap();
         assert!(gate.is_held(0));
         assert!(!gate.is_held(1));
-        let other = gate.acquire(1, &mut no_events).unwrap();
+        let other = take(&gate, 1, &mut no_events).unwrap();
         assert_eq!((p.slot(), other.slot()), (0, 1));
         drop(p);
         assert!(!gate.is_held(0));
-        drop(gate.acquire(0, &mut no_events).unwrap());
+        drop(take(&gate, 0, &mut no_events).unwrap());
     }
 
     /// Starts a thread that queues for `slot` and reports its events and when it got in.
@@ -189,7 +224,7 @@ mod tests {
     ) -> thread::JoinHandle<()> {
         thread::spawn(move || {
             let mut seen = Vec::new();
-            let r = gate.acquire(slot, &mut |e| match e {
+            let r = take(gate, slot, &mut |e| match e {
                 ChatEvent::Queued { ahead } => seen.push(*ahead),
                 other => panic!("{other:?}"),
             });
@@ -213,7 +248,7 @@ mod tests {
     #[test]
     fn queue_is_fifo_up_to_the_cap_then_busy() {
         let gate: &'static SlotGate = Box::leak(Box::new(SlotGate::new(8)));
-        let first = gate.acquire(3, &mut no_events).unwrap();
+        let first = take(gate, 3, &mut no_events).unwrap();
         let (tx, rx) = mpsc::channel();
         let mut threads = Vec::new();
         for tag in 0..8 {
@@ -222,7 +257,7 @@ mod tests {
         }
         // At the cap: the ninth is refused at once, without an event.
         assert!(matches!(
-            gate.acquire(3, &mut no_events),
+            take(gate, 3, &mut no_events),
             Err(InferError::Busy)
         ));
         drop(first);
@@ -232,9 +267,12 @@ mod tests {
         }
         for (i, (tag, seen)) in order.iter().enumerate() {
             assert_eq!(*tag, i, "served in arrival order");
-            // Queued with i + 1 ahead, then each departure counted down to 1.
-            let expected: Vec<usize> = (1..=i + 1).rev().collect();
-            assert_eq!(seen, &expected, "waiter {i}");
+            // Queued with i + 1 ahead, then counted down to 1. A waiter that is not scheduled
+            // between two departures (5 ms apart) sees both at once, so steps may be skipped,
+            // but the count only ever falls.
+            assert_eq!(seen.first(), Some(&(i + 1)), "waiter {i}: {seen:?}");
+            assert_eq!(seen.last(), Some(&1), "waiter {i}: {seen:?}");
+            assert!(seen.windows(2).all(|w| w[0] > w[1]), "waiter {i}: {seen:?}");
         }
         assert_eq!(gate.queued(3), 0);
         assert!(!gate.is_held(3));
@@ -243,37 +281,86 @@ mod tests {
     #[test]
     fn cap_of_zero_means_busy_whenever_held() {
         let gate = SlotGate::new(0);
-        let p = gate.acquire(0, &mut no_events).unwrap();
+        let p = take(&gate, 0, &mut no_events).unwrap();
         assert!(matches!(
-            gate.acquire(0, &mut no_events),
+            take(&gate, 0, &mut no_events),
             Err(InferError::Busy)
         ));
         drop(p);
-        assert!(gate.acquire(0, &mut no_events).is_ok());
+        assert!(take(&gate, 0, &mut no_events).is_ok());
     }
 
     #[test]
     fn panic_while_holding_releases_the_slot() {
         let gate = SlotGate::new(8);
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            let _p = gate.acquire(0, &mut no_events).unwrap();
+            let _p = take(&gate, 0, &mut no_events).unwrap();
             panic!("tool crashed");
         }));
         assert!(r.is_err());
         assert!(!gate.is_held(0));
-        assert!(gate.acquire(0, &mut no_events).is_ok());
+        assert!(take(&gate, 0, &mut no_events).is_ok());
     }
 
     #[test]
     fn panic_in_the_queued_callback_leaves_the_queue() {
         let gate = SlotGate::new(8);
-        let p = gate.acquire(0, &mut no_events).unwrap();
+        let p = take(&gate, 0, &mut no_events).unwrap();
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            let _ = gate.acquire(0, &mut |_| panic!("ui gone"));
+            let _ = take(&gate, 0, &mut |_| panic!("ui gone"));
         }));
         assert!(r.is_err());
         assert_eq!(gate.queued(0), 0);
         drop(p);
-        assert!(gate.acquire(0, &mut no_events).is_ok());
+        assert!(take(&gate, 0, &mut no_events).is_ok());
+    }
+
+    #[test]
+    fn a_waiter_gives_up_at_its_wait_and_leaves_the_queue() {
+        let gate = SlotGate::new(8);
+        let held = take(&gate, 0, &mut no_events).unwrap();
+        let start = std::time::Instant::now();
+        let mut events = Vec::new();
+        let r = gate.acquire(
+            0,
+            Duration::from_millis(60),
+            TICK,
+            &Cancel::new(),
+            &mut |e| events.push(e.clone()),
+        );
+        let took = start.elapsed();
+        assert!(matches!(r, Err(InferError::WaitTimeout)), "{r:?}");
+        assert!(
+            took >= Duration::from_millis(60) && took < Duration::from_secs(2),
+            "{took:?}"
+        );
+        assert_eq!(events, [ChatEvent::Queued { ahead: 1 }]);
+        assert_eq!(gate.queued(0), 0);
+        drop(held);
+        assert!(take(&gate, 0, &mut no_events).is_ok());
+    }
+
+    #[test]
+    fn a_cancelled_waiter_leaves_within_a_tick() {
+        let gate: &'static SlotGate = Box::leak(Box::new(SlotGate::new(8)));
+        let held = take(gate, 0, &mut no_events).unwrap();
+        let cancel = Cancel::new();
+        let c = cancel.clone();
+        let waiter = thread::spawn(move || {
+            let r = gate.acquire(0, LONG, Duration::from_millis(50), &c, &mut |_| {});
+            (r.map(|_| ()), std::time::Instant::now())
+        });
+        wait_until(|| gate.queued(0) == 1);
+        let at = std::time::Instant::now();
+        cancel.cancel();
+        let (r, ended) = waiter.join().unwrap();
+        assert!(matches!(r, Err(InferError::Cancelled)), "{r:?}");
+        let took = ended.duration_since(at);
+        assert!(
+            took < Duration::from_millis(50) + Duration::from_millis(200),
+            "{took:?}"
+        );
+        assert_eq!(gate.queued(0), 0);
+        drop(held);
     }
 }

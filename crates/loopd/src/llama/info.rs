@@ -1,19 +1,19 @@
-//! What the server says about itself: `/props`, `/slots` and `/tokenize`, and the cache-loss
-//! function (`cache_outcome`, from `llama-proto`).
+//! What the server says about itself: `/props`, `/slots` and `/tokenize`.
 //!
 //! The router needs the model id on every call: as `?model=` on a GET, in the body of a POST.
-//! Each call is one connection; its reads time out after `liveness_ms`.
+//! Each call is one connection, connected and sent within `limits.connect_ms` and answered,
+//! body and all, within `limits.call_ms` (`TimedOut` otherwise, naming the key).
 
-use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 
-use crate::http::{self, ReadError};
+use crate::config::Config;
+use crate::http::{self, ReadError, Response};
 
-use super::{request, Client, InferError};
-
-pub use llama_proto::{cache_outcome, CacheOutcome};
+use super::{
+    capped_body, request, Cancel, Client, Deadline, InferError, ProtocolError, ERROR_BODY_CAP,
+};
 
 /// What the self-test reads from `/props`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -72,50 +72,79 @@ pub fn query_escape(s: &str) -> String {
     out
 }
 
-/// One call: `method target [body]`, a 200 answer's JSON body decoded as `T`.
+/// One call: `method path [body]` (a GET names the model as `?model=`), connected and sent
+/// within `connect_ms`, and answered whole by `deadline` unless `cancel` is set first; a 200
+/// answer's JSON body is decoded as `T`.
 pub fn call_json<T: for<'de> Deserialize<'de>>(
-    socket: &Path,
+    config: &Config,
     method: &str,
-    target: &str,
+    path: &'static str,
     body: Option<&[u8]>,
-    timeout: Duration,
+    deadline: Instant,
+    cancel: &Cancel,
 ) -> Result<T, InferError> {
-    let mut resp = http::request(socket, method, target, body)?;
-    resp.set_timeout(Some(timeout))
-        .map_err(|source| InferError::Connect {
-            socket: socket.to_owned(),
-            source,
-        })?;
-    let status = resp.head().map_err(ReadError::into_infer)?;
+    let target = if method == "GET" {
+        format!("{path}?model={}", query_escape(&config.model))
+    } else {
+        path.to_owned()
+    };
+    let left = deadline.saturating_duration_since(Instant::now());
+    let connect = Duration::from_millis(config.limits.connect_ms).min(left);
+    let stream = http::request(&config.socket, method, &target, body, connect, cancel)
+        .map_err(|e| InferError::from_send(&config.socket, e))?;
+    let mut resp = Response::new(stream, deadline, cancel);
+    let status = resp.head().map_err(read_error)?;
     if status != 200 {
-        return Err(resp.into_http_error());
+        return Err(match resp.error_body(ERROR_BODY_CAP) {
+            Ok((status, body)) => InferError::Http {
+                status,
+                body: capped_body(&body),
+            },
+            Err(e) => read_error(e),
+        });
     }
-    let body = resp.read_body().map_err(ReadError::into_infer)?;
-    serde_json::from_slice(body.as_bytes())
-        .map_err(|e| InferError::Protocol(format!("{target}: unexpected JSON: {e}")))
+    let body = resp.read_body().map_err(read_error)?;
+    serde_json::from_slice(body.as_bytes()).map_err(|e| {
+        InferError::Protocol(ProtocolError::Json {
+            what: path,
+            line: e.line(),
+            column: e.column(),
+        })
+    })
 }
 
-/// `GET /slots?model=..` on `socket`.
-pub fn slots(socket: &Path, model: &str, timeout: Duration) -> Result<Vec<SlotState>, InferError> {
-    call_json(
-        socket,
-        "GET",
-        &format!("/slots?model={}", query_escape(model)),
-        None,
-        timeout,
-    )
+/// The client error for a call whose answer could not be read.
+fn read_error(e: ReadError) -> InferError {
+    match e {
+        ReadError::Timeout => InferError::TimedOut(Deadline::Call),
+        ReadError::Cancelled => InferError::Cancelled,
+        // A reset mid-response is the server going away, like a close.
+        ReadError::Closed | ReadError::Io(_) => InferError::StreamClosedEarly,
+        ReadError::Http(e) => e.into(),
+    }
+}
+
+/// `GET /slots?model=..`, answered whole within `call_ms` unless `cancel` is set first.
+pub fn slots(config: &Config, cancel: &Cancel) -> Result<Vec<SlotState>, InferError> {
+    let deadline = Instant::now() + Duration::from_millis(config.limits.call_ms);
+    call_json(config, "GET", "/slots", None, deadline, cancel)
 }
 
 impl Client {
-    fn info_timeout(&self) -> Duration {
-        Duration::from_millis(self.config.limits.liveness_ms)
+    fn call_deadline(&self) -> Instant {
+        Instant::now() + Duration::from_millis(self.config.limits.call_ms)
     }
 
     /// `GET /props?model=..`: the chat template, slot count and per-slot context.
     pub fn props(&self) -> Result<Props, InferError> {
-        let c = &self.config;
-        let target = format!("/props?model={}", query_escape(&c.model));
-        let raw: RawProps = call_json(&c.socket, "GET", &target, None, self.info_timeout())?;
+        let raw: RawProps = call_json(
+            &self.config,
+            "GET",
+            "/props",
+            None,
+            self.call_deadline(),
+            &Cancel::new(),
+        )?;
         Ok(Props {
             chat_template: raw.chat_template,
             total_slots: raw.total_slots,
@@ -126,19 +155,19 @@ impl Client {
 
     /// `GET /slots?model=..`: every slot and whether it is processing.
     pub fn slots(&self) -> Result<Vec<SlotState>, InferError> {
-        slots(&self.config.socket, &self.config.model, self.info_timeout())
+        slots(&self.config, &Cancel::new())
     }
 
     /// `POST /tokenize`: the token ids of `content` (no special tokens added).
     pub fn tokenize(&self, content: &str) -> Result<Vec<u32>, InferError> {
-        let c = &self.config;
-        let body = request::render_tokenize(&c.model, content);
+        let body = request::render_tokenize(&self.config.model, content);
         let raw: RawTokens = call_json(
-            &c.socket,
+            &self.config,
             "POST",
             "/tokenize",
             Some(&body),
-            self.info_timeout(),
+            self.call_deadline(),
+            &Cancel::new(),
         )?;
         Ok(raw.tokens)
     }

@@ -1,25 +1,29 @@
 //! `chat_with_retry`: what is retryable, and the backoff schedule.
 //!
-//! `Connect`, `StreamClosedEarly`, `Stalled`, `LoadTimeout` and HTTP 503 are retried:
+//! `Connect` (and a connect or head past its deadline), `StreamClosedEarly`, `Stalled`,
+//! `LoadTimeout` and HTTP 503 are retried:
 //! `attempts` in all (4), waiting `delays_ms` (2 s, 8 s, 30 s) each varied by up to
 //! `jitter_percent` (25%) either way, and no retry is started whose wait would end more than
-//! `total_ms` (5 min) after the first attempt began. Every retry goes back through the slot
-//! gate (it is a fresh `chat`) and emits `Retrying` first. Everything else returns at once.
+//! `total_ms` (5 min) after the first attempt began; a retry's wait for its first byte also
+//! ends there (`TimedOut(RetryTotal)`). Every retry goes back through the slot gate (it is a
+//! fresh attempt) and emits `Retrying` first. Everything else returns at once.
+//! [`RetrySchedule`] decides; the client sleeps on its cancel token.
 //! Retrying is safe because nothing is final before a completion, so a retry sends the same
 //! bytes again.
 
 use std::time::Duration;
 
-use crate::clock::{Clock, Jitter};
+use crate::clock::Jitter;
 use crate::config::Retry;
 
-use super::{ChatEvent, ChatRequest, Client, Completion, InferError};
+use super::{Cancel, ChatEvent, ChatRequest, Client, Completion, Deadline, Failed, InferError};
 
 /// Whether `e` is worth another attempt.
 pub fn is_retryable(e: &InferError) -> bool {
     matches!(
         e,
         InferError::Connect { .. }
+            | InferError::TimedOut(Deadline::Connect | Deadline::Call)
             | InferError::StreamClosedEarly
             | InferError::Stalled(_)
             | InferError::LoadTimeout
@@ -41,38 +45,75 @@ pub fn delay(schedule: &Retry, retry: usize, jitter: &dyn Jitter) -> Duration {
     Duration::from_millis(ms)
 }
 
-/// Runs `attempt` under `schedule`: the retry loop without the client, so it can be tested
-/// on a fake clock with a fake jitter source.
-pub fn run<T>(
-    schedule: &Retry,
-    clock: &dyn Clock,
-    jitter: &dyn Jitter,
-    on_event: &mut dyn FnMut(&ChatEvent),
-    mut attempt: impl FnMut(&mut dyn FnMut(&ChatEvent)) -> Result<T, InferError>,
-) -> Result<T, InferError> {
-    let start = clock.now();
-    let total = Duration::from_millis(schedule.total_ms);
-    let mut number = 1u32;
-    loop {
-        let error = match attempt(on_event) {
-            Ok(done) => return Ok(done),
-            Err(e) => e,
-        };
-        if !is_retryable(&error) || number >= schedule.attempts {
-            return Err(error);
+/// What to do after a failed attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// Start attempt number `attempt` at `at` (on the schedule's clock), `after_ms` from now.
+    RetryAt {
+        /// The attempt about to start (2 for the first retry).
+        attempt: u32,
+        /// When it starts.
+        at: Duration,
+        /// The wait before it, jitter included.
+        after_ms: u64,
+    },
+    /// Return the error.
+    GiveUp,
+}
+
+/// The retry schedule of one request as a pure state machine: failures and time in, a
+/// [`Decision`] out. It never sleeps; the caller waits until `at`.
+#[derive(Debug, Clone)]
+pub struct RetrySchedule {
+    retry: Retry,
+    start: Duration,
+    attempt: u32,
+}
+
+impl RetrySchedule {
+    /// The schedule of a request whose first attempt starts at `start`.
+    pub fn new(retry: &Retry, start: Duration) -> Self {
+        RetrySchedule {
+            retry: retry.clone(),
+            start,
+            attempt: 1,
         }
-        let wait = delay(schedule, number as usize - 1, jitter);
-        if clock.now().saturating_sub(start) + wait > total {
-            return Err(error);
+    }
+
+    /// The attempt running now (1 for the first).
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    /// When the running attempt must stop waiting for its first byte: `None` for the first
+    /// attempt (its own limits apply), the end of `total_ms` for a retry, so no retry starts
+    /// waiting past the budget. A stream that is producing bytes is never cut by it.
+    pub fn first_byte_deadline(&self) -> Option<Duration> {
+        (self.attempt > 1).then(|| self.start + Duration::from_millis(self.retry.total_ms))
+    }
+
+    /// The running attempt failed with `error` at `now`: retry at a time, or give up. A retry
+    /// whose wait would end past `total_ms` is not started.
+    pub fn on_failure(
+        &mut self,
+        now: Duration,
+        error: &InferError,
+        jitter: &dyn Jitter,
+    ) -> Decision {
+        if !is_retryable(error) || self.attempt >= self.retry.attempts {
+            return Decision::GiveUp;
         }
-        number += 1;
-        let after_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
-        on_event(&ChatEvent::Retrying {
-            attempt: number,
-            after_ms,
-            error: error.to_string(),
-        });
-        clock.sleep(wait);
+        let wait = delay(&self.retry, self.attempt as usize - 1, jitter);
+        let at = now + wait;
+        if at.saturating_sub(self.start) > Duration::from_millis(self.retry.total_ms) {
+            return Decision::GiveUp;
+        }
+        self.attempt += 1;
+        Decision::RetryAt {
+            attempt: self.attempt,
+            at,
+            after_ms: u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
+        }
     }
 }
 
@@ -85,21 +126,56 @@ impl Client {
         req: &ChatRequest,
         on_event: &mut dyn FnMut(&ChatEvent),
     ) -> Result<Completion, InferError> {
-        run(
-            &self.config.retry,
-            &*self.clock,
-            &*self.jitter,
-            on_event,
-            |ev| self.chat(req, ev),
-        )
+        self.run_with_retry(req, &Cancel::new(), on_event)
+            .map_err(|f| f.error)
+    }
+
+    /// [`Client::run`] under the retry schedule; the waits between attempts end at once on a
+    /// cancel (then `Cancelled`, with the last attempt's partial output).
+    // `Failed` by value is the runner's contract; a request fails once, so its size costs nothing.
+    #[allow(clippy::result_large_err)]
+    pub fn run_with_retry(
+        &self,
+        req: &ChatRequest,
+        cancel: &Cancel,
+        on_event: &mut dyn FnMut(&ChatEvent),
+    ) -> Result<Completion, Failed> {
+        let mut schedule = RetrySchedule::new(&self.config.retry, self.clock.now());
+        loop {
+            let failed = match self.attempt(req, cancel, schedule.first_byte_deadline(), on_event) {
+                Ok(done) => return Ok(done),
+                Err(f) => f,
+            };
+            let now = self.clock.now();
+            match schedule.on_failure(now, &failed.error, &*self.jitter) {
+                Decision::GiveUp => return Err(failed),
+                Decision::RetryAt {
+                    attempt,
+                    at,
+                    after_ms,
+                } => {
+                    on_event(&ChatEvent::Retrying {
+                        attempt,
+                        after_ms,
+                        error: failed.error.to_string(),
+                    });
+                    if cancel.is_cancelled() || cancel.sleep(at.saturating_sub(self.clock.now())) {
+                        return Err(Failed {
+                            error: InferError::Cancelled,
+                            partial: failed.partial,
+                        });
+                    }
+                }
+            }
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::clock::{FakeClock, FakeJitter};
-    use crate::llama::Silence;
+    use crate::clock::FakeJitter;
+    use crate::llama::{ProtocolError, Silence};
 
     fn io(kind: std::io::ErrorKind) -> InferError {
         InferError::Connect {
@@ -108,140 +184,109 @@ mod tests {
         }
     }
 
-    /// Runs the default schedule over scripted outcomes; each attempt takes `took` on the clock.
-    fn script(
-        outcomes: Vec<Result<u32, InferError>>,
-        offsets: &[i64],
-        took: Duration,
-    ) -> (
-        Result<u32, InferError>,
-        Vec<ChatEvent>,
-        Vec<Duration>,
-        usize,
-    ) {
-        let clock = FakeClock::new();
-        let jitter = FakeJitter::new(offsets);
-        let mut events = Vec::new();
-        let mut outcomes = outcomes.into_iter();
-        let mut calls = 0;
-        let r = run(
-            &Retry::default(),
-            &clock,
-            &jitter,
-            &mut |e| events.push(e.clone()),
-            |_| {
-                calls += 1;
-                clock.advance(took);
-                outcomes.next().expect("no more attempts scripted")
-            },
-        );
-        (r, events, clock.sleeps(), calls)
+    fn s(v: u64) -> Duration {
+        Duration::from_secs(v)
     }
 
-    fn retrying(attempt: u32, after_ms: u64, error: &str) -> ChatEvent {
-        ChatEvent::Retrying {
+    /// The default schedule over failures, each attempt taking `took`; the waits it asked for,
+    /// and the attempts it made.
+    fn script(errors: &[InferError], offsets: &[i64], took: Duration) -> (Vec<Decision>, u32) {
+        let jitter = FakeJitter::new(offsets);
+        let mut schedule = RetrySchedule::new(&Retry::default(), Duration::ZERO);
+        let mut now = Duration::ZERO;
+        let mut decisions = Vec::new();
+        for e in errors {
+            now += took;
+            let d = schedule.on_failure(now, e, &jitter);
+            decisions.push(d);
+            match d {
+                Decision::RetryAt { at, .. } => now = at,
+                Decision::GiveUp => break,
+            }
+        }
+        (decisions, schedule.attempt())
+    }
+
+    fn retry_at(attempt: u32, at_ms: u64, after_ms: u64) -> Decision {
+        Decision::RetryAt {
             attempt,
+            at: Duration::from_millis(at_ms),
             after_ms,
-            error: error.into(),
         }
     }
 
     #[test]
-    fn exact_schedule_without_jitter_then_the_last_error() {
-        let (r, events, sleeps, calls) = script(
-            vec![
-                Err(InferError::Stalled(Silence::Liveness)),
-                Err(InferError::StreamClosedEarly),
-                Err(InferError::LoadTimeout),
-                Err(InferError::Http {
+    fn exact_schedule_without_jitter_then_give_up() {
+        let (decisions, attempts) = script(
+            &[
+                InferError::Stalled(Silence::Liveness),
+                InferError::StreamClosedEarly,
+                InferError::LoadTimeout,
+                InferError::Http {
                     status: 503,
                     body: "loading".into(),
-                }),
+                },
             ],
             &[],
             Duration::ZERO,
         );
-        assert!(matches!(r, Err(InferError::Http { status: 503, .. })));
-        assert_eq!(calls, 4);
-        let ms = |v: &[u64]| {
-            v.iter()
-                .map(|&m| Duration::from_millis(m))
-                .collect::<Vec<_>>()
-        };
-        assert_eq!(sleeps, ms(&[2_000, 8_000, 30_000]));
         assert_eq!(
-            events,
+            decisions,
             [
-                retrying(
-                    2,
-                    2_000,
-                    &InferError::Stalled(Silence::Liveness).to_string()
-                ),
-                retrying(3, 8_000, &InferError::StreamClosedEarly.to_string()),
-                retrying(4, 30_000, &InferError::LoadTimeout.to_string()),
+                retry_at(2, 2_000, 2_000),
+                retry_at(3, 10_000, 8_000),
+                retry_at(4, 40_000, 30_000),
+                Decision::GiveUp
             ]
         );
+        assert_eq!(attempts, 4);
     }
 
     #[test]
     fn jitter_is_25_percent_either_way_and_clamped() {
-        let (r, events, sleeps, _) = script(
-            vec![
-                Err(io(std::io::ErrorKind::NotFound)),
-                Err(InferError::Stalled(Silence::Liveness)),
-                Err(InferError::Stalled(Silence::Liveness)),
-                Ok(7),
+        let (decisions, _) = script(
+            &[
+                io(std::io::ErrorKind::NotFound),
+                InferError::TimedOut(Deadline::Connect),
+                InferError::TimedOut(Deadline::Call),
             ],
             // Exactly -25%, +25%, and one past +25% (clamped to +25%).
             &[-500, 2_000, 7_501],
             Duration::ZERO,
         );
-        assert_eq!(r.unwrap(), 7);
-        let ms: Vec<u64> = sleeps.iter().map(|d| d.as_millis() as u64).collect();
-        assert_eq!(ms, [1_500, 10_000, 37_500]);
-        assert!(matches!(
-            events[0],
-            ChatEvent::Retrying {
-                attempt: 2,
-                after_ms: 1_500,
-                ..
-            }
-        ));
+        assert_eq!(
+            decisions,
+            [
+                retry_at(2, 1_500, 1_500),
+                retry_at(3, 11_500, 10_000),
+                retry_at(4, 49_000, 37_500)
+            ]
+        );
     }
 
     #[test]
     fn jitter_is_asked_for_a_quarter_of_each_delay() {
-        let clock = FakeClock::new();
         let jitter = FakeJitter::new(&[]);
-        let _ = run(
-            &Retry::default(),
-            &clock,
-            &jitter,
-            &mut |_| {},
-            |_| -> Result<(), _> { Err(InferError::Stalled(Silence::Liveness)) },
-        );
+        let mut schedule = RetrySchedule::new(&Retry::default(), Duration::ZERO);
+        for _ in 0..4 {
+            schedule.on_failure(
+                Duration::ZERO,
+                &InferError::Stalled(Silence::Liveness),
+                &jitter,
+            );
+        }
         assert_eq!(jitter.spreads(), [500, 2_000, 7_500]);
     }
 
     #[test]
-    fn success_on_a_retry_returns_it() {
-        let (r, events, sleeps, calls) = script(
-            vec![Err(InferError::Stalled(Silence::Liveness)), Ok(1)],
-            &[],
-            Duration::ZERO,
-        );
-        assert_eq!((r.unwrap(), calls), (1, 2));
-        assert_eq!(events.len(), 1);
-        assert_eq!(sleeps, [Duration::from_secs(2)]);
-    }
-
-    #[test]
-    fn other_errors_return_at_once() {
+    fn other_errors_give_up_at_once() {
         for e in [
             InferError::Busy,
             InferError::WaitTimeout,
             InferError::ThinkingOverrun,
-            InferError::Protocol("x".into()),
+            InferError::Cancelled,
+            InferError::TimedOut(Deadline::RetryTotal),
+            InferError::Protocol(ProtocolError::Sse(sse_nostd::SseError::LineTooLong)),
             InferError::Http {
                 status: 400,
                 body: "the prompt does not fit".into(),
@@ -251,47 +296,49 @@ mod tests {
                 body: String::new(),
             },
         ] {
-            let shown = e.to_string();
-            let (r, events, sleeps, calls) = script(vec![Err(e)], &[], Duration::ZERO);
-            assert_eq!(r.unwrap_err().to_string(), shown);
-            assert_eq!((events.len(), sleeps.len(), calls), (0, 0, 1));
+            let (decisions, attempts) = script(&[e], &[], Duration::ZERO);
+            assert_eq!((decisions, attempts), (vec![Decision::GiveUp], 1));
         }
     }
 
     #[test]
     fn never_past_five_minutes_in_total() {
         // Three-minute load waits: 180 s + 2 s fits, but 182 s + 180 s + 8 s does not.
-        let (r, events, sleeps, calls) = script(
-            vec![Err(InferError::LoadTimeout), Err(InferError::LoadTimeout)],
+        let (decisions, attempts) = script(
+            &[InferError::LoadTimeout, InferError::LoadTimeout],
             &[],
-            Duration::from_secs(180),
+            s(180),
         );
-        assert!(matches!(r, Err(InferError::LoadTimeout)));
-        assert_eq!((calls, events.len()), (2, 1));
-        assert_eq!(sleeps, [Duration::from_secs(2)]);
+        assert_eq!(decisions, [retry_at(2, 182_000, 2_000), Decision::GiveUp]);
+        assert_eq!(attempts, 2);
     }
 
     #[test]
     fn a_wait_ending_exactly_at_five_minutes_is_allowed() {
-        let schedule = Retry {
+        let retry = Retry {
             jitter_percent: 0,
             ..Retry::default()
         };
-        let clock = FakeClock::new();
         let jitter = FakeJitter::new(&[]);
-        let mut calls = 0;
-        let r = run(&schedule, &clock, &jitter, &mut |_| {}, |_| {
-            calls += 1;
-            // 298 s in the first attempt + 2 s wait = exactly 300 s; the next would pass it.
-            clock.advance(if calls == 1 {
-                Duration::from_secs(298)
-            } else {
-                Duration::ZERO
-            });
-            Err::<(), _>(InferError::Stalled(Silence::Liveness))
-        });
-        assert!(r.is_err());
-        assert_eq!(calls, 2);
-        assert_eq!(clock.now(), Duration::from_secs(300));
+        let mut schedule = RetrySchedule::new(&retry, Duration::ZERO);
+        let e = InferError::Stalled(Silence::Liveness);
+        // 298 s in the first attempt + 2 s wait = exactly 300 s.
+        assert_eq!(
+            schedule.on_failure(s(298), &e, &jitter),
+            retry_at(2, 300_000, 2_000)
+        );
+        // One millisecond later it would pass it.
+        let mut schedule = RetrySchedule::new(&retry, Duration::ZERO);
+        let late = s(298) + Duration::from_millis(1);
+        assert_eq!(schedule.on_failure(late, &e, &jitter), Decision::GiveUp);
+    }
+
+    #[test]
+    fn only_a_retry_has_its_first_byte_wait_clipped_to_the_budget() {
+        let jitter = FakeJitter::new(&[]);
+        let mut schedule = RetrySchedule::new(&Retry::default(), s(7));
+        assert_eq!(schedule.first_byte_deadline(), None);
+        schedule.on_failure(s(8), &InferError::StreamClosedEarly, &jitter);
+        assert_eq!(schedule.first_byte_deadline(), Some(s(307)));
     }
 }

@@ -324,10 +324,32 @@ fn generate(
     };
     let result = shared.client.run(chat, &control.cancel, &mut on_event);
     lock(&control.progress).generating = false;
-    result.map_err(|failed| {
-        let s = why(shared, control, &failed.error);
-        Box::new((failed, s))
-    })
+    match result {
+        // The runner stopped this generation (a loop, a cancel, a restart) while the rest of
+        // the stream was already in hand, so the client finished it: the runner's reason
+        // stands, with the whole output kept.
+        Ok(done) => match control.reason() {
+            Some((reason, detail)) => {
+                let partial = Partial {
+                    content: done.content,
+                    reasoning_content: done.reasoning_content,
+                    tool_calls: done.tool_calls,
+                    timings: done.timings,
+                    reasoning_tokens: done.reasoning_tokens,
+                };
+                let failed = Failed {
+                    error: InferError::Cancelled,
+                    partial,
+                };
+                Err(Box::new((failed, stop(reason, detail))))
+            }
+            None => Ok(done),
+        },
+        Err(failed) => {
+            let s = why(shared, control, &failed.error);
+            Err(Box::new((failed, s)))
+        }
+    }
 }
 
 /// The reason a generation failed: the runner's own (cancel, loop, restart) when one was set,

@@ -43,6 +43,7 @@ impl ClientError {
             InferError::WaitTimeout => ClientError::WaitTimeout,
             InferError::LoadTimeout => ClientError::LoadTimeout,
             InferError::Stalled(_) => ClientError::Stalled,
+            InferError::TimedOut(_) => ClientError::TimedOut,
             InferError::StreamClosedEarly => ClientError::StreamClosedEarly,
             InferError::ThinkingOverrun => ClientError::ThinkingOverrun,
             InferError::Http { .. } => ClientError::Http,

@@ -49,6 +49,8 @@ pub struct Reply {
     /// Each piece is written after its delay.
     pub pieces: Vec<(Duration, Vec<u8>)>,
     pub end: End,
+    /// When set, the whole reply (head included) goes out one byte at a time, this far apart.
+    pub trickle: Option<Duration>,
 }
 
 impl Reply {
@@ -59,6 +61,7 @@ impl Reply {
             headers: vec![("Content-Type".into(), "text/event-stream".into())],
             framing: Framing::Chunked,
             pieces: pieces.into_iter().map(|p| (Duration::ZERO, p)).collect(),
+            trickle: None,
             end: End::Clean,
         }
     }
@@ -70,6 +73,7 @@ impl Reply {
             headers: vec![("Content-Type".into(), "application/json".into())],
             framing: Framing::Length,
             pieces: vec![(Duration::ZERO, body.as_bytes().to_vec())],
+            trickle: None,
             end: End::Clean,
         }
     }
@@ -81,6 +85,7 @@ impl Reply {
             headers: vec![],
             framing: Framing::Raw,
             pieces: vec![(Duration::ZERO, bytes)],
+            trickle: None,
             end: End::Clean,
         }
     }
@@ -92,6 +97,7 @@ impl Reply {
             headers: vec![],
             framing: Framing::Raw,
             pieces: vec![],
+            trickle: None,
             end: End::Silence,
         }
     }
@@ -107,6 +113,13 @@ impl Reply {
         if let Some(p) = self.pieces.first_mut() {
             p.0 = delay;
         }
+        self
+    }
+
+    /// The same reply sent one byte at a time, `every` apart, head included (the delays of
+    /// the pieces are ignored).
+    pub fn trickled(mut self, every: Duration) -> Reply {
+        self.trickle = Some(every);
         self
     }
 
@@ -144,6 +157,7 @@ struct Shared {
     routes: Mutex<HashMap<String, (Vec<Reply>, usize)>>,
     recorded: Mutex<Vec<Recorded>>,
     stop: AtomicBool,
+    hung_up: AtomicU32,
 }
 
 /// The fake server; stops and removes its directory on drop.
@@ -157,11 +171,7 @@ pub struct FakeServer {
 impl FakeServer {
     /// Serves `routes`: `(path, replies)`; an unknown path gets a 404.
     pub fn start(routes: Vec<(&str, Vec<Reply>)>) -> FakeServer {
-        static NEXT: AtomicU32 = AtomicU32::new(0);
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let dir = std::env::temp_dir().join(format!("loopd-fake-{}-{n}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = llama_harness::temp_dir("loopd-fake");
         let socket = dir.join("infer.sock");
         let listener = UnixListener::bind(&socket).unwrap();
         let shared = Arc::new(Shared {
@@ -173,6 +183,7 @@ impl FakeServer {
             ),
             recorded: Mutex::new(Vec::new()),
             stop: AtomicBool::new(false),
+            hung_up: AtomicU32::new(0),
         });
         let s = shared.clone();
         let accept = thread::spawn(move || {
@@ -200,6 +211,12 @@ impl FakeServer {
     /// Every request so far, in arrival order.
     pub fn requests(&self) -> Vec<Recorded> {
         self.shared.recorded.lock().unwrap().clone()
+    }
+
+    /// Connections the client closed while the server still had something to send or was
+    /// holding them open (a cancelled or abandoned request).
+    pub fn hung_up(&self) -> u32 {
+        self.shared.hung_up.load(Ordering::SeqCst)
     }
 
     /// The requests to `path`.
@@ -291,7 +308,10 @@ fn serve(mut conn: UnixStream, s: &Shared) {
     };
     let reply = next_reply(s, req.path());
     s.recorded.lock().unwrap().push(req);
-    let _ = write_reply(&mut conn, s, &reply);
+    if write_reply(&mut conn, s, &reply).is_err() {
+        s.hung_up.fetch_add(1, Ordering::SeqCst);
+        return;
+    }
     match reply.end {
         End::Clean | End::Cut => {}
         End::Silence => {
@@ -300,7 +320,10 @@ fn serve(mut conn: UnixStream, s: &Shared) {
             let mut b = [0u8; 64];
             while !s.stop.load(Ordering::SeqCst) {
                 match conn.read(&mut b) {
-                    Ok(0) => break,
+                    Ok(0) => {
+                        s.hung_up.fetch_add(1, Ordering::SeqCst);
+                        break;
+                    }
                     Ok(_) => {}
                     Err(e)
                         if matches!(
@@ -314,7 +337,24 @@ fn serve(mut conn: UnixStream, s: &Shared) {
     }
 }
 
-fn write_reply(conn: &mut UnixStream, s: &Shared, r: &Reply) -> std::io::Result<()> {
+fn write_reply(conn: &mut impl Sink, s: &Shared, r: &Reply) -> std::io::Result<()> {
+    if let Some(every) = r.trickle {
+        let mut all = Vec::new();
+        let mut whole = r.clone();
+        whole.trickle = None;
+        for p in &mut whole.pieces {
+            p.0 = Duration::ZERO;
+        }
+        write_reply(&mut all, s, &whole)?;
+        for b in all {
+            if s.stop.load(Ordering::SeqCst) {
+                return Ok(());
+            }
+            conn.write_all(&[b])?;
+            pause(s, every);
+        }
+        return Ok(());
+    }
     if r.framing != Framing::Raw {
         let mut head = format!("HTTP/1.1 {} {}\r\n", r.status, reason(r.status));
         for (n, v) in &r.headers {
@@ -365,9 +405,24 @@ fn write_reply(conn: &mut UnixStream, s: &Shared, r: &Reply) -> std::io::Result<
         conn.write_all(b"0\r\n\r\n")?;
     }
     if r.end == End::Cut {
-        let _ = conn.shutdown(std::net::Shutdown::Both);
+        conn.cut();
     }
     Ok(())
+}
+
+/// Where a reply is written: the connection, or a buffer when it is trickled.
+trait Sink: Write {
+    fn cut(&mut self);
+}
+
+impl Sink for UnixStream {
+    fn cut(&mut self) {
+        let _ = self.shutdown(std::net::Shutdown::Both);
+    }
+}
+
+impl Sink for Vec<u8> {
+    fn cut(&mut self) {}
 }
 
 fn reason(status: u16) -> &'static str {
@@ -379,14 +434,6 @@ fn reason(status: u16) -> &'static str {
         503 => "Service Unavailable",
         _ => "Status",
     }
-}
-
-/// The bytes of `fixtures/<name>` (recorded from the real server).
-pub fn fixture(name: &str) -> Vec<u8> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../fixtures")
-        .join(name);
-    std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
 /// A recorded SSE body cut into one piece per event (`\n\n`-terminated), as it streamed.
@@ -414,4 +461,48 @@ pub fn slots_json(busy: Option<u32>) -> String {
         )
     };
     format!("[{},{}]", slot(0), slot(1))
+}
+
+/// The chat-completions path.
+pub const CHAT: &str = "/v1/chat/completions";
+/// The control path.
+pub const CONTROL: &str = "/v1/chat/completions/control";
+
+/// One `data:` event in llama-server's chunk format.
+pub fn chunk(delta: &str, finish: Option<&str>, predicted_n: u64) -> Vec<u8> {
+    let finish = finish.map_or("null".to_owned(), |f| format!("\"{f}\""));
+    format!(
+        "data: {{\"choices\":[{{\"finish_reason\":{finish},\"index\":0,\"delta\":{delta}}}],\"created\":1,\"id\":\"chatcmpl-t\",\"model\":\"smollm2\",\"object\":\"chat.completion.chunk\",\"timings\":{{\"cache_n\":0,\"prompt_n\":12,\"predicted_n\":{predicted_n}}}}}\n\n"
+    )
+    .into_bytes()
+}
+
+/// A content delta.
+pub fn content(text: &str, n: u64) -> Vec<u8> {
+    chunk(&format!("{{\"content\":\"{text}\"}}"), None, n)
+}
+
+/// A reasoning delta.
+pub fn reasoning(text: &str, n: u64) -> Vec<u8> {
+    chunk(&format!("{{\"reasoning_content\":\"{text}\"}}"), None, n)
+}
+
+/// The final chunk.
+pub fn finish(n: u64) -> Vec<u8> {
+    chunk("{}", Some("stop"), n)
+}
+
+/// `data: [DONE]`.
+pub fn done() -> Vec<u8> {
+    b"data: [DONE]\n\n".to_vec()
+}
+
+/// "Red, blue", finished.
+pub fn answer() -> Reply {
+    Reply::sse(vec![
+        content("Red", 1),
+        content(", blue", 2),
+        finish(3),
+        done(),
+    ])
 }

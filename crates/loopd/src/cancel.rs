@@ -1,0 +1,100 @@
+//! [`Cancel`]: a token that stops a request from another thread (or from its own event callback).
+//!
+//! The request loop checks the token at least once per `limits.poll_ms` (every read it makes is
+//! at most that long), and every wait it does itself (the slot gate, a retry's backoff, a
+//! connect) wakes for it, so a cancelled request ends within one poll interval and closes its
+//! connection, which makes the server stop generating.
+
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+#[derive(Debug, Default)]
+struct Flag {
+    cancelled: Mutex<bool>,
+    woken: Condvar,
+}
+
+/// A cancellation token; clones share one flag.
+#[derive(Clone, Default, Debug)]
+pub struct Cancel(Arc<Flag>);
+
+impl Cancel {
+    /// A token that is not cancelled.
+    pub fn new() -> Cancel {
+        Cancel::default()
+    }
+
+    // Setting a bool cannot leave it half-written, so a poisoned lock is used as is.
+    fn lock(&self) -> MutexGuard<'_, bool> {
+        self.0.cancelled.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Cancels every request holding a clone of this token, and wakes their waits.
+    pub fn cancel(&self) {
+        *self.lock() = true;
+        self.0.woken.notify_all();
+    }
+
+    /// Whether [`cancel`](Self::cancel) was called.
+    pub fn is_cancelled(&self) -> bool {
+        *self.lock()
+    }
+
+    /// Sleeps for `d` on the wall clock, or until cancelled; true if cancelled.
+    pub fn sleep(&self, d: Duration) -> bool {
+        let until = Instant::now().checked_add(d);
+        let mut cancelled = self.lock();
+        loop {
+            if *cancelled {
+                return true;
+            }
+            let left = match until {
+                Some(t) => t.saturating_duration_since(Instant::now()),
+                None => Duration::MAX,
+            };
+            if left.is_zero() {
+                return false;
+            }
+            cancelled = self
+                .0
+                .woken
+                .wait_timeout(cancelled, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sleep_runs_its_time_unless_cancelled() {
+        let c = Cancel::new();
+        let start = Instant::now();
+        assert!(!c.sleep(Duration::from_millis(20)));
+        assert!(start.elapsed() >= Duration::from_millis(20));
+        assert!(!c.is_cancelled());
+        c.cancel();
+        assert!(c.is_cancelled());
+        let start = Instant::now();
+        assert!(c.sleep(Duration::from_secs(60)));
+        assert!(start.elapsed() < Duration::from_secs(1));
+    }
+
+    #[test]
+    fn cancel_from_another_thread_wakes_a_sleeper_at_once() {
+        let c = Cancel::new();
+        let other = c.clone();
+        let t = std::thread::spawn(move || {
+            let start = Instant::now();
+            (other.sleep(Duration::from_secs(60)), start.elapsed())
+        });
+        std::thread::sleep(Duration::from_millis(20));
+        c.cancel();
+        let (cancelled, took) = t.join().unwrap();
+        assert!(cancelled);
+        assert!(took < Duration::from_secs(5), "{took:?}");
+    }
+}

@@ -1,0 +1,420 @@
+//! What ends a request without a completion ([`InferError`]), and what a failed request still
+//! hands back ([`Failed`], [`Partial`]).
+//!
+//! Every timeout names the config key that fired; a broken protocol keeps the typed error of
+//! the crate that found it ([`ProtocolError`]), so a caller can match on it.
+
+use std::fmt;
+
+use http_nostd::HttpError;
+use llama_proto::{AssembleError, DecodeError};
+use sse_nostd::SseError;
+
+use crate::http::SendError;
+
+use super::{Timings, ToolCall};
+
+/// Bytes of an error body kept in [`InferError::Http`].
+pub const ERROR_BODY_CAP: usize = 4 * 1024;
+
+/// What ended a request without a completion.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum InferError {
+    /// loopd's queue for the slot is full.
+    Busy,
+    /// The socket could not be reached or written.
+    Connect {
+        /// The inference socket the config names.
+        socket: std::path::PathBuf,
+        /// What connecting or writing said.
+        source: std::io::Error,
+    },
+    /// The slot stayed busy past `limits.busy_wait_ms` (at the server, or at loopd's gate).
+    WaitTimeout,
+    /// The server stayed unavailable past `limits.load_wait_ms`.
+    LoadTimeout,
+    /// The server sent nothing for as long as the named limit allows.
+    Stalled(Silence),
+    /// A whole step took longer than the named limit allows (a server that trickles).
+    TimedOut(Deadline),
+    /// The stream ended before its final chunk.
+    StreamClosedEarly,
+    /// Reasoning went on past the cap, or the server refused to end it.
+    ThinkingOverrun,
+    /// The server answered with an error status (or an error payload mid-stream).
+    Http {
+        /// The HTTP status (or the error payload's code; 500 when it has none).
+        status: u16,
+        /// The body or the server's message, capped at [`ERROR_BODY_CAP`] bytes.
+        body: String,
+    },
+    /// The server broke the protocol or a size cap.
+    Protocol(ProtocolError),
+    /// The caller cancelled the request.
+    Cancelled,
+}
+
+/// Which limit a silent server ran out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Silence {
+    /// No first byte while `/slots` said the slot was idle: `limits.idle_grace_ms`.
+    IdleGrace,
+    /// No byte at all, after the first one or on an info call: `limits.liveness_ms`.
+    Liveness,
+}
+
+impl Silence {
+    /// The config key of the limit, as written in config.toml.
+    pub fn key(self) -> &'static str {
+        match self {
+            Silence::IdleGrace => "limits.idle_grace_ms",
+            Silence::Liveness => "limits.liveness_ms",
+        }
+    }
+}
+
+/// Which whole-step deadline ran out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Deadline {
+    /// Connecting to the socket and writing the request: `limits.connect_ms`.
+    Connect,
+    /// A whole info or control call, or a response head after its first byte: `limits.call_ms`.
+    Call,
+    /// A retry's wait for its first byte reached the end of the retry budget: `retry.total_ms`.
+    RetryTotal,
+}
+
+impl Deadline {
+    /// The config key of the limit, as written in config.toml.
+    pub fn key(self) -> &'static str {
+        match self {
+            Deadline::Connect => "limits.connect_ms",
+            Deadline::Call => "limits.call_ms",
+            Deadline::RetryTotal => "retry.total_ms",
+        }
+    }
+}
+
+/// How the server broke the protocol: the typed error of the layer that found it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ProtocolError {
+    /// The HTTP response (`http-nostd`): a bad head, framing, or a size cap.
+    Http(HttpError),
+    /// The event stream (`sse-nostd`): a line or event over the 1 MiB cap, or cut off.
+    Sse(SseError),
+    /// A `data:` payload (`llama-proto`) that is not a chunk.
+    Decode(DecodeError),
+    /// A chunk that breaks the stream's rules or a message cap (`llama-proto`).
+    Assemble(AssembleError),
+    /// The JSON body of an info or control call is not what was expected.
+    Json {
+        /// The call, as its path (`/props`, `/slots`, `/tokenize`, the control call).
+        what: &'static str,
+        /// 1-based line of the error in the body (0 when at the end).
+        line: usize,
+        /// 1-based column of the error in the body.
+        column: usize,
+    },
+}
+
+impl fmt::Display for ProtocolError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ProtocolError::Http(e) => write!(f, "HTTP response: {e}"),
+            ProtocolError::Sse(e) => write!(f, "event stream: {e}"),
+            ProtocolError::Decode(e) => write!(f, "chunk: {e}"),
+            ProtocolError::Assemble(e) => write!(f, "stream: {e}"),
+            ProtocolError::Json { what, line, column } => {
+                write!(f, "{what}: unexpected JSON at line {line} column {column}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for ProtocolError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ProtocolError::Http(e) => Some(e),
+            ProtocolError::Sse(e) => Some(e),
+            ProtocolError::Decode(e) => Some(e),
+            ProtocolError::Assemble(e) => Some(e),
+            ProtocolError::Json { .. } => None,
+        }
+    }
+}
+
+impl From<HttpError> for ProtocolError {
+    fn from(e: HttpError) -> Self {
+        ProtocolError::Http(e)
+    }
+}
+
+impl From<SseError> for ProtocolError {
+    fn from(e: SseError) -> Self {
+        ProtocolError::Sse(e)
+    }
+}
+
+impl From<DecodeError> for ProtocolError {
+    fn from(e: DecodeError) -> Self {
+        ProtocolError::Decode(e)
+    }
+}
+
+impl From<AssembleError> for ProtocolError {
+    fn from(e: AssembleError) -> Self {
+        ProtocolError::Assemble(e)
+    }
+}
+
+impl From<HttpError> for InferError {
+    fn from(e: HttpError) -> Self {
+        InferError::Protocol(ProtocolError::from(e))
+    }
+}
+
+impl From<SseError> for InferError {
+    fn from(e: SseError) -> Self {
+        InferError::Protocol(ProtocolError::from(e))
+    }
+}
+
+impl From<DecodeError> for InferError {
+    fn from(e: DecodeError) -> Self {
+        InferError::Protocol(ProtocolError::from(e))
+    }
+}
+
+impl From<AssembleError> for InferError {
+    fn from(e: AssembleError) -> Self {
+        InferError::Protocol(ProtocolError::from(e))
+    }
+}
+
+impl fmt::Display for InferError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            InferError::Busy => f.write_str("the request queue for the slot is full"),
+            InferError::Connect { socket, source } => write!(
+                f,
+                "cannot reach the inference socket {}: {source}",
+                socket.display()
+            ),
+            InferError::WaitTimeout => f.write_str("the slot stayed busy past limits.busy_wait_ms"),
+            InferError::LoadTimeout => {
+                f.write_str("the server stayed unavailable past limits.load_wait_ms")
+            }
+            InferError::Stalled(Silence::IdleGrace) => f.write_str(
+                "the slot was idle but the server sent nothing within limits.idle_grace_ms",
+            ),
+            InferError::Stalled(Silence::Liveness) => {
+                f.write_str("the server went silent past limits.liveness_ms")
+            }
+            InferError::TimedOut(Deadline::Connect) => f.write_str(
+                "connecting to the inference socket and sending the request took longer than \
+                 limits.connect_ms",
+            ),
+            InferError::TimedOut(Deadline::Call) => {
+                f.write_str("the server did not finish answering within limits.call_ms")
+            }
+            InferError::TimedOut(Deadline::RetryTotal) => {
+                f.write_str("no answer before the retry budget retry.total_ms ran out")
+            }
+            InferError::StreamClosedEarly => f.write_str("the stream ended before its last chunk"),
+            InferError::ThinkingOverrun => f.write_str("reasoning ran on past the thinking cap"),
+            InferError::Http { status, body } => write!(f, "HTTP {status}: {body}"),
+            InferError::Protocol(e) => write!(f, "protocol error: {e}"),
+            InferError::Cancelled => f.write_str("the request was cancelled"),
+        }
+    }
+}
+
+impl std::error::Error for InferError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            InferError::Connect { source, .. } => Some(source),
+            InferError::Protocol(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl InferError {
+    /// The error for a request to `socket` that could not be sent.
+    pub fn from_send(socket: &std::path::Path, e: SendError) -> InferError {
+        match e {
+            SendError::Io(source) => InferError::Connect {
+                socket: socket.to_owned(),
+                source,
+            },
+            SendError::TimedOut => InferError::TimedOut(Deadline::Connect),
+            SendError::Cancelled => InferError::Cancelled,
+        }
+    }
+}
+
+/// `body` as text, cut to at most [`ERROR_BODY_CAP`] bytes on a character boundary.
+pub fn capped_body(body: &[u8]) -> String {
+    let text = String::from_utf8_lossy(&body[..body.len().min(ERROR_BODY_CAP)]);
+    let mut end = text.len().min(ERROR_BODY_CAP);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text[..end].to_owned()
+}
+
+/// What a request had assembled when it failed: the text and calls so far.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Partial {
+    /// The answer text so far.
+    pub content: Option<String>,
+    /// The reasoning text so far.
+    pub reasoning_content: Option<String>,
+    /// The tool calls seen so far; the last one's arguments may be incomplete, and a call
+    /// whose id or name had not arrived has it empty.
+    pub tool_calls: Vec<ToolCall>,
+    /// The latest timings the stream carried.
+    pub timings: Option<Timings>,
+    /// Reasoning tokens counted so far.
+    pub reasoning_tokens: u64,
+}
+
+/// A request that ended without a completion: the error, and what was assembled before it.
+#[derive(Debug)]
+pub struct Failed {
+    /// Why it ended.
+    pub error: InferError,
+    /// The output assembled before it ended (empty when no byte of the answer came).
+    pub partial: Partial,
+}
+
+impl Failed {
+    /// A failure before any output.
+    pub fn bare(error: InferError) -> Failed {
+        Failed {
+            error,
+            partial: Partial::default(),
+        }
+    }
+}
+
+impl fmt::Display for Failed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.error.fmt(f)
+    }
+}
+
+impl std::error::Error for Failed {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_body_is_capped_at_4_kib_on_a_char_boundary() {
+        assert_eq!(capped_body(&[b'a'; ERROR_BODY_CAP]).len(), ERROR_BODY_CAP);
+        assert_eq!(
+            capped_body(&[b'a'; ERROR_BODY_CAP + 1]).len(),
+            ERROR_BODY_CAP
+        );
+        let mut body = vec![b'a'; ERROR_BODY_CAP - 1];
+        body.extend_from_slice("é".as_bytes());
+        assert_eq!(capped_body(&body).len(), ERROR_BODY_CAP - 1);
+        assert_eq!(capped_body(b"bad \xff"), "bad \u{fffd}");
+    }
+
+    #[test]
+    fn errors_say_what_went_wrong() {
+        let e = InferError::Http {
+            status: 400,
+            body: "the prompt does not fit".into(),
+        };
+        assert_eq!(e.to_string(), "HTTP 400: the prompt does not fit");
+        let e = InferError::Connect {
+            socket: "/run/loopd/infer.sock".into(),
+            source: std::io::Error::from(std::io::ErrorKind::NotFound),
+        };
+        assert!(std::error::Error::source(&e).is_some());
+        assert_eq!(
+            e.to_string(),
+            "cannot reach the inference socket /run/loopd/infer.sock: entity not found"
+        );
+        assert_eq!(
+            InferError::Busy.to_string(),
+            "the request queue for the slot is full"
+        );
+        assert_eq!(
+            InferError::Cancelled.to_string(),
+            "the request was cancelled"
+        );
+    }
+
+    #[test]
+    fn every_timeout_names_its_config_key() {
+        let timeouts = [
+            (InferError::Stalled(Silence::Liveness), "limits.liveness_ms"),
+            (
+                InferError::Stalled(Silence::IdleGrace),
+                "limits.idle_grace_ms",
+            ),
+            (InferError::WaitTimeout, "limits.busy_wait_ms"),
+            (InferError::LoadTimeout, "limits.load_wait_ms"),
+            (InferError::TimedOut(Deadline::Connect), "limits.connect_ms"),
+            (InferError::TimedOut(Deadline::Call), "limits.call_ms"),
+            (InferError::TimedOut(Deadline::RetryTotal), "retry.total_ms"),
+        ];
+        for (e, key) in timeouts {
+            assert!(e.to_string().contains(key), "{e} names {key}");
+        }
+        assert_eq!(Silence::Liveness.key(), "limits.liveness_ms");
+        assert_eq!(Deadline::Call.key(), "limits.call_ms");
+    }
+
+    #[test]
+    fn protocol_errors_keep_their_typed_cause() {
+        use std::error::Error;
+        let e = InferError::from(HttpError::HeadersTooLarge);
+        assert!(matches!(
+            e,
+            InferError::Protocol(ProtocolError::Http(HttpError::HeadersTooLarge))
+        ));
+        assert!(e.to_string().starts_with("protocol error: HTTP response: "));
+        // InferError -> ProtocolError -> HttpError.
+        let cause = e.source().and_then(|p| p.source()).map(|c| c.to_string());
+        assert_eq!(cause, Some(HttpError::HeadersTooLarge.to_string()));
+        let e = InferError::from(AssembleError::NoFinishReason);
+        assert!(matches!(
+            e,
+            InferError::Protocol(ProtocolError::Assemble(AssembleError::NoFinishReason))
+        ));
+        let j = ProtocolError::Json {
+            what: "/props",
+            line: 1,
+            column: 7,
+        };
+        assert_eq!(j.to_string(), "/props: unexpected JSON at line 1 column 7");
+        assert!(j.source().is_none());
+    }
+
+    #[test]
+    fn failed_shows_its_error_and_keeps_the_partial() {
+        let f = Failed {
+            error: InferError::StreamClosedEarly,
+            partial: Partial {
+                content: Some("Red".into()),
+                ..Partial::default()
+            },
+        };
+        assert_eq!(f.to_string(), "the stream ended before its last chunk");
+        let source = std::error::Error::source(&f).map(|s| s.to_string());
+        assert_eq!(source, Some(f.error.to_string()));
+        assert_eq!(f.partial.content.as_deref(), Some("Red"));
+        assert_eq!(Failed::bare(InferError::Busy).partial, Partial::default());
+    }
+}

@@ -1,0 +1,424 @@
+//! [`ChatExchange`]: one chat request's answer as a sans-IO state machine (design section 4,
+//! steps 2 to 5), in the shape of quinn-proto and llama-worker's `Policy`.
+//!
+//! Bytes, `/slots` answers, control-call answers and time go in (`handle_*`, each with `now`);
+//! what the caller must do comes out of [`poll_output`](ChatExchange::poll_output) (an event to
+//! show, a `/slots` poll to make, a `reasoning_end` to post), and
+//! [`poll_timeout`](ChatExchange::poll_timeout) says when it next needs
+//! [`handle_timeout`](ChatExchange::handle_timeout). It owns the HTTP reader, the event-stream
+//! parser, the assembler, the first-byte wait, liveness and the thinking cap; it reads no clock
+//! and touches no socket, so every timer is tested on fake time to the millisecond.
+//!
+//! Timers, by phase:
+//! - before the first byte: a `/slots` poll every `poll_ms` ([`FirstByteWait`] turns the
+//!   answers into `WaitTimeout`, `LoadTimeout` or `Stalled(IdleGrace)`); for a retry, nothing
+//!   past the retry budget ([`set_first_byte_deadline`](ChatExchange::set_first_byte_deadline));
+//! - the response head, once its first byte came: `call_ms` whole, and `liveness_ms` of silence;
+//! - a 200 stream: `liveness_ms` of silence, and no total deadline;
+//! - an error body: `call_ms` from the head; what arrived by then is kept.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use http_nostd::{Event, HttpError, ResponseReader, HEAD_CAP};
+
+use crate::config::Limits;
+use crate::sse::{EventStream, Item};
+
+use super::assemble::{Buffers, Folder, Step};
+use super::timers::{CapAction, FirstByteWait, SlotSeen, ThinkingCap};
+use super::{
+    capped_body, ChatEvent, Completion, Deadline, InferError, Partial, Silence, ERROR_BODY_CAP,
+};
+
+/// What the exchange asks of its caller.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Output {
+    /// Show this event.
+    Event(ChatEvent),
+    /// Ask `/slots` about the request's slot and pass the answer to
+    /// [`handle_slots`](ChatExchange::handle_slots).
+    PollSlots,
+    /// Post `reasoning_end` for completion `id` and pass whether it succeeded to
+    /// [`handle_control_answer`](ChatExchange::handle_control_answer). No byte is consumed
+    /// until then.
+    EndReasoning {
+        /// The completion id.
+        id: String,
+    },
+}
+
+#[derive(Debug)]
+enum Phase {
+    /// Sent; no byte yet.
+    Sent,
+    /// Some of the head arrived.
+    Head,
+    /// A 200 head arrived: the event stream.
+    Stream,
+    /// An error status arrived: its body, kept up to [`ERROR_BODY_CAP`], until `until`.
+    ErrorBody {
+        status: u16,
+        body: Vec<u8>,
+        until: Duration,
+    },
+}
+
+/// What the next item of the stream meant.
+enum Next {
+    /// Read on, `used` bytes further.
+    On(usize),
+    /// The request ended well (the folder decides whether it is complete).
+    Finish,
+    /// The request failed.
+    Fail(InferError),
+    /// The thinking cap was reached at `tokens`; stop after `used` bytes.
+    Cap { used: usize, tokens: u64 },
+}
+
+/// One request's answer, from the sent request to the completion or the error.
+pub struct ChatExchange<'b> {
+    limits: Limits,
+    reader: ResponseReader<Box<[u8; HEAD_CAP]>, HEAD_CAP>,
+    events: EventStream,
+    folder: Folder<'b>,
+    wait: FirstByteWait,
+    cap: ThinkingCap,
+    phase: Phase,
+    next_poll: Duration,
+    polling: bool,
+    clip: Option<Duration>,
+    first_byte: Duration,
+    last_byte: Duration,
+    // Set while `reasoning_end` is out: the cap's token count, and the decoded body bytes
+    // after the chunk that hit it (the HTTP decoder has consumed them already).
+    capped: Option<u64>,
+    pending: Vec<u8>,
+    outputs: VecDeque<Output>,
+    outcome: Option<Result<(), InferError>>,
+    finished: bool,
+}
+
+impl std::fmt::Debug for ChatExchange<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChatExchange")
+            .field("phase", &self.phase)
+            .field("outcome", &self.outcome)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'b> ChatExchange<'b> {
+    /// The exchange of a request whose last byte was sent at `sent_at`; the message is
+    /// assembled in `buffers`.
+    pub fn new(limits: Limits, sent_at: Duration, buffers: &'b mut Buffers) -> Self {
+        ChatExchange {
+            limits,
+            reader: ResponseReader::new(crate::heap::array::<HEAD_CAP>()),
+            events: EventStream::new(),
+            folder: buffers.folder(),
+            wait: FirstByteWait::new(limits, sent_at),
+            cap: ThinkingCap::new(limits.thinking_cap, limits.thinking_overrun),
+            phase: Phase::Sent,
+            next_poll: sent_at + ms(limits.poll_ms),
+            polling: false,
+            clip: None,
+            first_byte: sent_at,
+            last_byte: sent_at,
+            capped: None,
+            pending: Vec::new(),
+            outputs: VecDeque::new(),
+            outcome: None,
+            finished: false,
+        }
+    }
+
+    /// Gives up waiting for the first byte at `at` with `TimedOut(RetryTotal)` (a retry's wait
+    /// is clipped to the retry budget). Once a byte came it no longer applies.
+    pub fn set_first_byte_deadline(&mut self, at: Duration) {
+        self.clip = Some(at);
+    }
+
+    /// Takes bytes read from the connection at `now`; returns how many were consumed. All are,
+    /// unless a `reasoning_end` is out (then none until its answer) or the exchange is over
+    /// (then all, and ignored).
+    pub fn handle_bytes(&mut self, now: Duration, input: &[u8]) -> usize {
+        if self.outcome.is_some() || self.finished {
+            return input.len();
+        }
+        if self.capped.is_some() || input.is_empty() {
+            return 0;
+        }
+        if matches!(self.phase, Phase::Sent) {
+            self.phase = Phase::Head;
+            self.first_byte = now;
+        }
+        self.last_byte = now;
+        let mut rest = input;
+        while !rest.is_empty() && self.outcome.is_none() && self.capped.is_none() {
+            let (used, event) = match self.reader.feed(rest) {
+                Ok(fed) => fed,
+                Err(e) => {
+                    self.on_http_error(e);
+                    break;
+                }
+            };
+            rest = &rest[used..];
+            match event {
+                Event::NeedMore => {}
+                Event::Head => self.on_head(now),
+                Event::Body(piece) => self.on_body(piece),
+                Event::End => self.on_end(),
+            }
+        }
+        input.len() - rest.len()
+    }
+
+    /// The connection ended at `now` (a reset counts as an end).
+    pub fn handle_eof(&mut self, _now: Duration) {
+        if self.outcome.is_some() {
+            return;
+        }
+        match self.phase {
+            Phase::Sent | Phase::Head => self.fail(InferError::StreamClosedEarly),
+            Phase::ErrorBody { .. } => self.finish_error(),
+            Phase::Stream => match self.reader.finish() {
+                // A body read to the close ends here.
+                Ok(()) => self.on_end(),
+                Err(HttpError::Truncated | HttpError::IncompleteHead) => {
+                    // The final chunk came and then the connection broke: the message is whole.
+                    if self.folder.is_finished() {
+                        self.outcome = Some(Ok(()));
+                    } else {
+                        self.fail(InferError::StreamClosedEarly);
+                    }
+                }
+                Err(e) => self.fail(e.into()),
+            },
+        }
+    }
+
+    /// What one `/slots` poll said, at `now`.
+    pub fn handle_slots(&mut self, now: Duration, seen: SlotSeen) {
+        self.polling = false;
+        if self.outcome.is_some() || !matches!(self.phase, Phase::Sent) {
+            return;
+        }
+        self.outputs.push_back(Output::Event(ChatEvent::Waiting {
+            slot_busy: seen == SlotSeen::Busy,
+        }));
+        match self.wait.observe(seen, now) {
+            Ok(()) => self.next_poll = now + ms(self.limits.poll_ms),
+            Err(e) => self.fail(e),
+        }
+    }
+
+    /// Whether the `reasoning_end` call succeeded (a 200 with `success: true`), at `now`.
+    pub fn handle_control_answer(&mut self, now: Duration, success: bool) {
+        let Some(tokens) = self.capped.take() else {
+            return;
+        };
+        if self.outcome.is_some() {
+            return;
+        }
+        if !success {
+            self.fail(InferError::ThinkingOverrun);
+            return;
+        }
+        self.outputs
+            .push_back(Output::Event(ChatEvent::ThinkingCapped { tokens }));
+        // Bytes that waited in the socket during the call are not the server's silence.
+        self.last_byte = self.last_byte.max(now);
+        let pending = std::mem::take(&mut self.pending);
+        self.on_stream(&pending);
+    }
+
+    /// Time passed: fires every timer due at `now`.
+    pub fn handle_timeout(&mut self, now: Duration) {
+        if self.outcome.is_some() || self.capped.is_some() {
+            return;
+        }
+        let liveness = self.last_byte + ms(self.limits.liveness_ms);
+        match self.phase {
+            Phase::Sent => {
+                if self.clip.is_some_and(|at| now >= at) {
+                    self.fail(InferError::TimedOut(Deadline::RetryTotal));
+                } else if !self.polling && now >= self.next_poll {
+                    self.polling = true;
+                    self.outputs.push_back(Output::PollSlots);
+                }
+            }
+            Phase::Head => {
+                let whole = self.first_byte + ms(self.limits.call_ms);
+                if now >= whole.min(liveness) {
+                    self.fail(if whole <= liveness {
+                        InferError::TimedOut(Deadline::Call)
+                    } else {
+                        InferError::Stalled(Silence::Liveness)
+                    });
+                }
+            }
+            Phase::Stream if now >= liveness => self.fail(InferError::Stalled(Silence::Liveness)),
+            Phase::Stream => {}
+            Phase::ErrorBody { until, .. } if now >= until.min(liveness) => self.finish_error(),
+            Phase::ErrorBody { .. } => {}
+        }
+    }
+
+    /// The caller cancelled the request.
+    pub fn cancel(&mut self) {
+        self.fail(InferError::Cancelled);
+    }
+
+    /// The next thing to do, in order.
+    pub fn poll_output(&mut self) -> Option<Output> {
+        self.outputs.pop_front()
+    }
+
+    /// When [`handle_timeout`](Self::handle_timeout) is next due (on the clock of `now`);
+    /// `None` when no timer runs (over, or waiting for a `/slots` or control answer).
+    pub fn poll_timeout(&self) -> Option<Duration> {
+        if self.outcome.is_some() || self.capped.is_some() {
+            return None;
+        }
+        let liveness = self.last_byte + ms(self.limits.liveness_ms);
+        match &self.phase {
+            Phase::Sent if self.polling => self.clip,
+            Phase::Sent => Some(self.clip.map_or(self.next_poll, |c| c.min(self.next_poll))),
+            Phase::Head => Some(liveness.min(self.first_byte + ms(self.limits.call_ms))),
+            Phase::Stream => Some(liveness),
+            Phase::ErrorBody { until, .. } => Some(liveness.min(*until)),
+        }
+    }
+
+    /// Whether the request is over (its result is ready or taken).
+    pub fn is_over(&self) -> bool {
+        self.outcome.is_some() || self.finished
+    }
+
+    /// The completion or the error, once, when the request is over.
+    pub fn take_result(&mut self) -> Option<Result<Completion, InferError>> {
+        let outcome = self.outcome.take()?;
+        self.finished = true;
+        Some(outcome.and_then(|()| self.folder.completion(self.cap.capped())))
+    }
+
+    /// What was assembled so far.
+    pub fn partial(&self) -> Partial {
+        self.folder.partial()
+    }
+
+    fn fail(&mut self, e: InferError) {
+        if self.outcome.is_none() && !self.finished {
+            self.outcome = Some(Err(e));
+        }
+    }
+
+    fn on_http_error(&mut self, e: HttpError) {
+        if matches!(self.phase, Phase::ErrorBody { .. }) {
+            // A broken error body still says what the status said.
+            self.finish_error();
+        } else {
+            self.fail(e.into());
+        }
+    }
+
+    fn on_head(&mut self, now: Duration) {
+        let status = self.reader.head().map_or(0, |h| h.status());
+        self.phase = if status == 200 {
+            Phase::Stream
+        } else {
+            Phase::ErrorBody {
+                status,
+                body: Vec::new(),
+                until: now + ms(self.limits.call_ms),
+            }
+        };
+    }
+
+    fn on_body(&mut self, piece: &[u8]) {
+        let Phase::ErrorBody { body, .. } = &mut self.phase else {
+            self.on_stream(piece);
+            return;
+        };
+        let room = ERROR_BODY_CAP - body.len();
+        body.extend_from_slice(&piece[..piece.len().min(room)]);
+        if body.len() == ERROR_BODY_CAP {
+            self.finish_error();
+        }
+    }
+
+    /// The body is complete.
+    fn on_end(&mut self) {
+        match self.phase {
+            Phase::ErrorBody { .. } => self.finish_error(),
+            _ => match self.events.finish() {
+                Ok(()) => self.outcome = Some(Ok(())),
+                Err(e) => self.fail(e.into()),
+            },
+        }
+    }
+
+    fn finish_error(&mut self) {
+        if let Phase::ErrorBody { status, body, .. } = &self.phase {
+            let e = InferError::Http {
+                status: *status,
+                body: capped_body(body),
+            };
+            self.fail(e);
+        }
+    }
+
+    /// Feeds decoded body bytes to the event stream and each payload to the folder.
+    fn on_stream(&mut self, mut piece: &[u8]) {
+        while !piece.is_empty() && self.outcome.is_none() {
+            let next = match self.events.next(piece) {
+                Err(e) => Next::Fail(e.into()),
+                Ok((used, None)) => Next::On(used),
+                Ok((used, Some(Item::Data(data)))) => {
+                    let outputs = &mut self.outputs;
+                    match self
+                        .folder
+                        .push(data, &mut |e| outputs.push_back(Output::Event(e)))
+                    {
+                        Err(e) => Next::Fail(e),
+                        // Nothing may follow the final chunk but `[DONE]`; stop reading here.
+                        Ok(Step::Finished) => Next::Finish,
+                        Ok(Step::More) => match self.cap.check(self.folder.reasoning_tokens()) {
+                            CapAction::None => Next::On(used),
+                            CapAction::Overrun => Next::Fail(InferError::ThinkingOverrun),
+                            CapAction::EndReasoning(tokens) => Next::Cap { used, tokens },
+                        },
+                    }
+                }
+                Ok((_, Some(Item::Error(data)))) => Next::Fail(self.folder.error_event(data)),
+                Ok((_, Some(Item::Done))) => Next::Finish,
+                Ok((used, Some(Item::Other))) => Next::On(used),
+            };
+            match next {
+                Next::On(used) => piece = &piece[used..],
+                Next::Finish => self.outcome = Some(Ok(())),
+                Next::Fail(e) => self.fail(e),
+                Next::Cap { used, tokens } => {
+                    let id = self.folder.id().unwrap_or_default().to_owned();
+                    if id.is_empty() {
+                        // No id to name in the control call: the cap cannot be enforced.
+                        self.fail(InferError::ThinkingOverrun);
+                        return;
+                    }
+                    self.pending = piece[used..].to_vec();
+                    self.capped = Some(tokens);
+                    self.outputs.push_back(Output::EndReasoning { id });
+                    return;
+                }
+            }
+        }
+    }
+}
+
+fn ms(v: u64) -> Duration {
+    Duration::from_millis(v)
+}
+
+#[cfg(test)]
+mod tests;
