@@ -14,5 +14,5 @@ pub mod admission;
 pub mod args;
 pub mod bucket;
 pub mod forward;
-pub mod listen;
+pub use socket_file as listen;
 pub mod serve;

@@ -14,7 +14,7 @@ pub mod client;
 pub mod clock;
 pub mod config;
 pub mod cpu;
-pub mod listen;
+pub use socket_file as listen;
 pub mod policy;
 pub mod probe;
 pub mod process;

@@ -1,9 +1,14 @@
-//! Creating the listening socket: replace a stale one, refuse anything else, mode 0600.
+//! A daemon's listening Unix socket file: replace a stale one, refuse a live one or anything
+//! else, mode 0600, and later remove only the file this process created. inferproxy's
+//! `infer.sock` and llama-worker's status socket are made this way.
 //!
 //! Promise: the socket never appears at its path with a mode other than 0600. It is bound under
 //! a staging name, given its mode, then renamed over the path in one step, which also replaces a
 //! stale socket left by a killed process. A path that is not a socket, or a socket that a live
-//! process still answers on, is left alone and the start is refused.
+//! process still answers on (a second daemon started by mistake), is left alone and the start
+//! is refused.
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
 
 use core::fmt;
 use std::ffi::OsString;
@@ -15,7 +20,7 @@ use std::path::{Path, PathBuf};
 
 /// Appended to the path to name the socket while its mode is set.
 pub const STAGING_SUFFIX: &str = ".new";
-/// Mode of the socket file: only the owner (the agent daemon's user) may connect.
+/// Mode of the socket file: only the owner may connect.
 pub const SOCKET_MODE: u32 = 0o600;
 
 /// Which step of creating the socket failed.
@@ -64,7 +69,8 @@ pub struct Bound {
 }
 
 impl Bound {
-    /// Removes the socket file if it is still the one this process created.
+    /// Removes the socket file if it is still the one this process created (a daemon started
+    /// later at the same path, or an operator's file, is left alone).
     pub fn remove_file(&self) {
         if let Ok(meta) = fs::symlink_metadata(&self.path) {
             if (meta.dev(), meta.ino()) == self.file_id {
@@ -97,7 +103,7 @@ fn inspect(path: &Path) -> Result<Existing, ListenError> {
     }
 }
 
-/// Creates the listening socket at `path` as the module docs describe.
+/// Creates the listening socket at `path` as the crate docs describe.
 pub fn bind(path: &Path) -> Result<Bound, ListenError> {
     inspect(path)?;
     let mut staging = OsString::from(path.as_os_str());
@@ -121,5 +127,55 @@ pub fn bind(path: &Path) -> Result<Bound, ListenError> {
             let _ = fs::remove_file(&staging);
             Err(e)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scratch(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("socket-file-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&d);
+        fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn stale_is_replaced_live_and_files_are_refused() {
+        let dir = scratch("cases");
+        let path = dir.join("s.sock");
+        // A stale socket: bound, then its listener dropped.
+        drop(UnixListener::bind(&path).unwrap());
+        let first = bind(&path).unwrap();
+        let meta = fs::metadata(&path).unwrap();
+        assert_eq!(meta.permissions().mode() & 0o777, SOCKET_MODE);
+        assert_eq!(bind(&path).unwrap_err(), ListenError::InUse);
+        assert!(
+            UnixStream::connect(&path).is_ok(),
+            "the live one still answers"
+        );
+        drop(first);
+        let file = dir.join("f");
+        fs::write(&file, "keep").unwrap();
+        assert_eq!(bind(&file).unwrap_err(), ListenError::NotASocket);
+        assert_eq!(fs::read_to_string(&file).unwrap(), "keep");
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn remove_file_leaves_a_socket_that_replaced_ours() {
+        let dir = scratch("replaced");
+        let path = dir.join("s.sock");
+        let ours = bind(&path).unwrap();
+        fs::remove_file(&path).unwrap();
+        let theirs = UnixListener::bind(&path).unwrap();
+        ours.remove_file();
+        assert!(UnixStream::connect(&path).is_ok(), "theirs was removed");
+        drop(theirs);
+        let again = bind(&path).unwrap();
+        again.remove_file();
+        assert!(!path.exists());
+        fs::remove_dir_all(&dir).unwrap();
     }
 }
