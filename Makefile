@@ -10,7 +10,7 @@ NOSTD_CRATES := -p sse-nostd -p http-nostd -p llama-proto
 DEVICE_TARGET := thumbv7em-none-eabihf
 FUZZ_SECONDS ?= 60
 
-.PHONY: test selftest ask verify-device verify-local fuzz bench serve fixtures llama fmt-check clippy unit no-std
+.PHONY: test selftest ask verify-device verify-local fuzz bench socat serve fixtures llama fmt-check clippy unit no-std
 
 ## test: format, lints, every test (the end-to-end ones against a real llama-server), the no_std
 ## build, and verify-device against the local router
@@ -66,6 +66,10 @@ fuzz:
 	  $(CARGO) +nightly fuzz run $$t -- -max_total_time=$(FUZZ_SECONDS) || exit 1; \
 	done
 
-## bench: every criterion benchmark (figures go into docs/benchmarks.md)
-bench:
+## bench: every benchmark, each against its peer in the same run (figures go into docs/benchmarks.md)
+bench: socat
 	$(CARGO) bench --workspace
+
+## socat: install socat with apt when missing (the peer of inferproxy's benchmark)
+socat:
+	command -v socat >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq socat; }
