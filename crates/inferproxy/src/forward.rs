@@ -27,6 +27,8 @@ pub const COPY_BUFFER: usize = 64 * 1024;
 /// Stack of a connection's thread: name resolution may go through NSS modules. The copy
 /// buffers are on the heap.
 pub const CONNECTION_STACK: usize = 256 * 1024;
+/// Reads that filled the buffer, in a row, after which the sockets are polled anyway.
+pub const FULL_READS_BEFORE_POLL: u32 = 8;
 /// How long an upstream that does not answer at all is waited for, per address.
 pub const UPSTREAM_CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 
@@ -141,12 +143,30 @@ fn copy_both(client: &UnixStream, server: &TcpStream) -> io::Result<()> {
     let mut up = Half::new(); // client -> server
     let mut down = Half::new(); // server -> client
     let (mut client_ready, mut server_ready) = (PollFlags::empty(), PollFlags::empty());
+    let mut unpolled = 0;
     loop {
         up.step(&mut &*client, &mut &*server, client_ready, server_ready)?;
         down.step(&mut &*server, &mut &*client, server_ready, client_ready)?;
         if up.is_closed() && down.is_closed() {
             return Ok(());
         }
+        // A read that filled the buffer most likely left more behind: read again without a
+        // poll, a bounded number of times so that the other direction is still looked at.
+        if unpolled < FULL_READS_BEFORE_POLL && (up.more_waiting() || down.more_waiting()) {
+            unpolled += 1;
+            client_ready = if up.more_waiting() {
+                PollFlags::IN
+            } else {
+                PollFlags::empty()
+            };
+            server_ready = if down.more_waiting() {
+                PollFlags::IN
+            } else {
+                PollFlags::empty()
+            };
+            continue;
+        }
+        unpolled = 0;
         let client_wants = up.read_interest() | down.write_interest();
         let server_wants = down.read_interest() | up.write_interest();
         // A socket nothing is wanted from stays out: it would report a hang-up forever.
@@ -197,6 +217,8 @@ struct Half {
     start: usize,
     end: usize,
     flow: Flow,
+    /// The last read filled the buffer.
+    full: bool,
 }
 
 impl Half {
@@ -206,6 +228,7 @@ impl Half {
             start: 0,
             end: 0,
             flow: Flow::Open,
+            full: false,
         }
     }
 
@@ -225,6 +248,11 @@ impl Half {
         }
     }
 
+    /// The last read filled the buffer, and all of it has been written.
+    fn more_waiting(&self) -> bool {
+        self.full && !self.read_interest().is_empty()
+    }
+
     fn is_closed(&self) -> bool {
         self.flow == Flow::Closed
     }
@@ -241,9 +269,12 @@ impl Half {
     ) -> io::Result<()> {
         let mut fresh = false;
         if !self.read_interest().is_empty() && from_ready.intersects(READABLE) {
+            self.full = false;
             match retry(|| from.read(&mut self.buf)) {
                 Ok(0) => self.flow = Flow::Ended,
-                Ok(n) => (self.start, self.end, fresh) = (0, n, true),
+                Ok(n) => {
+                    (self.start, self.end, fresh, self.full) = (0, n, true, n == self.buf.len())
+                }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 Err(e) => return Err(e),
             }
@@ -424,6 +455,29 @@ mod tests {
             half.read_interest() | half.write_interest(),
             PollFlags::empty()
         );
+    }
+
+    #[test]
+    fn only_a_read_that_filled_the_buffer_is_followed_by_another_without_poll() {
+        let mut from = Source(vec![
+            Some(vec![1; COPY_BUFFER]),
+            Some(vec![2; COPY_BUFFER - 1]),
+        ]);
+        let mut to = Sink::new(COPY_BUFFER, usize::MAX);
+        let mut half = Half::new();
+        half.step(&mut from, &mut to, PollFlags::IN, PollFlags::empty())
+            .unwrap();
+        assert!(half.more_waiting());
+        half.step(&mut from, &mut to, PollFlags::IN, PollFlags::empty())
+            .unwrap();
+        assert!(!half.more_waiting());
+        assert_eq!(to.got.len(), 2 * COPY_BUFFER - 1);
+        // Not while what was read is still waiting to be written.
+        let mut from = Source(vec![Some(vec![3; COPY_BUFFER])]);
+        let mut to = Sink::new(1, 2);
+        half.step(&mut from, &mut to, PollFlags::IN, PollFlags::empty())
+            .unwrap();
+        assert!(!half.more_waiting());
     }
 
     #[test]
