@@ -25,19 +25,19 @@ fn ninth_concurrent_connection_is_refused() {
     for (i, c) in held.iter_mut().enumerate() {
         assert_eq!(ping(c), Probe::Forwarded, "connection {i}");
     }
-    // At the limit: one thread per connection.
-    assert_eq!(proxy.tasks(), base_tasks + 8);
+    // At the limit: two copying threads per connection.
+    assert_eq!(proxy.tasks(), base_tasks + 16);
     assert_eq!(ping(&mut client(&path)), Probe::Closed, "the 9th");
     assert_eq!(proxy.next_line(PATIENCE).as_deref(), Some(BUSY));
     // The eight are untouched by the refusal.
     for c in &mut held {
         assert_eq!(ping(c), Probe::Forwarded);
     }
-    // One closes; once its thread is gone there is room again (the 10th token).
+    // One closes; once its threads are gone there is room again (the 10th token).
     let gone = held.pop().unwrap();
     gone.shutdown(Shutdown::Both).unwrap();
     drop(gone);
-    assert!(eventually(PATIENCE, || proxy.tasks() == base_tasks + 7));
+    assert!(eventually(PATIENCE, || proxy.tasks() == base_tasks + 14));
     assert_eq!(ping(&mut client(&path)), Probe::Forwarded);
 }
 
@@ -49,7 +49,7 @@ fn burst_of_eleven_refuses_one_then_refills_at_two_per_second() {
     let up = Upstream::start(echo);
     let mut proxy = Proxy::start(&path, &up.addr);
 
-    // Eleven connects back to back. Each is finished, and its thread gone, before the next
+    // Eleven connects back to back. Each is finished, and its threads gone, before the next
     // so that the connection cap stays out of the way; the bucket starts with ten tokens.
     let base_tasks = proxy.tasks();
     let burst_start = Instant::now();
