@@ -10,7 +10,7 @@ NOSTD_CRATES := -p sse-nostd -p http-nostd -p llama-proto
 DEVICE_TARGET := thumbv7em-none-eabihf
 FUZZ_SECONDS ?= 60
 
-.PHONY: help check hermetic test selftest ask run verify-device verify-local fuzz bench serve fixtures soak llama fmt-check clippy unit no-std embedded
+.PHONY: help check hermetic test selftest ask run verify-device verify-local fuzz bench socat serve fixtures soak llama fmt-check clippy unit no-std embedded
 
 ## help: this list of targets
 help:
@@ -105,6 +105,10 @@ fuzz:
 	  $(CARGO) +nightly fuzz run $$t corpus/$$t seeds/$$t -- -max_total_time=$(FUZZ_SECONDS) || exit 1; \
 	done
 
-## bench: every criterion benchmark (figures go into docs/benchmarks.md)
-bench:
+## bench: every benchmark, each against its peer in the same run (figures go into docs/benchmarks.md)
+bench: socat
 	$(CARGO) bench --workspace
+
+## socat: install socat with apt when missing (the peer of inferproxy's benchmark)
+socat:
+	command -v socat >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq socat; }

@@ -1,6 +1,7 @@
 //! inferproxy against socat and a direct TCP connection, side by side in one run.
 //!
-//! `cargo bench -p inferproxy --bench forward` (or `make bench`). Prints a Markdown table:
+//! `cargo bench -p inferproxy --bench forward` (or `make bench`, which installs socat when
+//! missing; this binary needs it at /usr/bin/socat). Prints a Markdown table:
 //! bulk throughput upstream -> client, 230-byte ping-pong round trips (p50/p99 and what the
 //! forwarder adds over direct TCP), and resident memory with 8 live connections.
 //! `INFERPROXY_BENCH_MIB` (default 1024) sets the bulk size per run; three runs per peer,
@@ -286,6 +287,12 @@ fn env_usize(key: &str, default: usize) -> usize {
 }
 
 fn main() {
+    if !Path::new(SOCAT).exists() {
+        eprintln!(
+            "forward bench: {SOCAT} not found; `make socat` installs it (apt-get install socat)"
+        );
+        std::process::exit(1);
+    }
     let mib = env_usize("INFERPROXY_BENCH_MIB", 1024) as u64;
     let pings = env_usize("INFERPROXY_BENCH_PINGS", 20_000);
     let dir = std::env::temp_dir().join(format!("ipx-bench-{}", std::process::id()));

@@ -180,3 +180,68 @@ fn upstream_by_name_tries_each_address() {
     assert_eq!(ping(&mut client(&path)), Probe::Forwarded);
     assert_eq!(up.accepted(), 1);
 }
+
+/// Bytes [`stream_32_mib`] sends, in 64 KiB writes.
+const STREAMED: usize = 32 << 20;
+
+/// Sends [`STREAMED`] bytes, then waits for the client's end.
+fn stream_32_mib(mut s: TcpStream) {
+    let _ = s.set_write_timeout(Some(PATIENCE));
+    let chunk = [7u8; 64 * 1024];
+    for _ in 0..STREAMED / chunk.len() {
+        if s.write_all(&chunk).is_err() {
+            return;
+        }
+    }
+    let _ = s.read_to_end(&mut Vec::new());
+}
+
+/// Times the proxy's thread named `name` has gone to sleep, over all such threads.
+fn sleeps_of(proxy: &Proxy, name: &str) -> u64 {
+    let tasks = std::fs::read_dir(format!("/proc/{}/task", proxy.pid())).unwrap();
+    tasks
+        .flatten()
+        .filter(|t| {
+            std::fs::read_to_string(t.path().join("comm")).unwrap_or_default()
+                == format!("{name}\n")
+        })
+        .map(|t| {
+            let status = std::fs::read_to_string(t.path().join("status")).unwrap_or_default();
+            let line = status
+                .lines()
+                .find(|l| l.starts_with("voluntary_ctxt_switches:"))
+                .unwrap_or_default()
+                .to_owned();
+            line.split_whitespace()
+                .nth(1)
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0)
+        })
+        .sum()
+}
+
+#[test]
+fn the_client_reading_does_not_wake_the_thread_that_forwards_its_requests() {
+    let _s = serial();
+    let dir = TempDir::new();
+    let path = dir.join("s");
+    let up = Upstream::start(stream_32_mib);
+    let proxy = Proxy::start(&path, &up.addr);
+    let mut c = client(&path);
+    let mut buf = vec![0u8; 64 * 1024];
+    c.read_exact(&mut buf).unwrap();
+    // Both threads of the connection exist once the first bytes are through.
+    let before = sleeps_of(&proxy, "connect");
+    let mut got = buf.len();
+    while got < STREAMED {
+        let n = c.read(&mut buf).unwrap();
+        assert!(n > 0, "stream ended at {got}");
+        got += n;
+    }
+    let woken = sleeps_of(&proxy, "connect") - before;
+    // A blocking read on the Unix socket was woken by nearly every one of the ~500 reads.
+    assert!(
+        woken <= 2,
+        "the client->upstream thread slept {woken} more times"
+    );
+}
