@@ -7,7 +7,7 @@ use std::thread;
 
 use inferproxy::args::{self, Command, Config, USAGE};
 use inferproxy::{listen, serve};
-use signal_hook::consts::{SIGINT, SIGTERM};
+use signal_hook::consts::{SIGHUP, SIGINT, SIGQUIT, SIGTERM};
 use signal_hook::iterator::Signals;
 
 /// Exit status for a command line that was not understood.
@@ -35,7 +35,7 @@ fn main() -> ExitCode {
 
 fn run(config: &Config) -> ExitCode {
     // Before the socket exists, so a signal at any later point still removes it.
-    let mut signals = match Signals::new([SIGTERM, SIGINT]) {
+    let mut signals = match Signals::new([SIGTERM, SIGINT, SIGHUP, SIGQUIT]) {
         Ok(signals) => signals,
         Err(e) => {
             eprintln!("inferproxy: cannot install signal handlers: {e}");
@@ -72,7 +72,8 @@ fn run(config: &Config) -> ExitCode {
         env!("CARGO_PKG_VERSION"),
         config.upstream
     );
-    // Blocks until SIGTERM or SIGINT. The path goes first so no new client finds it; returning
+    // Blocks until SIGTERM, SIGINT, SIGHUP or SIGQUIT (the same four that stop llama-worker).
+    // The path goes first so no new client finds it; returning
     // from main then exits the process, which closes the listener and every connection at once.
     let _ = signals.forever().next();
     bound.remove_file();

@@ -212,3 +212,10 @@ fn sigint_removes_the_socket_and_exits_zero() {
     let _s = serial();
     stops_cleanly_on("INT");
 }
+
+#[test]
+fn sighup_and_sigquit_remove_the_socket_and_exit_zero_as_llama_worker_does() {
+    let _s = serial();
+    stops_cleanly_on("HUP");
+    stops_cleanly_on("QUIT");
+}
