@@ -4,9 +4,12 @@
 
 mod common;
 
+#[path = "common/loop_reference.rs"]
+mod loop_reference;
 use llama_proto::{
     decode_chunk, LoopConfig, LoopConfigError, LoopDetected, LoopDetector, Payload, MAX_CYCLE_LINES,
 };
+use loop_reference::reference;
 use proptest::prelude::*;
 
 /// Where the default detector fires on `text` pushed whole.
@@ -456,53 +459,6 @@ fn a_bad_config_is_refused_with_its_field() {
         ..LoopConfig::DEFAULT
     };
     assert_eq!(equal.check(), Ok(()), "no medium tier at all is allowed");
-}
-
-/// The rules read literally, on whole strings: the obviously right reference.
-fn reference(text: &[u8], config: LoopConfig) -> Option<LoopDetected> {
-    let mut kept: Vec<Vec<u8>> = Vec::new();
-    let mut start = 0;
-    for (i, &b) in text.iter().enumerate() {
-        let after_stop = i > 0 && matches!(text[i - 1], b'.' | b'!' | b'?');
-        let sentence_end = config.sentence_ends_line && after_stop && b.is_ascii_whitespace();
-        if b != b'\n' && !sentence_end {
-            continue;
-        }
-        let words: Vec<&[u8]> = text[start..i]
-            .split(|c| c.is_ascii_whitespace())
-            .filter(|w| !w.is_empty())
-            .collect();
-        start = i + 1;
-        if words.is_empty() {
-            continue;
-        }
-        kept.push(words.join(&b' '));
-        let k = kept.len() - 1;
-        for p in 1..=MAX_CYCLE_LINES.min(k) {
-            let unit = &kept[k + 1 - p..];
-            let repeated_shorter = (1..p)
-                .filter(|q| p % q == 0)
-                .any(|q| (0..p - q).all(|j| unit[j] == unit[j + q]));
-            if repeated_shorter {
-                continue;
-            }
-            let mut run = 0;
-            while run + p <= k && kept[k - run] == kept[k - run - p] {
-                run += 1;
-            }
-            let unit_len = unit.iter().map(Vec::len).sum();
-            let repeats = config.repeats_for(unit_len);
-            if run >= (repeats as usize - 1) * p {
-                return Some(LoopDetected {
-                    at: i as u64 + 1,
-                    lines: p,
-                    unit_len,
-                    repeats,
-                });
-            }
-        }
-    }
-    None
 }
 
 /// Lines drawn from a few, so repeats and cycles are common, with odd whitespace.
