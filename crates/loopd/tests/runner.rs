@@ -16,7 +16,10 @@ use loopd::runner::{
     ToolError, ToolRegistry,
 };
 use serde_json::{json, Value};
-use support::{events_of, slots_json, End, FakeServer, Reply};
+use support::{
+    done, events_of, json_answer as answer, json_chunk as chunk, json_content as content,
+    slots_json, End, FakeServer, Reply,
+};
 use worker_fake::{FakeWorker, Script};
 
 const CHAT: &str = "/v1/chat/completions";
@@ -36,34 +39,6 @@ fn config(server: &FakeServer, worker: Option<&FakeWorker>) -> Config {
     c.runner.worker_timeout_ms = 1_000;
     c.runner.worker_socket = worker.map(|w| w.socket().to_owned());
     c
-}
-
-/// One `data:` event in llama-server's chunk format, `delta` a JSON value.
-fn chunk(delta: Value, finish: Option<&str>, cache_n: u64) -> Vec<u8> {
-    let v = json!({
-        "choices": [{"finish_reason": finish, "index": 0, "delta": delta}],
-        "created": 1, "id": "chatcmpl-r", "model": "smollm2",
-        "object": "chat.completion.chunk",
-        "timings": {"cache_n": cache_n, "prompt_n": 10, "predicted_n": 3}
-    });
-    format!("data: {v}\n\n").into_bytes()
-}
-
-fn content(text: &str) -> Vec<u8> {
-    chunk(json!({ "content": text }), None, 0)
-}
-
-fn done() -> Vec<u8> {
-    b"data: [DONE]\n\n".to_vec()
-}
-
-/// A complete answer without calls.
-fn answer(text: &str) -> Reply {
-    Reply::sse(vec![
-        content(text),
-        chunk(json!({}), Some("stop"), 5),
-        done(),
-    ])
 }
 
 /// One assistant message calling `(id, name, arguments)` in order.

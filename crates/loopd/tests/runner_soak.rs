@@ -18,40 +18,21 @@ use loopd::runner::{
     ToolRegistry,
 };
 use serde_json::{json, Value};
-use support::{End, FakeServer, Reply};
+use support::{
+    done, json_answer as answer, json_chunk as chunk, json_content as content, End, FakeServer,
+    Reply,
+};
 use worker_fake::{FakeWorker, Script};
 
 const REQUESTS: usize = 1_000;
-
-fn chunk(delta: Value, finish: Option<&str>) -> Vec<u8> {
-    let v = json!({
-        "choices": [{"finish_reason": finish, "index": 0, "delta": delta}],
-        "created": 1, "id": "chatcmpl-s", "model": "smollm2",
-        "object": "chat.completion.chunk",
-        "timings": {"cache_n": 0, "prompt_n": 10, "predicted_n": 3}
-    });
-    format!("data: {v}\n\n").into_bytes()
-}
-
-fn content(text: &str) -> Vec<u8> {
-    chunk(json!({ "content": text }), None)
-}
-
-fn answer(text: &str) -> Reply {
-    Reply::sse(vec![
-        content(text),
-        chunk(json!({}), Some("stop")),
-        b"data: [DONE]\n\n".to_vec(),
-    ])
-}
 
 fn call(name: &str) -> Reply {
     let d = json!({"tool_calls": [{"index": 0, "id": "c", "type": "function",
                    "function": {"name": name, "arguments": "{}"}}]});
     Reply::sse(vec![
-        chunk(d, None),
-        chunk(json!({}), Some("tool_calls")),
-        b"data: [DONE]\n\n".to_vec(),
+        chunk(d, None, 0),
+        chunk(json!({}), Some("tool_calls"), 0),
+        done(),
     ])
 }
 

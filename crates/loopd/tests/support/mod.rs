@@ -492,6 +492,32 @@ pub fn finish(n: u64) -> Vec<u8> {
     chunk("{}", Some("stop"), n)
 }
 
+/// One `data:` event in llama-server's chunk format, `delta` a JSON value (strings escaped by
+/// serde_json) and `cache_n` in its timings.
+pub fn json_chunk(delta: serde_json::Value, finish: Option<&str>, cache_n: u64) -> Vec<u8> {
+    let v = serde_json::json!({
+        "choices": [{"finish_reason": finish, "index": 0, "delta": delta}],
+        "created": 1, "id": "chatcmpl-r", "model": "smollm2",
+        "object": "chat.completion.chunk",
+        "timings": {"cache_n": cache_n, "prompt_n": 10, "predicted_n": 3}
+    });
+    format!("data: {v}\n\n").into_bytes()
+}
+
+/// A content delta, escaped by serde_json.
+pub fn json_content(text: &str) -> Vec<u8> {
+    json_chunk(serde_json::json!({ "content": text }), None, 0)
+}
+
+/// A complete answer of `text` without calls, as the runner's tests script it.
+pub fn json_answer(text: &str) -> Reply {
+    Reply::sse(vec![
+        json_content(text),
+        json_chunk(serde_json::json!({}), Some("stop"), 5),
+        done(),
+    ])
+}
+
 /// `data: [DONE]`.
 pub fn done() -> Vec<u8> {
     b"data: [DONE]\n\n".to_vec()
