@@ -1,12 +1,27 @@
 //! inferproxy against socat and a direct TCP connection, side by side in one run.
 //!
 //! `cargo bench -p inferproxy --bench forward` (or `make bench`, which installs socat when
-//! missing; this binary needs it at /usr/bin/socat). Prints a Markdown table:
-//! bulk throughput upstream -> client, 230-byte ping-pong round trips (p50/p99 and what the
-//! forwarder adds over direct TCP), and resident memory with 8 live connections.
-//! `INFERPROXY_BENCH_MIB` (default 1024) sets the bulk size per run; three runs per peer,
-//! interleaved, and the median is reported. `INFERPROXY_BENCH_PINGS` (default 20000) sets the
-//! number of measured round trips per peer.
+//! missing; this binary needs it at /usr/bin/socat). Prints three Markdown tables:
+//!
+//! 1. bulk throughput upstream -> client, the forwarder's CPU time per GiB, and its memory with
+//!    8 live connections;
+//! 2. 230-byte ping-pong round trips (p50/p99 and what the forwarder adds over direct TCP),
+//!    measured two ways: a new connection for each slice of round trips, as loopd opens one per
+//!    request, and one connection held for the whole run;
+//! 3. a paced one-way stream, the shape of a model's token events: the upstream writes a
+//!    230-byte event every millisecond and the client reads it; latency from the write to the
+//!    read.
+//!
+//! Why two ping-pongs: on a VM whose idle vCPUs halt, where each task of a connection sits
+//! (on a busy vCPU or on one that must be woken) decides most of a round trip, and the
+//! scheduler places a connection's tasks once and mostly leaves them there. One held connection
+//! is one draw of that placement; a connection per slice is twenty.
+//! (`docs/benchmarks/inferproxy.md` has the measurements behind this.)
+//!
+//! Environment: `INFERPROXY_BENCH_MIB` (default 1024) bulk size per run, three runs per peer,
+//! interleaved, median reported; `INFERPROXY_BENCH_PINGS` (default 20000) measured round trips
+//! per peer and per ping-pong; `INFERPROXY_BENCH_EVENTS` (default 200) events per stream
+//! connection and `INFERPROXY_BENCH_GAP_US` (default 1000) the gap between them.
 
 use std::fs;
 use std::io::{Read, Write};
@@ -20,8 +35,14 @@ use std::time::{Duration, Instant};
 const MESSAGE: usize = 230;
 const BULK_RUNS: usize = 3;
 const LIVE_CONNECTIONS: usize = 8;
+/// Round trips before measuring, per held connection and per fresh one.
 const WARM_UP_PINGS: usize = 1000;
+const WARM_UP_PINGS_FRESH: usize = 100;
 const PING_SLICES: usize = 20;
+/// The paced stream: connections per peer, events per connection, and the gap between events.
+const STREAM_SLICES: usize = 5;
+const STREAM_EVENTS: usize = 200;
+const STREAM_GAP_US: usize = 1000;
 const SOCAT: &str = "/usr/bin/socat";
 
 trait Duplex: Read + Write + Send {}
@@ -65,6 +86,25 @@ fn serve(mut s: TcpStream) {
             }
             let _ = s.read_to_end(&mut Vec::new());
         }
+        b'S' => {
+            // A paced event stream: count u32, gap µs u32; each event carries its send time.
+            let mut head = [0u8; 8];
+            if s.read_exact(&mut head).is_err() {
+                return;
+            }
+            let count = u32::from_be_bytes(head[..4].try_into().unwrap());
+            let gap =
+                Duration::from_micros(u32::from_be_bytes(head[4..].try_into().unwrap()).into());
+            let mut event = [b'e'; MESSAGE];
+            for _ in 0..count {
+                thread::sleep(gap);
+                event[..8].copy_from_slice(&since_epoch_ns().to_be_bytes());
+                if s.write_all(&event).is_err() {
+                    return;
+                }
+            }
+            let _ = s.read_to_end(&mut Vec::new());
+        }
         b'E' => loop {
             match s.read(&mut buf) {
                 Ok(0) | Err(_) => return,
@@ -76,6 +116,28 @@ fn serve(mut s: TcpStream) {
             }
         },
         _ => {}
+    }
+}
+
+/// Nanoseconds since the bench started, on the monotonic clock the client and upstream share.
+fn since_epoch_ns() -> u64 {
+    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
+}
+
+/// One connection's paced stream: `count` events `gap_us` apart; appends each event's
+/// upstream-write to client-read latency in microseconds.
+fn stream(f: &Forwarder, count: u32, gap_us: u32, times: &mut Vec<f64>) {
+    let mut c = f.connect();
+    let mut req = vec![b'S'];
+    req.extend_from_slice(&count.to_be_bytes());
+    req.extend_from_slice(&gap_us.to_be_bytes());
+    c.write_all(&req).unwrap();
+    let mut event = [0u8; MESSAGE];
+    for _ in 0..count {
+        c.read_exact(&mut event).unwrap();
+        let sent = u64::from_be_bytes(event[..8].try_into().unwrap());
+        times.push(since_epoch_ns().saturating_sub(sent) as f64 / 1e3);
     }
 }
 
@@ -108,7 +170,9 @@ struct Forwarder {
 
 impl Forwarder {
     fn start(peer: Peer, dir: &Path, upstream: &str) -> Self {
-        let path = dir.join(format!("{}.sock", peer.name().replace([' ', '-'], "")));
+        static STARTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = dir.join(format!("{}-{n}.sock", peer.name().replace([' ', '-'], "")));
         let child = match peer {
             Peer::Direct => None,
             Peer::Socat | Peer::Socat64k => Some(
@@ -295,14 +359,35 @@ fn main() {
     }
     let mib = env_usize("INFERPROXY_BENCH_MIB", 1024) as u64;
     let pings = env_usize("INFERPROXY_BENCH_PINGS", 20_000);
+    let stream_events = env_usize("INFERPROXY_BENCH_EVENTS", STREAM_EVENTS) as u32;
+    let stream_gap_us = env_usize("INFERPROXY_BENCH_GAP_US", STREAM_GAP_US) as u32;
     let dir = std::env::temp_dir().join(format!("ipx-bench-{}", std::process::id()));
     fs::create_dir_all(&dir).unwrap();
     let up = upstream();
     let peers = [Peer::Direct, Peer::Socat, Peer::Socat64k, Peer::Inferproxy];
+    let per_peer = || vec![Vec::new(); peers.len()];
+    since_epoch_ns();
 
-    let mut rates = vec![Vec::new(); peers.len()];
-    let mut rtts = vec![Vec::new(); peers.len()];
-    let mut memory = Vec::new();
+    // Ping-pong over a new connection per slice and peer, slices interleaving the peers so that
+    // a burst of load on the shared box hits all alike. Each slice starts a new forwarder too:
+    // inferproxy admits a burst of 10 connections, then 2 a second.
+    let (mut fresh, mut fresh_p50) = (per_peer(), per_peer());
+    for _ in 0..PING_SLICES {
+        for (i, &peer) in peers.iter().enumerate() {
+            let f = Forwarder::start(peer, &dir, &up);
+            let mut c = f.connect();
+            c.write_all(b"E").unwrap();
+            ping_pong(&mut *c, WARM_UP_PINGS_FRESH, &mut Vec::new());
+            let mut times = Vec::with_capacity(pings / PING_SLICES);
+            ping_pong(&mut *c, pings / PING_SLICES, &mut times);
+            times.sort_by(f64::total_cmp);
+            fresh_p50[i].push(quantile(&times, 0.5));
+            fresh[i].extend(times);
+        }
+    }
+
+    // Ping-pong over one connection per peer held for the whole run, interleaved the same way.
+    let mut held = per_peer();
     {
         let forwarders: Vec<_> = peers
             .iter()
@@ -317,21 +402,28 @@ fn main() {
                 c
             })
             .collect();
-        // Interleaved in slices so that a burst of load on the shared box hits every peer alike.
         for _ in 0..PING_SLICES {
-            for (c, times) in conns.iter_mut().zip(&mut rtts) {
+            for (c, times) in conns.iter_mut().zip(&mut held) {
                 ping_pong(&mut **c, pings / PING_SLICES, times);
             }
         }
-        drop(conns);
-        for f in &forwarders {
-            memory.push(memory_with_live_connections(f));
+    }
+
+    // The paced stream, a new forwarder and connection per slice and peer.
+    let mut events = per_peer();
+    for _ in 0..STREAM_SLICES {
+        for (i, &peer) in peers.iter().enumerate() {
+            let f = Forwarder::start(peer, &dir, &up);
+            stream(&f, stream_events, stream_gap_us, &mut events[i]);
         }
     }
-    for times in &mut rtts {
-        times.sort_by(f64::total_cmp);
-    }
-    let mut cpu = vec![Vec::new(); peers.len()];
+
+    let memory: Vec<_> = peers
+        .iter()
+        .map(|&peer| memory_with_live_connections(&Forwarder::start(peer, &dir, &up)))
+        .collect();
+
+    let (mut rates, mut cpu) = (per_peer(), per_peer());
     for _ in 0..BULK_RUNS {
         for (i, &peer) in peers.iter().enumerate() {
             let f = Forwarder::start(peer, &dir, &up);
@@ -344,37 +436,43 @@ fn main() {
         }
     }
     let _ = fs::remove_dir_all(&dir);
+    for v in fresh
+        .iter_mut()
+        .chain(&mut fresh_p50)
+        .chain(&mut held)
+        .chain(&mut events)
+    {
+        v.sort_by(f64::total_cmp);
+    }
 
     let direct_rate = median(rates[0].clone());
     let socat_rate = median(rates[1].clone());
-    let (direct_p50, direct_p99) = (quantile(&rtts[0], 0.5), quantile(&rtts[0], 0.99));
-    println!(
-        "bulk: {mib} MiB upstream -> client, median of {BULK_RUNS}; ping-pong: {pings} round trips of {MESSAGE} bytes"
-    );
+    println!("bulk: {mib} MiB upstream -> client, median of {BULK_RUNS} runs; memory: {LIVE_CONNECTIONS} connections open, each has carried 1 MiB");
     println!();
-    println!("| peer | bulk MB/s | vs socat | vs direct | RTT p50 µs | RTT p99 µs | added p50 µs | added p99 µs | RSS idle KiB | RSS 8 live KiB | PSS 8 live KiB |");
-    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("| peer | bulk MB/s | vs socat | vs direct | CPU s/GiB | vs socat | RSS idle KiB | RSS {LIVE_CONNECTIONS} live KiB | PSS {LIVE_CONNECTIONS} live KiB |");
+    println!("|---|---|---|---|---|---|---|---|---|");
+    let socat_cpu = median(cpu[1].clone());
     for (i, &peer) in peers.iter().enumerate() {
         let rate = median(rates[i].clone());
-        let (p50, p99) = (quantile(&rtts[i], 0.5), quantile(&rtts[i], 0.99));
         let ((idle_rss, _), (rss, pss)) = memory[i];
-        let mem = |v: u64| {
+        let dash = |text: String| {
             if peer == Peer::Direct {
                 "-".to_owned()
             } else {
-                v.to_string()
+                text
             }
         };
+        let cpu = median(cpu[i].clone());
         println!(
-            "| {} | {rate:.0} | {:.2}x | {:.0}% | {p50:.1} | {p99:.1} | {:.1} | {:.1} | {} | {} | {} |",
+            "| {} | {rate:.0} | {:.2}x | {:.0}% | {} | {} | {} | {} | {} |",
             peer.name(),
             rate / socat_rate,
             100.0 * rate / direct_rate,
-            p50 - direct_p50,
-            p99 - direct_p99,
-            mem(idle_rss),
-            mem(rss),
-            mem(pss),
+            dash(format!("{cpu:.2}")),
+            dash(format!("{:.2}x", cpu / socat_cpu)),
+            dash(idle_rss.to_string()),
+            dash(rss.to_string()),
+            dash(pss.to_string()),
         );
     }
     println!();
@@ -387,18 +485,8 @@ fn main() {
             .collect::<Vec<_>>()
             .join("; ")
     );
-    println!(
-        "forwarder CPU seconds per GiB (median): {}",
-        peers
-            .iter()
-            .zip(&cpu)
-            .skip(1)
-            .map(|(p, c)| format!("{} {:.2}", p.name(), median(c.clone())))
-            .collect::<Vec<_>>()
-            .join("; ")
-    );
     // Each round ran the peers back to back, so a round's ratio is less exposed to load swings.
-    let ours = rates.len() - 1;
+    let ours = peers.len() - 1;
     let per_round = |base: usize| {
         (0..BULK_RUNS)
             .map(|r| format!("{:.2}", rates[ours][r] / rates[base][r]))
@@ -410,4 +498,40 @@ fn main() {
         per_round(0),
         per_round(1)
     );
+    println!();
+    println!("ping-pong: {MESSAGE}-byte message and echo, {pings} round trips per peer each way; \"added\" is the peer's percentile minus direct TCP's");
+    println!();
+    println!("| peer | new connections: p50 µs | p99 µs | added p50 µs | added p99 µs | p50 per connection, min / median / max µs | held connection: p50 µs | p99 µs | added p50 µs | added p99 µs |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    for (i, &peer) in peers.iter().enumerate() {
+        let c = &fresh_p50[i];
+        println!(
+            "| {} | {} | {:.1} / {:.1} / {:.1} | {} |",
+            peer.name(),
+            percentiles(&fresh[i], &fresh[0]),
+            c[0],
+            quantile(c, 0.5),
+            c[c.len() - 1],
+            percentiles(&held[i], &held[0]),
+        );
+    }
+    println!();
+    println!("paced stream: {STREAM_SLICES} connections per peer, each {stream_events} events of {MESSAGE} bytes {stream_gap_us} µs apart; latency from the upstream's write to the client's read");
+    println!();
+    println!("| peer | p50 µs | p99 µs | added p50 µs | added p99 µs |");
+    println!("|---|---|---|---|---|");
+    for (i, &peer) in peers.iter().enumerate() {
+        println!(
+            "| {} | {} |",
+            peer.name(),
+            percentiles(&events[i], &events[0])
+        );
+    }
+}
+
+/// `p50 | p99 | added p50 | added p99` of sorted `times` against sorted `direct`.
+fn percentiles(times: &[f64], direct: &[f64]) -> String {
+    let (p50, p99) = (quantile(times, 0.5), quantile(times, 0.99));
+    let (d50, d99) = (quantile(direct, 0.5), quantile(direct, 0.99));
+    format!("{p50:.1} | {p99:.1} | {:.1} | {:.1}", p50 - d50, p99 - d99)
 }
