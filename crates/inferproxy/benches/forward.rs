@@ -21,7 +21,10 @@
 //! Environment: `INFERPROXY_BENCH_MIB` (default 1024) bulk size per run, three runs per peer,
 //! interleaved, median reported; `INFERPROXY_BENCH_PINGS` (default 20000) measured round trips
 //! per peer and per ping-pong; `INFERPROXY_BENCH_EVENTS` (default 200) events per stream
-//! connection and `INFERPROXY_BENCH_GAP_US` (default 1000) the gap between them.
+//! connection and `INFERPROXY_BENCH_GAP_US` (default 1000) the gap between them;
+//! `INFERPROXY_BENCH_PIN=client,upstream,forwarder` (e.g. `0,1,1`) pins the bench's client
+//! thread, the upstream's connection threads and the forwarders to those CPUs, to measure one
+//! placement at a time.
 
 use std::fs;
 use std::io::{Read, Write};
@@ -56,7 +59,12 @@ fn upstream() -> String {
     thread::spawn(move || {
         for stream in listener.incoming() {
             let Ok(stream) = stream else { continue };
-            thread::spawn(move || serve(stream));
+            thread::spawn(move || {
+                if let Some(pin) = pinning() {
+                    pin_this_thread(pin.upstream);
+                }
+                serve(stream)
+            });
         }
     });
     addr
@@ -168,8 +176,48 @@ struct Forwarder {
     upstream: String,
 }
 
+/// CPUs to pin the bench's tasks to, from `INFERPROXY_BENCH_PIN=client,upstream,forwarder`
+/// (for example `0,1,1`); unset, the scheduler places everything, as in production.
+#[derive(Debug, Clone, Copy)]
+struct Pinning {
+    client: usize,
+    upstream: usize,
+    forwarder: usize,
+}
+
+fn pinning() -> Option<Pinning> {
+    static PINNING: std::sync::OnceLock<Option<Pinning>> = std::sync::OnceLock::new();
+    *PINNING.get_or_init(|| {
+        let value = std::env::var("INFERPROXY_BENCH_PIN").ok()?;
+        let cpus: Vec<usize> = value
+            .split(',')
+            .map(|c| c.trim().parse().ok())
+            .collect::<Option<_>>()
+            .filter(|v: &Vec<usize>| v.len() == 3)
+            .unwrap_or_else(|| {
+                panic!("INFERPROXY_BENCH_PIN={value}: want three CPU numbers: client,upstream,forwarder")
+            });
+        Some(Pinning {
+            client: cpus[0],
+            upstream: cpus[1],
+            forwarder: cpus[2],
+        })
+    })
+}
+
+fn pin_this_thread(cpu: usize) {
+    let mut set = rustix::thread::CpuSet::new();
+    set.set(cpu);
+    rustix::thread::sched_setaffinity(None, &set)
+        .unwrap_or_else(|e| panic!("INFERPROXY_BENCH_PIN: cannot pin to CPU {cpu}: {e}"));
+}
+
 impl Forwarder {
     fn start(peer: Peer, dir: &Path, upstream: &str) -> Self {
+        // A child inherits the affinity of the thread that starts it.
+        if let Some(pin) = pinning() {
+            pin_this_thread(pin.forwarder);
+        }
         static STARTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let n = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let path = dir.join(format!("{}-{n}.sock", peer.name().replace([' ', '-'], "")));
@@ -197,6 +245,9 @@ impl Forwarder {
                     .unwrap(),
             ),
         };
+        if let Some(pin) = pinning() {
+            pin_this_thread(pin.client);
+        }
         let f = Self {
             peer,
             child,
@@ -363,10 +414,14 @@ fn main() {
     let stream_gap_us = env_usize("INFERPROXY_BENCH_GAP_US", STREAM_GAP_US) as u32;
     let dir = std::env::temp_dir().join(format!("ipx-bench-{}", std::process::id()));
     fs::create_dir_all(&dir).unwrap();
-    let up = upstream();
     let peers = [Peer::Direct, Peer::Socat, Peer::Socat64k, Peer::Inferproxy];
     let per_peer = || vec![Vec::new(); peers.len()];
+    let up = upstream();
     since_epoch_ns();
+    if let Some(pin) = pinning() {
+        pin_this_thread(pin.client);
+        println!("pinned: {pin:?}");
+    }
 
     // Ping-pong over a new connection per slice and peer, slices interleaving the peers so that
     // a burst of load on the shared box hits all alike. Each slice starts a new forwarder too:
