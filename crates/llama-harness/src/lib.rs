@@ -61,13 +61,66 @@ pub fn boxed_array<const N: usize>() -> Box<[u8; N]> {
 }
 
 /// A fresh, empty directory under the system temp dir, unique to this process and call.
+///
+/// The first call in a process also removes the directories of test processes that are gone
+/// and that nobody has touched for [`STALE_TEMP_DIR`] (see [`remove_stale_temp_dirs`]).
 pub fn temp_dir(tag: &str) -> PathBuf {
     static NEXT: AtomicU32 = AtomicU32::new(0);
+    static SWEPT: std::sync::Once = std::sync::Once::new();
+    SWEPT.call_once(|| {
+        remove_stale_temp_dirs(&std::env::temp_dir(), STALE_TEMP_DIR);
+    });
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
     let dir = std::env::temp_dir().join(format!("boxmaker-{tag}-{}-{n}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("create temp dir");
     dir
+}
+
+/// How long the temp dir of a finished test process is kept: long enough to read the logs a
+/// failed test's message points to.
+pub const STALE_TEMP_DIR: Duration = Duration::from_secs(3600);
+
+/// Removes every `boxmaker-<tag>-<pid>-<n>` directory in `root` whose process no longer exists
+/// and which was last modified more than `older_than` ago; returns how many it removed.
+///
+/// A test process cannot always clean up after itself: a server shared through a `static` is
+/// never dropped, and a killed or aborted test runs no destructor. Its watchdog stops its
+/// processes; this removes what they leave on disk, on a later run.
+pub fn remove_stale_temp_dirs(root: &Path, older_than: Duration) -> usize {
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name.to_str().and_then(temp_dir_pid) else {
+            continue;
+        };
+        let alive = Path::new("/proc").join(pid.to_string()).exists();
+        let old = entry
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age > older_than);
+        if !alive && old && std::fs::remove_dir_all(entry.path()).is_ok() {
+            removed += 1;
+        }
+    }
+    removed
+}
+
+/// The pid in a name made by [`temp_dir`]: `boxmaker-<tag>-<pid>-<n>`.
+fn temp_dir_pid(name: &str) -> Option<u32> {
+    let rest = name.strip_prefix("boxmaker-")?;
+    let mut parts = rest.rsplitn(3, '-');
+    let n = parts.next()?;
+    let pid = parts.next()?;
+    let tag = parts.next()?;
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    (digits(n) && !tag.is_empty()).then_some(())?;
+    pid.parse().ok().filter(|_| digits(pid))
 }
 
 /// Polls `probe` every 100 ms until it says `Ok`, for at most `timeout`, and returns its value.
@@ -157,6 +210,7 @@ impl Group {
 /// A local llama-server router serving [`MODEL_ID`] on 127.0.0.1.
 pub struct LocalServer {
     group: Group,
+    dir: PathBuf,
     addr: SocketAddr,
     log: PathBuf,
     status_socket: PathBuf,
@@ -182,6 +236,7 @@ impl LocalServer {
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
         let server = LocalServer {
             group,
+            dir,
             addr,
             log,
             status_socket,
@@ -267,8 +322,13 @@ impl LocalServer {
 }
 
 impl Drop for LocalServer {
+    /// Stops the server and removes its directory, unless a test is failing: then the log the
+    /// failure points to stays (until [`remove_stale_temp_dirs`] finds it on a later run).
     fn drop(&mut self) {
         self.group.stop();
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
     }
 }
 
