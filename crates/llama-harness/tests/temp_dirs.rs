@@ -68,6 +68,9 @@ fn removes_only_old_dirs_of_processes_that_are_gone() {
 #[test]
 fn a_missing_root_removes_nothing() {
     let parent = temp_dir("sweep-missing");
-    assert_eq!(remove_stale_temp_dirs(&parent.join("absent"), Duration::ZERO), 0);
+    assert_eq!(
+        remove_stale_temp_dirs(&parent.join("absent"), Duration::ZERO),
+        0
+    );
     std::fs::remove_dir_all(&parent).unwrap();
 }
