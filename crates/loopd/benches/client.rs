@@ -19,7 +19,7 @@ use futures::StreamExt;
 use serde::Deserialize;
 
 use loopd::config::Config;
-use loopd::llama::{ChatMessage, ChatRequest, Client};
+use loopd::llama::{ChatRequest, Client};
 use support::{FakeServer, Reply};
 
 /// Events in the transcript.
@@ -60,16 +60,7 @@ fn transcript() -> Vec<Vec<u8>> {
 }
 
 fn request() -> ChatRequest {
-    ChatRequest {
-        slot: 0,
-        messages: vec![ChatMessage::User {
-            content: "Count.".into(),
-        }],
-        tools: vec![],
-        thinking: false,
-        max_tokens: None,
-        sampling: None,
-    }
+    ChatRequest::user(0, "Count.")
 }
 
 /// loopd: `Client::chat`, every event delivered to a callback.

@@ -12,19 +12,12 @@
 //! configured). Nothing opens a TCP connection.
 //!
 //! ```no_run
-//! use loopd::llama::{ChatEvent, ChatMessage, ChatRequest, Client};
+//! use loopd::llama::{ChatEvent, ChatRequest, Client};
 //! use loopd::Config;
 //!
 //! let config = Config::load(std::path::Path::new("/etc/boxmaker/loopd.toml"))?;
 //! let client = Client::new(config);
-//! let req = ChatRequest {
-//!     slot: 0,
-//!     messages: vec![ChatMessage::User { content: "Name three colours.".into() }],
-//!     tools: vec![],
-//!     thinking: false,
-//!     max_tokens: None,
-//!     sampling: None,
-//! };
+//! let req = ChatRequest::user(0, "Name three colours.");
 //! let done = client.chat_with_retry(&req, &mut |e: &ChatEvent| {
 //!     if let ChatEvent::Content(text) = e {
 //!         print!("{text}");

@@ -239,12 +239,8 @@ fn run_ask(a: AskArgs) -> ExitCode {
         }
     };
     let req = ChatRequest {
-        slot: a.slot,
-        messages: vec![ChatMessage::User { content: a.prompt }],
-        tools: Vec::new(),
         thinking: a.thinking,
-        max_tokens: None,
-        sampling: None,
+        ..ChatRequest::user(a.slot, a.prompt)
     };
     let stdout = std::io::stdout();
     let terminal = stdout.is_terminal();

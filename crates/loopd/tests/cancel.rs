@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use loopd::config::{Config, Limits};
-use loopd::llama::{Cancel, ChatEvent, ChatMessage, ChatRequest, Client, Failed, InferError};
+use loopd::llama::{Cancel, ChatEvent, ChatRequest, Client, Failed, InferError};
 use support::{content, slots_json, End, FakeServer, Reply, CHAT};
 
 const POLL_MS: u64 = 50;
@@ -28,16 +28,7 @@ fn config(server: &FakeServer) -> Config {
 }
 
 fn request() -> ChatRequest {
-    ChatRequest {
-        slot: 0,
-        messages: vec![ChatMessage::User {
-            content: "Count slowly.".into(),
-        }],
-        tools: vec![],
-        thinking: false,
-        max_tokens: None,
-        sampling: None,
-    }
+    ChatRequest::user(0, "Count slowly.")
 }
 
 /// A request running on its own thread: its result and when it ended.

@@ -11,8 +11,7 @@ use std::time::Duration;
 use loopd::config::{Config, Limits};
 
 use loopd::llama::{
-    Cancel, ChatEvent, ChatMessage, ChatRequest, Client, Completion, FinishReason, InferError,
-    ProtocolError,
+    Cancel, ChatEvent, ChatRequest, Client, Completion, FinishReason, InferError, ProtocolError,
 };
 use support::{
     answer, content, done, finish, reasoning, slots_json, End, FakeServer, Reply, CHAT, CONTROL,
@@ -39,16 +38,7 @@ fn config(server: &FakeServer) -> Config {
 }
 
 fn request(slot: u32) -> ChatRequest {
-    ChatRequest {
-        slot,
-        messages: vec![ChatMessage::User {
-            content: "Name three colours.".into(),
-        }],
-        tools: vec![],
-        thinking: false,
-        max_tokens: None,
-        sampling: None,
-    }
+    ChatRequest::user(slot, "Name three colours.")
 }
 
 /// Runs `chat` and returns the result and the events.

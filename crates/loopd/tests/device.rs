@@ -10,7 +10,7 @@ use std::path::Path;
 
 use llama_harness::Proxy;
 use loopd::config::Config;
-use loopd::llama::{ChatEvent, ChatMessage, ChatRequest, Client, FinishReason};
+use loopd::llama::{ChatEvent, ChatRequest, Client, FinishReason};
 
 fn env(name: &str) -> String {
     std::env::var(name)
@@ -39,14 +39,8 @@ fn config(socket: &Path) -> Config {
 
 fn ask(text: &str, thinking: bool) -> ChatRequest {
     ChatRequest {
-        slot: 0,
-        messages: vec![ChatMessage::User {
-            content: text.into(),
-        }],
-        tools: Vec::new(),
         thinking,
-        max_tokens: None,
-        sampling: None,
+        ..ChatRequest::user(0, text)
     }
 }
 

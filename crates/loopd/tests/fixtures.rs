@@ -6,7 +6,7 @@ mod support;
 
 use llama_harness::fixture;
 use loopd::config::Config;
-use loopd::llama::{ChatEvent, ChatMessage, ChatRequest, Client, Completion, FinishReason};
+use loopd::llama::{ChatEvent, ChatRequest, Client, Completion, FinishReason};
 use serde_json::Value;
 use support::{events_of, FakeServer, Reply};
 
@@ -18,16 +18,7 @@ fn json(name: &str) -> Value {
 }
 
 fn request() -> ChatRequest {
-    ChatRequest {
-        slot: 0,
-        messages: vec![ChatMessage::User {
-            content: "x".into(),
-        }],
-        tools: vec![],
-        thinking: false,
-        max_tokens: None,
-        sampling: None,
-    }
+    ChatRequest::user(0, "x")
 }
 
 /// Serves `<name>.sse`, one piece per event, and runs one chat on `config`.

@@ -77,14 +77,7 @@ fn reasoning_of(e: &ChatEvent) -> Option<&str> {
 fn plain_streamed_answer() {
     let _turn = turn();
     let client = Client::new(config());
-    let req = ChatRequest {
-        slot: 0,
-        messages: vec![user("Name three colours.")],
-        tools: vec![],
-        thinking: false,
-        max_tokens: None,
-        sampling: None,
-    };
+    let req = ChatRequest::user(0, "Name three colours.");
     let (r, events) = chat(&client, &req);
     let done = r.unwrap();
     let text = done.content.clone().unwrap();
@@ -145,12 +138,8 @@ fn a_thinking_answer_capped_early() {
     c.limits.max_tokens = 160;
     let client = Client::new(c);
     let req = ChatRequest {
-        slot: 1,
-        messages: vec![user("Explain why the sky is blue.")],
-        tools: vec![],
         thinking: true,
-        max_tokens: None,
-        sampling: None,
+        ..ChatRequest::user(1, "Explain why the sky is blue.")
     };
     let (r, events) = chat(&client, &req);
     let done = r.unwrap();
@@ -190,14 +179,7 @@ fn progress_events_on_a_long_prompt() {
     let mut c = config();
     c.limits.max_tokens = 8;
     let client = Client::new(c);
-    let req = ChatRequest {
-        slot: 0,
-        messages: vec![user(&long_prompt())],
-        tools: vec![],
-        thinking: false,
-        max_tokens: None,
-        sampling: None,
-    };
+    let req = ChatRequest::user(0, long_prompt());
     let (r, events) = chat(&client, &req);
     let done = r.unwrap();
     let progress: Vec<(u64, u64, u64)> = events
@@ -235,14 +217,7 @@ fn turn_two_hits_the_cache() {
         },
         user(&format!("{}\nSummarise that in five words.", long_prompt())),
     ];
-    let req = |messages: &Vec<ChatMessage>| ChatRequest {
-        slot: 1,
-        messages: messages.clone(),
-        tools: vec![],
-        thinking: false,
-        max_tokens: None,
-        sampling: None,
-    };
+    let req = |messages: &Vec<ChatMessage>| ChatRequest::new(1, messages.clone());
     let first = chat(&client, &req(&messages)).0.unwrap();
     messages.push(ChatMessage::Assistant {
         content: first.content.clone(),
@@ -278,14 +253,7 @@ fn a_request_pinned_to_a_busy_slot_waits_then_completes() {
     let blocking = {
         let holder = holder.clone();
         std::thread::spawn(move || {
-            let req = ChatRequest {
-                slot: 1,
-                messages: vec![user(&long_prompt())],
-                tools: vec![],
-                thinking: false,
-                max_tokens: None,
-                sampling: None,
-            };
+            let req = ChatRequest::user(1, long_prompt());
             let (r, events) = chat(&holder, &req);
             r.map(|c| c.finish_reason)
                 .map_err(|e| format!("{e:?} after {events:?}"))
@@ -302,14 +270,7 @@ fn a_request_pinned_to_a_busy_slot_waits_then_completes() {
             Err(e) => Err(e.to_string()),
         },
     );
-    let req = ChatRequest {
-        slot: 1,
-        messages: vec![user("Say hi.")],
-        tools: vec![],
-        thinking: false,
-        max_tokens: None,
-        sampling: None,
-    };
+    let req = ChatRequest::user(1, "Say hi.");
     let (r, events) = chat(&client, &req);
     assert!(r.is_ok(), "{r:?}");
     assert_eq!(

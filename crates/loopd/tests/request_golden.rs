@@ -29,14 +29,7 @@ fn config() -> Config {
 }
 
 fn req(messages: Vec<ChatMessage>) -> ChatRequest {
-    ChatRequest {
-        slot: 0,
-        messages,
-        tools: vec![],
-        thinking: false,
-        max_tokens: None,
-        sampling: None,
-    }
+    ChatRequest::new(0, messages)
 }
 
 fn system() -> ChatMessage {

@@ -38,16 +38,7 @@ fn config(socket: &std::path::Path) -> Config {
 }
 
 fn request(slot: u32) -> ChatRequest {
-    ChatRequest {
-        slot,
-        messages: vec![ChatMessage::User {
-            content: "Name three colours.".into(),
-        }],
-        tools: vec![],
-        thinking: false,
-        max_tokens: None,
-        sampling: None,
-    }
+    ChatRequest::user(slot, "Name three colours.")
 }
 
 /// Runs `f` and says how long it took.

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use llama_harness::{LocalServer, Proxy};
 use loopd::config::Config;
-use loopd::llama::{ChatEvent, ChatMessage, ChatRequest, Client, FinishReason};
+use loopd::llama::{ChatEvent, ChatRequest, Client, FinishReason};
 
 #[test]
 fn a_stream_survives_llama_server_being_killed_under_it() {
@@ -19,16 +19,7 @@ fn a_stream_survives_llama_server_being_killed_under_it() {
     // Polls are connections too: keep them inside inferproxy's 2-per-second accept budget.
     c.limits.poll_ms = 1000;
     let client = Client::new(c);
-    let req = ChatRequest {
-        slot: 0,
-        messages: vec![ChatMessage::User {
-            content: "Count from one to twenty in words.".into(),
-        }],
-        tools: Vec::new(),
-        thinking: false,
-        max_tokens: None,
-        sampling: None,
-    };
+    let req = ChatRequest::user(0, "Count from one to twenty in words.");
 
     let before = server
         .server_pid()

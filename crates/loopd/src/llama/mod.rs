@@ -61,6 +61,31 @@ pub struct ChatRequest {
     pub sampling: Option<Sampling>,
 }
 
+impl ChatRequest {
+    /// `messages` on `slot`, with no tools, no thinking, and the config's `max_tokens` and
+    /// sampling; set the other fields on the result (or with `..`) to change them.
+    pub fn new(slot: u32, messages: Vec<ChatMessage>) -> Self {
+        Self {
+            slot,
+            messages,
+            tools: Vec::new(),
+            thinking: false,
+            max_tokens: None,
+            sampling: None,
+        }
+    }
+
+    /// One user message on `slot`, otherwise as [`ChatRequest::new`].
+    pub fn user(slot: u32, content: impl Into<String>) -> Self {
+        Self::new(
+            slot,
+            vec![ChatMessage::User {
+                content: content.into(),
+            }],
+        )
+    }
+}
+
 /// What comes back while a request runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ChatEvent {

@@ -225,16 +225,7 @@ mod tests {
     }
 
     fn user(text: &str) -> ChatRequest {
-        ChatRequest {
-            slot: 1,
-            messages: vec![ChatMessage::User {
-                content: text.into(),
-            }],
-            tools: vec![],
-            thinking: false,
-            max_tokens: None,
-            sampling: None,
-        }
+        ChatRequest::user(1, text)
     }
 
     #[test]
