@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use loopd::config::{Config, Limits};
 use loopd::llama::{Cancel, ChatEvent, ChatRequest, Client, Failed, InferError};
-use support::{content, slots_json, End, FakeServer, Reply, CHAT};
+use support::{content, hold_slot, slots_json, End, FakeServer, Reply, CHAT};
 
 const POLL_MS: u64 = 50;
 
@@ -143,16 +143,7 @@ fn cancel_while_waiting_for_the_first_byte() {
 fn cancel_while_queued_at_the_slot_gate() {
     let server = FakeServer::start(vec![]);
     let client = Arc::new(Client::new(config(&server)));
-    let held = client
-        .gate()
-        .acquire(
-            0,
-            Duration::MAX,
-            Duration::from_millis(10),
-            &Cancel::new(),
-            &mut |_| {},
-        )
-        .unwrap();
+    let held = hold_slot(&client, 0);
     let cancel = Cancel::new();
     let (events, t) = spawn(client.clone(), cancel.clone(), false);
     assert_eq!(

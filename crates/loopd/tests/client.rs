@@ -14,7 +14,8 @@ use loopd::llama::{
     Cancel, ChatEvent, ChatRequest, Client, Completion, FinishReason, InferError, ProtocolError,
 };
 use support::{
-    answer, content, done, finish, reasoning, slots_json, End, FakeServer, Reply, CHAT, CONTROL,
+    answer, content, done, finish, hold_slot, reasoning, slots_json, End, FakeServer, Reply, CHAT,
+    CONTROL,
 };
 
 fn config(server: &FakeServer) -> Config {
@@ -109,16 +110,7 @@ fn busy_when_the_queue_is_full() {
     let mut c = config(&server);
     c.limits.queue = 0;
     let client = Client::new(c);
-    let held = client
-        .gate()
-        .acquire(
-            0,
-            Duration::MAX,
-            Duration::from_millis(10),
-            &Cancel::new(),
-            &mut |_| {},
-        )
-        .unwrap();
+    let held = hold_slot(&client, 0);
     let (r, events) = run(&client, &request(0));
     assert_eq!(kind(&r), "Busy");
     assert!(events.is_empty() && server.requests().is_empty());

@@ -14,7 +14,9 @@ use loopd::config::{Config, Limits};
 use loopd::llama::{
     Cancel, ChatEvent, ChatMessage, ChatRequest, Client, Completion, Deadline, InferError, Silence,
 };
-use support::{content, finish, reasoning, slots_json, End, FakeServer, Reply, CHAT, CONTROL};
+use support::{
+    content, finish, hold_slot, reasoning, slots_json, End, FakeServer, Reply, CHAT, CONTROL,
+};
 
 const TRICKLE: Duration = Duration::from_millis(15);
 
@@ -295,16 +297,7 @@ fn call_ms_ends_a_trickled_response_head() {
 fn busy_wait_ms_ends_a_wait_at_the_slot_gate() {
     let server = FakeServer::start(vec![]);
     let client = Arc::new(Client::new(config(server.socket())));
-    let held = client
-        .gate()
-        .acquire(
-            0,
-            Duration::MAX,
-            Duration::from_millis(10),
-            &Cancel::new(),
-            &mut |_| {},
-        )
-        .unwrap();
+    let held = hold_slot(&client, 0);
     let ((r, events), took) = timed(|| chat(&client, &request(0)));
     assert!(matches!(r, Err(InferError::WaitTimeout)), "{r:?}");
     near(took, 200);

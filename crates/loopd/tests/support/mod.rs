@@ -532,3 +532,18 @@ pub fn answer() -> Reply {
         done(),
     ])
 }
+
+/// Takes `slot` of `client`'s gate at once, as another request in flight would, until the
+/// returned permit is dropped.
+pub fn hold_slot(client: &loopd::llama::Client, slot: u32) -> loopd::llama::SlotPermit<'_> {
+    client
+        .gate()
+        .acquire(
+            slot,
+            Duration::MAX,
+            Duration::from_millis(10),
+            &loopd::llama::Cancel::new(),
+            &mut |_| {},
+        )
+        .expect("a free slot")
+}
