@@ -62,21 +62,13 @@ pub(super) fn run(
     mut observer: Option<Observer>,
 ) -> RunResult {
     let budget = req.budget.unwrap_or(shared.settings.budget);
-    let mut r = RunResult {
+    let mut r = no_output(
         id,
-        outcome: Outcome::Completed {
+        budget,
+        Outcome::Completed {
             finish_reason: llama_proto::FinishReason::Stop,
         },
-        content: None,
-        reasoning_content: None,
-        transcript: Vec::new(),
-        tool_calls: Vec::new(),
-        exits: Vec::new(),
-        generations: Vec::new(),
-        budget,
-        budget_left: budget,
-        stalls: Vec::new(),
-    };
+    );
     let mut emit = |e: &RunEvent| {
         if let Some(o) = observer.as_mut() {
             o(e);
@@ -98,12 +90,21 @@ pub(super) fn run(
 
 /// The result of a request whose run panicked: nothing of its output survives.
 pub(super) fn panicked(id: RequestId, budget: u32) -> RunResult {
-    RunResult {
+    no_output(
         id,
-        outcome: Outcome::Failed {
+        budget,
+        Outcome::Failed {
             reason: FailReason::Panicked,
             detail: "the request's observer or BIOS provider panicked".into(),
         },
+    )
+}
+
+/// A result with `outcome` and no output yet: the whole budget left.
+fn no_output(id: RequestId, budget: u32, outcome: Outcome) -> RunResult {
+    RunResult {
+        id,
+        outcome,
         content: None,
         reasoning_content: None,
         transcript: Vec::new(),
