@@ -39,7 +39,11 @@ const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
 /// Short units (`}`, `});`, `---`, `Yes.`) repeat legitimately in code and prose, so they need
 /// many repeats; a 64-byte line written five times in a row is nearly never meant. With
 /// `sentence_ends_line` (the default) a sentence inside a paragraph counts as a line.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+///
+/// It deserializes from a table of these fields, each optional (the default fills in) and no
+/// other (loopd's `[runner.loop_detector]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
 pub struct LoopConfig {
     /// The shortest medium unit, in bytes (default 16).
     pub medium_from: usize,

@@ -284,7 +284,7 @@ fn generate(
     emit: &mut dyn FnMut(&RunEvent),
 ) -> Result<Completion, Box<(Failed, Stop)>> {
     let clock = shared.client.clock();
-    let loops = shared.settings.loop_detector.to_loop_config();
+    let loops = shared.settings.loop_detector;
     // The config was validated, so the detector accepts it; an invalid one in code is a
     // detector that never fires rather than a panic.
     let mut content_loop = LoopDetector::new(loops).ok();

@@ -45,52 +45,9 @@ impl Default for RunnerConfig {
     }
 }
 
-/// `[runner.loop_detector]`: repeated lines fire after more repeats when they are short.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct LoopThresholds {
-    /// The shortest medium unit in bytes (16).
-    pub medium_from: usize,
-    /// The shortest long unit in bytes (64).
-    pub long_from: usize,
-    /// Repeats of a short unit that fire (24).
-    pub short_repeats: u32,
-    /// Repeats of a medium unit that fire (8).
-    pub medium_repeats: u32,
-    /// Repeats of a long unit that fire (5).
-    pub long_repeats: u32,
-    /// Whether a sentence end (`.`, `!`, `?` then whitespace) ends a line too (true): small
-    /// models also loop on one sentence inside a paragraph.
-    pub sentence_ends_line: bool,
-}
-
-impl Default for LoopThresholds {
-    fn default() -> Self {
-        let d = llama_proto::LoopConfig::DEFAULT;
-        LoopThresholds {
-            medium_from: d.medium_from,
-            long_from: d.long_from,
-            short_repeats: d.short_repeats,
-            medium_repeats: d.medium_repeats,
-            long_repeats: d.long_repeats,
-            sentence_ends_line: d.sentence_ends_line,
-        }
-    }
-}
-
-impl LoopThresholds {
-    /// As the detector's configuration.
-    pub fn to_loop_config(self) -> llama_proto::LoopConfig {
-        llama_proto::LoopConfig {
-            medium_from: self.medium_from,
-            long_from: self.long_from,
-            short_repeats: self.short_repeats,
-            medium_repeats: self.medium_repeats,
-            long_repeats: self.long_repeats,
-            sentence_ends_line: self.sentence_ends_line,
-        }
-    }
-}
+/// `[runner.loop_detector]`: repeated lines fire after more repeats when they are short; the
+/// detector's own configuration, whose defaults are 16 / 64 bytes and 24 / 8 / 5 repeats.
+pub type LoopThresholds = llama_proto::LoopConfig;
 
 impl RunnerConfig {
     /// `(table, key, message)` of the first value the types cannot refuse.
@@ -105,7 +62,7 @@ impl RunnerConfig {
             return Err(("runner", key, "must be at least 1 ms"));
         }
         let table = "runner.loop_detector";
-        match self.loop_detector.to_loop_config().check() {
+        match self.loop_detector.check() {
             Ok(()) => Ok(()),
             Err(llama_proto::LoopConfigError::TooFewRepeats { field, .. }) => {
                 let key = match field {
