@@ -6,6 +6,10 @@
 //! capacities hold; a refused chunk changes nothing; the same chunks fed to a second
 //! assembler give the same message. Seeds with deep nesting are in `fuzz/seeds/`.
 #![no_main]
+#[path = "../../crates/llama-proto/tests/common/json_depth.rs"]
+mod json_depth;
+
+use json_depth::depth;
 use libfuzzer_sys::fuzz_target;
 use llama_proto::{
     decode_chunk, AssembleError, Assembler, DecodeError, Message, Payload, MAX_NESTING,
@@ -43,32 +47,6 @@ fn seen(a: &Asm<'_>) -> Seen {
         reasoning_tokens: a.reasoning_tokens(),
         finish: a.finish().map(|m| message_text(&m)),
     }
-}
-
-/// The deepest nesting of arrays and objects outside strings: the obviously right reference.
-fn depth(p: &[u8]) -> usize {
-    let (mut d, mut max, mut in_str, mut escaped) = (0usize, 0, false, false);
-    for &b in p {
-        if in_str {
-            match (escaped, b) {
-                (true, _) => escaped = false,
-                (false, b'\\') => escaped = true,
-                (false, b'"') => in_str = false,
-                _ => {}
-            }
-            continue;
-        }
-        match b {
-            b'"' => in_str = true,
-            b'[' | b'{' => {
-                d += 1;
-                max = max.max(d);
-            }
-            b']' | b'}' => d = d.saturating_sub(1),
-            _ => {}
-        }
-    }
-    max
 }
 
 fn run(lines: &[&[u8]], a: &mut Asm<'_>) -> Vec<Result<(), AssembleError>> {

@@ -3,7 +3,10 @@
 //! the model's own text from `fixtures/tool_call_text.sse`.
 
 mod common;
+#[path = "common/json_depth.rs"]
+mod json_depth;
 
+use json_depth::depth;
 use llama_proto::{
     decode_chunk, parse_text_calls, prose, text_calls, Payload, TextCall, TextCallBlock,
     TextCallError, TooManyTextCalls, MAX_NESTING,
@@ -398,32 +401,6 @@ fn serde_object(text: &str) -> bool {
     serde_json::from_str::<serde_json::Value>(text).is_ok_and(|v| v.is_object())
 }
 
-/// Nesting depth of arrays and objects outside strings: the obviously right reference.
-fn depth(s: &str) -> usize {
-    let (mut d, mut max, mut in_str, mut esc) = (0usize, 0, false, false);
-    for b in s.bytes() {
-        if in_str {
-            match (esc, b) {
-                (true, _) => esc = false,
-                (false, b'\\') => esc = true,
-                (false, b'"') => in_str = false,
-                _ => {}
-            }
-        } else {
-            match b {
-                b'"' => in_str = true,
-                b'[' | b'{' => {
-                    d += 1;
-                    max = max.max(d);
-                }
-                b']' | b'}' => d = d.saturating_sub(1),
-                _ => {}
-            }
-        }
-    }
-    max
-}
-
 /// Valid JSON text: scalars from a small set (escapes and surrogate pairs included), arrays
 /// and objects around them, with or without spaces.
 fn json_text() -> impl Strategy<Value = String> {
@@ -500,7 +477,7 @@ proptest! {
         prop_assume!(!args.contains("</tool_call>"));
         let c = format!("<tool_call>{{\"name\": \"f\", \"arguments\": {args}}}</tool_call>");
         let got = one(&c);
-        let want = serde_object(&args) && depth(&args) < MAX_NESTING;
+        let want = serde_object(&args) && depth(args.as_bytes()) < MAX_NESTING;
         prop_assert_eq!(got.is_ok(), want, "{:?} gave {:?}", args, got);
         if let Ok(call) = got {
             prop_assert_eq!(call.arguments, args.trim());
