@@ -23,6 +23,8 @@ use std::time::{Duration, Instant};
 const READY_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long a stopped process group gets between SIGTERM and SIGKILL.
 const STOP_GRACE: Duration = Duration::from_secs(5);
+/// How long the watchdog may take to signal its group and exit once its stdin closes.
+const WATCHDOG_EXIT: Duration = Duration::from_secs(1);
 
 mod alloc;
 
@@ -191,10 +193,20 @@ impl Group {
             .status();
     }
 
-    /// SIGTERM to the group, then SIGKILL if anything is left after the grace period.
+    /// SIGTERM to the group, once, then SIGKILL if anything is left after the grace period.
+    ///
+    /// Closing the watchdog's stdin makes it send the SIGTERM; only a watchdog that is already
+    /// gone leaves it to us. A second SIGTERM would tell llama-worker to kill its server at once
+    /// instead of stopping it.
     fn stop(&mut self) {
         drop(self.child.stdin.take());
-        self.signal("-TERM");
+        let handed_over = Instant::now() + WATCHDOG_EXIT;
+        while matches!(self.child.try_wait(), Ok(None)) && Instant::now() < handed_over {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        if matches!(self.child.try_wait(), Ok(None)) {
+            self.signal("-TERM");
+        }
         let deadline = Instant::now() + STOP_GRACE;
         while self.alive() && Instant::now() < deadline {
             let _ = self.child.try_wait();
@@ -484,5 +496,48 @@ pub fn http_request(
             std::io::ErrorKind::InvalidData,
             "bad HTTP response head",
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The group's process records each SIGTERM as it arrives and, like llama-worker, takes a
+    /// while to stop after the first: a second one in that time is recorded too.
+    #[test]
+    fn stop_sends_one_sigterm() {
+        let dir = temp_dir("group-stop");
+        let record = dir.join("signals");
+        let ready = dir.join("ready");
+        let script = r#"
+import os, signal, sys, time
+record, ready = sys.argv[1], sys.argv[2]
+terms = []
+signal.signal(signal.SIGTERM, lambda *_: terms.append(time.monotonic()) or open(record, "a").write("TERM\n"))
+open(ready, "w").close()
+while not terms:
+    time.sleep(0.01)
+end = terms[0] + 1.0
+while time.monotonic() < end:
+    time.sleep(0.01)
+"#;
+        let args = [
+            "-c".to_string(),
+            script.to_string(),
+            record.display().to_string(),
+            ready.display().to_string(),
+        ];
+        let mut group = Group::spawn(Path::new("python3"), &args, &dir.join("log"));
+        wait_for("the handler to be set", Duration::from_secs(10), || {
+            ready
+                .exists()
+                .then_some(())
+                .ok_or_else(|| "not yet".to_string())
+        });
+        group.stop();
+        assert!(!group.alive());
+        assert_eq!(std::fs::read_to_string(&record).unwrap(), "TERM\n");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
