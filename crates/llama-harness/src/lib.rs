@@ -229,7 +229,8 @@ pub struct LocalServer {
 }
 
 impl LocalServer {
-    /// Starts the router on a free port and waits until the model is loaded.
+    /// Starts the router on a free port and waits until the model is loaded and `llama-worker`
+    /// says the server is ready (its own probe can lag the router's first answer).
     ///
     /// Panics with the server's log path when it cannot start: this is test support.
     pub fn start() -> LocalServer {
@@ -254,6 +255,9 @@ impl LocalServer {
             status_socket,
         };
         server.wait_loaded();
+        server.wait_worker("llama-worker to report ready", READY_TIMEOUT, |s| {
+            s["state"] == "ready"
+        });
         server
     }
 
