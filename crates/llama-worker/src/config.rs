@@ -37,6 +37,12 @@ pub struct Config {
     pub host: String,
     /// Every path must answer 200 within `probe_timeout_s` for the server to count as ready.
     pub readiness_paths: Vec<String>,
+    /// Router mode: the model ids (as in the preset) that must be loaded for the server to count
+    /// as ready, read from the router's `GET /models` after the readiness paths answered 200.
+    /// A model the router marks failed (its instance exited) is a crash-loop event like the
+    /// server's own exit ([`crate::models`]). Empty (the default): no model check, for a server
+    /// that is not a router.
+    pub models: Vec<String>,
     /// Where the daemon serves its status JSON (mode 0600); `--socket` overrides it.
     pub status_socket: Option<PathBuf>,
     /// From spawn to the first good readiness answer, at most (default 120).
@@ -73,6 +79,7 @@ impl Default for Config {
             log_file: None,
             host: "127.0.0.1".into(),
             readiness_paths: vec!["/health".into(), "/v1/models".into()],
+            models: Vec::new(),
             status_socket: None,
             startup_deadline_s: 120.0,
             startup_probe_interval_s: 0.5,
@@ -104,6 +111,8 @@ pub enum ConfigError {
     BadReadinessPath(String),
     /// `readiness_paths` is empty.
     NoReadinessPath,
+    /// This entry of `models` is empty, holds a control byte, or is listed twice.
+    BadModel(String),
     /// The named duration is negative, not finite, or longer than [`MAX_SECONDS`].
     BadDuration(&'static str),
     /// The named key is zero, which would turn a safety off or make a loop spin.
@@ -128,6 +137,10 @@ impl fmt::Display for ConfigError {
                 "config: readiness path {p:?} must start with '/' and hold no spaces or control bytes"
             ),
             Self::NoReadinessPath => f.write_str("config: `readiness_paths` is empty"),
+            Self::BadModel(m) => write!(
+                f,
+                "config: model id {m:?} in `models` is empty, holds a control byte, or is listed twice"
+            ),
             Self::BadDuration(k) => write!(
                 f,
                 "config: `{k}` must be a finite number of seconds in 0..={MAX_SECONDS}"
@@ -207,6 +220,14 @@ impl Config {
         for p in &self.readiness_paths {
             if !p.starts_with('/') || p.bytes().any(|b| b <= b' ' || b == 0x7f) {
                 return Err(ConfigError::BadReadinessPath(p.clone()));
+            }
+        }
+        for (i, m) in self.models.iter().enumerate() {
+            if m.trim().is_empty()
+                || m.chars().any(char::is_control)
+                || self.models[..i].contains(m)
+            {
+                return Err(ConfigError::BadModel(m.clone()));
             }
         }
         self.timings().map(|_| ())
@@ -406,6 +427,18 @@ stop_grace_s = 0.25
                 ConfigError::BadReadinessPath("/a b".into()),
             ),
             (
+                "command = \"x\"\nmodels = [\"a\", \"\"]",
+                ConfigError::BadModel(String::new()),
+            ),
+            (
+                "command = \"x\"\nmodels = [\"a\", \"b\\n\"]",
+                ConfigError::BadModel("b\n".into()),
+            ),
+            (
+                "command = \"x\"\nmodels = [\"a\", \"b\", \"a\"]",
+                ConfigError::BadModel("a".into()),
+            ),
+            (
                 "command = \"x\"\nstall_timeout_s = -1",
                 ConfigError::BadDuration("stall_timeout_s"),
             ),
@@ -553,6 +586,7 @@ stop_grace_s = 0.25
                 args: d.args.clone(),
                 log_file: None,
                 status_socket: None,
+                models: d.models.clone(),
                 ..c
             },
             d

@@ -84,6 +84,9 @@ pub enum RestartCause {
     Unready,
     /// A stall was reported and there was no progress within `stall_timeout`.
     Stall,
+    /// A model instance behind the router exited (failed to load, or died while serving),
+    /// as the router's per-model status said: the same crash-loop event as a server exit.
+    ModelExited,
 }
 
 impl RestartCause {
@@ -94,6 +97,7 @@ impl RestartCause {
             Self::StartupTimeout => "startup_timeout",
             Self::Unready => "unready",
             Self::Stall => "stall",
+            Self::ModelExited => "model_exited",
         }
     }
 }
@@ -397,6 +401,22 @@ impl Policy {
         }
     }
 
+    /// A model instance behind the router exited: it failed to load, or died under load (the
+    /// router said so in its per-model status). Counted like the server's own exit: in-flight
+    /// work is told `server_died`, the whole unit is restarted, and a model that dies on every
+    /// load ends in `failed` after `max_restarts_per_window` restarts in a row.
+    pub fn handle_model_exit(&mut self, now: Duration) {
+        if self.child_alive
+            && matches!(
+                self.state,
+                State::Starting | State::Ready | State::Restarting
+            )
+            && matches!(self.phase, Phase::AwaitReady { .. } | Phase::Running)
+        {
+            self.restart(now, RestartCause::ModelExited);
+        }
+    }
+
     /// One readiness probe's answer.
     pub fn handle_readiness(&mut self, now: Duration, answer: Readiness) {
         match (self.phase, answer) {
@@ -471,7 +491,7 @@ impl Policy {
         }
         self.ready_since = None;
         self.last_cause = Some(cause);
-        let reason = if cause == RestartCause::Exited {
+        let reason = if matches!(cause, RestartCause::Exited | RestartCause::ModelExited) {
             FailReason::ServerDied
         } else {
             FailReason::WorkerRestarted
@@ -979,5 +999,93 @@ mod tests {
         p.handle_spawn_failed(s(0));
         assert_eq!(p.state(), State::Restarting);
         assert_eq!(p.poll_timeout(), Some(s(2)));
+    }
+
+    /// A model whose instance dies on every load (the router itself stays up): each death is a
+    /// crash-loop event, the unit is killed and respawned after the backoff, and the worker is
+    /// `failed` at the exact instant of the fourth death, never `ready` in between.
+    #[test]
+    fn a_model_that_dies_on_every_load_ends_failed_within_the_window() {
+        let mut p = Policy::new(CFG);
+        p.start(s(0));
+        let ms = Duration::from_millis;
+        let mut now = s(0);
+        let mut log = Vec::new();
+        while p.state() != State::Failed {
+            match p.poll_action() {
+                Some(Action::Spawn) => {
+                    p.handle_spawned(now);
+                    // The router answers, the model loads for 1.5 s and its instance exits.
+                    p.handle_readiness(now + ms(500), Readiness::Failed);
+                    now += ms(1500);
+                    assert_ne!(p.state(), State::Ready);
+                    p.handle_model_exit(now);
+                }
+                Some(a) => {
+                    if a == Action::KillGroup {
+                        p.handle_killed(now);
+                    }
+                    log.push((now, a));
+                }
+                None => {
+                    now = p.poll_timeout().expect("a backoff is pending");
+                    p.handle_timeout(now);
+                }
+            }
+        }
+        log.extend(drain(&mut p).into_iter().map(|a| (now, a)));
+        let died = Action::NotifyInflight(FailReason::ServerDied);
+        // Spawns at 0, 3.5, 7, 10.5 (1.5 s to die, 2 s of backoff); the fourth death fails.
+        assert_eq!(
+            log,
+            [
+                (ms(1500), died),
+                (ms(1500), Action::KillGroup),
+                (ms(5000), died),
+                (ms(5000), Action::KillGroup),
+                (ms(8500), died),
+                (ms(8500), Action::KillGroup),
+                (ms(12000), died),
+                (ms(12000), Action::KillGroup),
+            ]
+        );
+        assert_eq!(now, ms(12000));
+        assert_eq!(p.last_cause(), Some(RestartCause::ModelExited));
+        assert_eq!(p.total_restarts(), 3);
+        assert_eq!(p.admit(), Err(Refusal::Failed));
+        assert_eq!(p.poll_timeout(), None);
+    }
+
+    #[test]
+    fn a_model_exit_while_ready_restarts_and_tells_inflight_the_server_died() {
+        let mut p = ready_at(s(0));
+        p.handle_model_exit(s(40));
+        assert_eq!(p.state(), State::Restarting);
+        assert_eq!(p.last_cause(), Some(RestartCause::ModelExited));
+        assert_eq!(
+            drain(&mut p),
+            [
+                Action::NotifyInflight(FailReason::ServerDied),
+                Action::KillGroup
+            ]
+        );
+        assert_eq!(p.poll_timeout(), Some(s(42)));
+    }
+
+    #[test]
+    fn a_model_exit_seen_during_backoff_or_after_stop_is_not_counted_again() {
+        let mut p = ready_at(s(0));
+        p.handle_model_exit(s(40));
+        drain(&mut p);
+        p.handle_killed(s(40));
+        // The same failed status read once more before the respawn: the unit is already gone.
+        p.handle_model_exit(s(41));
+        assert_eq!(drain(&mut p), []);
+        assert_eq!(p.total_restarts(), 1);
+        p.stop(s(41));
+        drain(&mut p);
+        p.handle_model_exit(s(41));
+        assert_eq!(drain(&mut p), []);
+        assert_eq!(p.state(), State::Stopped);
     }
 }

@@ -1,7 +1,10 @@
-//! The readiness probe's IO: one HTTP/1.1 GET with a deadline, answering the status code.
+//! The readiness probe's IO: one HTTP/1.1 GET with a deadline, answering the status code (or,
+//! for the router's model list, the status and the body).
 //!
 //! Deliberately tiny: connect, send a fixed request, read until the response head is complete
-//! (httparse tokenizes the status line), ignore the body. The deadline covers connect to head.
+//! (httparse tokenizes the status line) and ignore the body; or, with [`http_get_body`], read
+//! the whole response through `http-nostd` (any framing) into a capped buffer. The deadline
+//! covers connect to the last byte needed.
 //! A probe in progress checks every [`CANCEL_CHECK`] whether its caller cancelled it, so a stop
 //! never waits for a probe's whole timeout.
 
@@ -45,6 +48,8 @@ pub enum ProbeError {
     Malformed,
     /// The head is longer than [`MAX_HEAD_BYTES`].
     HeadTooLarge,
+    /// The response could not be read as HTTP with a body within its cap (a body read only).
+    Http(http_nostd::HttpError),
     /// Another IO error.
     Io(io::ErrorKind),
     /// The caller cancelled the probe (the worker is stopping); not an answer.
@@ -61,6 +66,7 @@ impl ProbeError {
             Self::Closed => "closed",
             Self::Malformed => "malformed",
             Self::HeadTooLarge => "head_too_large",
+            Self::Http(_) => "bad_response",
             Self::Io(_) => "io_error",
             Self::Cancelled => "cancelled",
         }
@@ -76,6 +82,7 @@ impl fmt::Display for ProbeError {
             Self::Closed => f.write_str("probe: closed before a complete response head"),
             Self::Malformed => f.write_str("probe: response head is not HTTP"),
             Self::HeadTooLarge => write!(f, "probe: response head over {MAX_HEAD_BYTES} bytes"),
+            Self::Http(e) => write!(f, "probe: {e}"),
             Self::Io(k) => write!(f, "probe: {k}"),
             Self::Cancelled => f.write_str("probe: cancelled"),
         }
@@ -113,6 +120,68 @@ pub fn http_get_status(
     timeout: Duration,
     cancelled: &dyn Fn() -> bool,
 ) -> Result<u16, ProbeError> {
+    let mut buf = [0u8; MAX_HEAD_BYTES];
+    let mut len = 0;
+    let mut code = None;
+    exchange(host, port, path, timeout, cancelled, &mut |bytes| {
+        if bytes.is_empty() {
+            return Err(ProbeError::Closed);
+        }
+        // Body bytes after the head may come in the same read: keep only what the buffer holds.
+        let n = bytes.len().min(buf.len() - len);
+        buf[len..len + n].copy_from_slice(&bytes[..n]);
+        len += n;
+        code = parse_status(&buf[..len])?;
+        if code.is_none() && len == buf.len() {
+            return Err(ProbeError::HeadTooLarge);
+        }
+        Ok(code.is_some())
+    })?;
+    code.ok_or(ProbeError::Closed)
+}
+
+/// GET `path` from `host:port`; the status code and the whole body (chunked, content-length
+/// or read-to-close, decoded by `http-nostd`), within `timeout`. A body over `N` bytes is
+/// [`ProbeError::Http`] with `BodyTooLarge`; cancelling works as for [`http_get_status`].
+pub fn http_get_body<const N: usize>(
+    host: &str,
+    port: u16,
+    path: &str,
+    timeout: Duration,
+    cancelled: &dyn Fn() -> bool,
+) -> Result<(u16, Vec<u8>), ProbeError> {
+    use http_nostd::{BodyBuffer, Progress, ResponseReader, HEAD_CAP};
+    // Heap storage that never passes through the stack.
+    let boxed = |n: usize| vec![0u8; n].into_boxed_slice();
+    let head: Box<[u8; HEAD_CAP]> = boxed(HEAD_CAP).try_into().map_err(|_| ProbeError::Closed)?;
+    let store: Box<[u8; N]> = boxed(N).try_into().map_err(|_| ProbeError::Closed)?;
+    let mut reader = ResponseReader::new(head);
+    let mut body = BodyBuffer::new(store);
+    exchange(host, port, path, timeout, cancelled, &mut |bytes| {
+        if bytes.is_empty() {
+            reader.finish().map_err(ProbeError::Http)?;
+            return Ok(true);
+        }
+        let (_, progress) = reader
+            .feed_into(bytes, &mut body)
+            .map_err(ProbeError::Http)?;
+        Ok(progress == Progress::Done)
+    })?;
+    let status = reader.head().map_or(0, |h| h.status());
+    Ok((status, body.as_bytes().to_vec()))
+}
+
+/// Connects, sends a `GET path` with `Connection: close`, and hands every read to `take` (an
+/// empty slice at the end of the stream) until it says the response is complete; all within
+/// `timeout`, checking `cancelled()` every [`CANCEL_CHECK`].
+fn exchange(
+    host: &str,
+    port: u16,
+    path: &str,
+    timeout: Duration,
+    cancelled: &dyn Fn() -> bool,
+    take: &mut dyn FnMut(&[u8]) -> Result<bool, ProbeError>,
+) -> Result<(), ProbeError> {
     let deadline = Instant::now() + timeout;
     let addr: SocketAddr = (host, port)
         .to_socket_addrs()
@@ -141,8 +210,7 @@ pub fn http_get_status(
         .map_err(io_err)?;
     let req = format!("GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: close\r\n\r\n");
     stream.write_all(req.as_bytes()).map_err(io_err)?;
-    let mut buf = [0u8; MAX_HEAD_BYTES];
-    let mut len = 0;
+    let mut buf = [0u8; 4096];
     loop {
         if cancelled() {
             return Err(ProbeError::Cancelled);
@@ -151,17 +219,13 @@ pub fn http_get_status(
         stream
             .set_read_timeout(Some(l.min(CANCEL_CHECK)))
             .map_err(io_err)?;
-        if len == buf.len() {
-            return Err(ProbeError::HeadTooLarge);
-        }
-        match stream.read(&mut buf[len..]) {
-            Ok(0) => return Err(ProbeError::Closed),
-            Ok(n) => len += n,
+        let n = match stream.read(&mut buf) {
+            Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted || slow(e.kind()) => continue,
             Err(e) => return Err(io_err(e)),
-        }
-        if let Some(code) = parse_status(&buf[..len])? {
-            return Ok(code);
+        };
+        if take(&buf[..n])? || n == 0 {
+            return Ok(());
         }
     }
 }
@@ -274,6 +338,47 @@ mod tests {
         assert_eq!(
             http_get_status("127.0.0.1", port, "/", Duration::from_secs(5), &|| true),
             Err(ProbeError::Cancelled)
+        );
+    }
+
+    #[test]
+    fn a_body_in_each_framing_and_past_its_cap() {
+        use http_nostd::HttpError;
+        let t = Duration::from_secs(5);
+        let get = |reply: &'static [u8]| {
+            let p = serve_once(reply, Duration::ZERO);
+            http_get_body::<8>("127.0.0.1", p, "/models", t, &|| false)
+        };
+        let ok = |code: u16, body: &[u8]| Ok((code, body.to_vec()));
+        assert_eq!(
+            get(b"HTTP/1.1 200 OK\r\nContent-Length: 8\r\n\r\n{\"a\":12}"),
+            ok(200, b"{\"a\":12}")
+        );
+        assert_eq!(
+            get(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\n{\"a\r\n5\r\n\":12}\r\n0\r\n\r\n"),
+            ok(200, b"{\"a\":12}")
+        );
+        // Read to close: the one-shot server closes after writing.
+        assert_eq!(
+            get(b"HTTP/1.1 503 Loading\r\n\r\nloading"),
+            ok(503, b"loading")
+        );
+        // The cap (8 here) at the limit above, one past here.
+        assert_eq!(
+            get(b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\n{\"a\":123}"),
+            Err(ProbeError::Http(HttpError::BodyTooLarge))
+        );
+        assert_eq!(
+            get(b"HTTP/1.1 200 OK\r\n\r\n123456789"),
+            Err(ProbeError::Http(HttpError::BodyTooLarge))
+        );
+        assert_eq!(
+            get(b"HTTP/1.1 200 OK\r\nContent-Length: 8\r\n\r\n{\"a\""),
+            Err(ProbeError::Http(HttpError::Truncated))
+        );
+        assert_eq!(
+            get(b"HTTP/1.1 200 OK\r\n"),
+            Err(ProbeError::Http(HttpError::IncompleteHead))
         );
     }
 

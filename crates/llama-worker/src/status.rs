@@ -3,10 +3,12 @@
 //! The JSON is serialized with serde from a borrowed wire struct, so the names on the wire are
 //! the `as_str` names of the enums and durations are seconds with millisecond precision.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::Serialize;
 
+use crate::models::ModelState;
 use crate::policy::{RestartCause, State};
 use crate::probe::ProbeOutcome;
 
@@ -19,6 +21,22 @@ pub struct ReadinessRecord {
     pub path: String,
     /// The answer.
     pub outcome: ProbeOutcome,
+    /// Router mode: the first required model that was not loaded, and what the router said of
+    /// it (none when every one was loaded, or the model list was not read).
+    pub model: Option<(String, ModelState)>,
+}
+
+/// A model instance's exit, as the router reported it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ModelExit {
+    /// When the worker read it (worker clock).
+    pub at: Duration,
+    /// The model's id.
+    pub model: String,
+    /// The instance's exit status.
+    pub exit_code: i64,
+    /// Whether the worker was not yet ready (the model failed to load) rather than serving.
+    pub while_loading: bool,
 }
 
 /// A snapshot of the worker.
@@ -50,6 +68,14 @@ pub struct Status {
     pub readiness_age: Option<Duration>,
     /// Registered in-flight requests.
     pub inflight: usize,
+    /// The latest model instance exit the router reported.
+    pub last_model_exit: Option<ModelExit>,
+    /// Time since that exit was read.
+    pub model_exit_age: Option<Duration>,
+    /// Where the server's output goes (`None`: the worker's own stderr).
+    pub log_file: Option<PathBuf>,
+    /// While `failed`: why, in one sentence (the cause, the model and exit status, the log).
+    pub reason: Option<String>,
 }
 
 /// Seconds with millisecond precision, as every duration in the JSON.
@@ -73,6 +99,25 @@ struct StatusJson<'a> {
     cpu_progress_age_s: Option<f64>,
     last_readiness: Option<ReadinessJson<'a>>,
     inflight: usize,
+    last_model_exit: Option<ModelExitJson<'a>>,
+    log_file: Option<std::borrow::Cow<'a, str>>,
+    reason: Option<&'a str>,
+}
+
+#[derive(Serialize)]
+struct ModelExitJson<'a> {
+    model: &'a str,
+    exit_code: i64,
+    while_loading: bool,
+    age_s: Option<f64>,
+}
+
+#[derive(Serialize)]
+struct ModelJson<'a> {
+    id: &'a str,
+    status: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    exit_code: Option<i64>,
 }
 
 #[derive(Serialize)]
@@ -80,6 +125,8 @@ struct ReadinessJson<'a> {
     ok: bool,
     path: &'a str,
     answer: Answer,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    model: Option<ModelJson<'a>>,
     age_s: Option<f64>,
 }
 
@@ -96,13 +143,21 @@ impl Status {
     pub fn to_json(&self) -> String {
         let last_readiness = self.last_readiness.as_ref().map(|r| {
             let (ok, answer) = match r.outcome {
-                ProbeOutcome::Status(c) => (c == 200, Answer::Code(c)),
+                ProbeOutcome::Status(c) => (c == 200 && r.model.is_none(), Answer::Code(c)),
                 ProbeOutcome::Error(e) => (false, Answer::Error(e.as_str())),
             };
             ReadinessJson {
                 ok,
                 path: &r.path,
                 answer,
+                model: r.model.as_ref().map(|(id, st)| ModelJson {
+                    id,
+                    status: st.as_str(),
+                    exit_code: match st {
+                        ModelState::Failed { exit_code } => Some(*exit_code),
+                        _ => None,
+                    },
+                }),
                 age_s: self.readiness_age.map(secs),
             }
         });
@@ -119,6 +174,14 @@ impl Status {
             cpu_progress_age_s: self.cpu_progress_age.map(secs),
             last_readiness,
             inflight: self.inflight,
+            last_model_exit: self.last_model_exit.as_ref().map(|e| ModelExitJson {
+                model: &e.model,
+                exit_code: e.exit_code,
+                while_loading: e.while_loading,
+                age_s: self.model_exit_age.map(secs),
+            }),
+            log_file: self.log_file.as_ref().map(|p| p.to_string_lossy()),
+            reason: self.reason.as_deref(),
         };
         // Plain structs of numbers, strings and options: serializing cannot fail.
         serde_json::to_string(&json).unwrap_or_default()
@@ -146,12 +209,17 @@ mod tests {
             last_readiness: None,
             readiness_age: None,
             inflight: 0,
+            last_model_exit: None,
+            model_exit_age: None,
+            log_file: None,
+            reason: None,
         };
         assert_eq!(
             s.to_json(),
             "{\"state\":\"stopped\",\"pid\":null,\"pgid\":null,\"port\":8080,\"consecutive_restarts\":0,\
              \"total_restarts\":0,\"spawns\":0,\"last_cause\":null,\"cpu_ticks\":null,\
-             \"cpu_progress_age_s\":null,\"last_readiness\":null,\"inflight\":0}"
+             \"cpu_progress_age_s\":null,\"last_readiness\":null,\"inflight\":0,\
+             \"last_model_exit\":null,\"log_file\":null,\"reason\":null}"
         );
         s.state = State::Restarting;
         s.pid = Some(42);
@@ -164,6 +232,7 @@ mod tests {
             at: Duration::ZERO,
             path: "/v1/\"models\"\n".into(),
             outcome: ProbeOutcome::Error(ProbeError::Timeout),
+            model: None,
         });
         s.readiness_age = Some(Duration::from_micros(250_999));
         assert_eq!(
@@ -171,7 +240,8 @@ mod tests {
             "{\"state\":\"restarting\",\"pid\":42,\"pgid\":41,\"port\":8080,\"consecutive_restarts\":2,\
              \"total_restarts\":0,\"spawns\":0,\"last_cause\":\"unready\",\"cpu_ticks\":1234,\
              \"cpu_progress_age_s\":1.5,\"last_readiness\":{\"ok\":false,\
-             \"path\":\"/v1/\\\"models\\\"\\n\",\"answer\":\"timeout\",\"age_s\":0.25},\"inflight\":0}"
+             \"path\":\"/v1/\\\"models\\\"\\n\",\"answer\":\"timeout\",\"age_s\":0.25},\"inflight\":0,\
+             \"last_model_exit\":null,\"log_file\":null,\"reason\":null}"
         );
         s.last_readiness.as_mut().unwrap().outcome = ProbeOutcome::Status(200);
         assert!(s
@@ -195,6 +265,10 @@ mod tests {
             last_readiness: None,
             readiness_age: None,
             inflight: 2,
+            last_model_exit: None,
+            model_exit_age: None,
+            log_file: None,
+            reason: None,
         };
         let v: serde_json::Value = serde_json::from_str(&s.to_json()).unwrap();
         assert_eq!(v["total_restarts"], u64::MAX);

@@ -17,10 +17,13 @@ use std::time::Duration;
 use crate::clock::Clock;
 use crate::config::{CommandSpec, Config, ConfigError, Timings};
 use crate::cpu;
-use crate::policy::{Action, FailReason, Policy, Readiness, Refusal, StallVerdict, State};
+use crate::models::{self, ModelState, ModelsVerdict, MAX_MODELS_BODY, MODELS_PATH};
+use crate::policy::{
+    Action, FailReason, Policy, Readiness, Refusal, RestartCause, StallVerdict, State,
+};
 use crate::probe::{self, ProbeError, ProbeOutcome};
 use crate::process::{Exit, Lingering, ServerProcess};
-use crate::status::{ReadinessRecord, Status};
+use crate::status::{ModelExit, ReadinessRecord, Status};
 
 /// Longest the driving loop sleeps: how late an exit of the server is noticed at worst.
 pub const MAX_IDLE: Duration = Duration::from_millis(100);
@@ -34,6 +37,10 @@ struct Inner {
     pgid: Option<i32>,
     spawns: u64,
     last_readiness: Option<ReadinessRecord>,
+    /// The latest model instance exit the router reported.
+    last_model_exit: Option<ModelExit>,
+    /// How the server last exited on its own (`exit status: 1`, `signal: 11 (SIGSEGV)`, …).
+    last_server_exit: Option<String>,
 }
 
 #[derive(Debug)]
@@ -60,6 +67,10 @@ pub struct WorkerHandle<C: Clock> {
     shared: Arc<Shared>,
     clock: C,
     port: u16,
+    /// Where the server's output goes (named in the failure reason).
+    log_file: Option<PathBuf>,
+    /// `startup_deadline_s` and friends, for the failure reason.
+    timings: Timings,
 }
 
 impl<C: Clock> WorkerHandle<C> {
@@ -89,6 +100,7 @@ impl<C: Clock> WorkerHandle<C> {
     pub fn status(&self) -> Status {
         let now = self.clock.now();
         let g = self.shared.lock();
+        let reason = (g.policy.state() == State::Failed).then(|| self.failure_reason(&g, now));
         Status {
             state: g.policy.state(),
             pid: g.pid,
@@ -106,7 +118,65 @@ impl<C: Clock> WorkerHandle<C> {
             last_readiness: g.last_readiness.clone(),
             readiness_age: g.last_readiness.as_ref().map(|r| now.saturating_sub(r.at)),
             inflight: g.inflight.len(),
+            last_model_exit: g.last_model_exit.clone(),
+            model_exit_age: g.last_model_exit.as_ref().map(|e| now.saturating_sub(e.at)),
+            log_file: self.log_file.clone(),
+            reason,
         }
+    }
+
+    /// Why the worker is `failed`, in one sentence naming what a person needs: the cause of the
+    /// last restart (the model and its exit status, the server's exit), and where the log is.
+    fn failure_reason(&self, g: &Inner, now: Duration) -> String {
+        let secs = |d: Duration| crate::status::secs(d);
+        let t = &self.timings.policy;
+        let cause = match g.policy.last_cause() {
+            Some(RestartCause::ModelExited) => match &g.last_model_exit {
+                Some(e) => format!(
+                    "model {} {}: its instance exited with status {}",
+                    e.model,
+                    if e.while_loading {
+                        "failed to load"
+                    } else {
+                        "died while serving"
+                    },
+                    e.exit_code
+                ),
+                None => "a model instance exited".to_string(),
+            },
+            Some(RestartCause::Exited) => format!(
+                "the server exited ({})",
+                g.last_server_exit
+                    .as_deref()
+                    .unwrap_or("could not be spawned")
+            ),
+            Some(RestartCause::StartupTimeout) => format!(
+                "the server was not ready within startup_deadline_s ({} s)",
+                secs(t.startup_deadline)
+            ),
+            Some(RestartCause::Unready) => format!(
+                "readiness failed for unready_restart_s ({} s) with flat CPU time",
+                secs(t.unready_restart_after)
+            ),
+            Some(RestartCause::Stall) => format!(
+                "a stall was reported with no progress for stall_timeout_s ({} s)",
+                secs(t.stall_timeout)
+            ),
+            None => "no restart was recorded".to_string(),
+        };
+        let log = self
+            .log_file
+            .as_ref()
+            .map_or("the worker's own stderr".to_string(), |p| {
+                p.display().to_string()
+            });
+        let restarts = g.policy.consecutive_restarts(now);
+        format!(
+            "crash-loop protection: {} failures in a row ({restarts} restarts) without {} s \
+             ready, the last because {cause}; server log: {log}",
+            restarts + 1,
+            secs(t.restart_window)
+        )
     }
 
     /// Starts from stopped or failed (the restart count goes back to zero); otherwise nothing.
@@ -235,6 +305,8 @@ impl<C: Clock> Worker<C> {
                     pgid: None,
                     spawns: 0,
                     last_readiness: None,
+                    last_model_exit: None,
+                    last_server_exit: None,
                 }),
                 wake: Condvar::new(),
                 interrupt: AtomicBool::new(false),
@@ -261,6 +333,8 @@ impl<C: Clock> Worker<C> {
             shared: self.shared.clone(),
             clock: self.clock.clone(),
             port: self.port,
+            log_file: self.config.log_file.clone(),
+            timings: self.timings,
         }
     }
 
@@ -283,15 +357,20 @@ impl<C: Clock> Worker<C> {
         self.lingering.retain_mut(|l| !l.try_reap());
         if let Some(p) = &mut self.process {
             if let Some(exit) = p.try_exited() {
-                match exit {
+                let what = match exit {
                     Exit::Server(status) => {
-                        eprintln!("llama-worker: server pid {} exited: {status}", p.pid())
+                        eprintln!("llama-worker: server pid {} exited: {status}", p.pid());
+                        status.to_string()
                     }
-                    Exit::GuardGone => eprintln!(
-                        "llama-worker: the guard of group {} is gone; restarting the server",
-                        p.pgid()
-                    ),
-                }
+                    Exit::GuardGone => {
+                        eprintln!(
+                            "llama-worker: the guard of group {} is gone; restarting the server",
+                            p.pgid()
+                        );
+                        "its group's guard was killed".to_string()
+                    }
+                };
+                self.shared.lock().last_server_exit = Some(what);
                 // Its children may outlive it in the group: clean them up too.
                 self.kill();
                 self.shared.lock().policy.handle_exit(now);
@@ -420,23 +499,53 @@ impl<C: Clock> Worker<C> {
         {
             return;
         }
-        let (path, outcome) = self.probe_readiness();
+        let (path, mut outcome) = self.probe_readiness();
+        let mut model = None;
+        if outcome == ProbeOutcome::Status(200) && !self.config.models.is_empty() {
+            (outcome, model) = self.probe_models();
+        }
+        let path = if model.is_some() || path.is_empty() {
+            MODELS_PATH.to_string()
+        } else {
+            path
+        };
         let now = self.clock.now();
         if outcome == ProbeOutcome::Error(ProbeError::Cancelled) {
             // Not an answer: the stop that cancelled it is acted on next, nothing recorded.
             return;
         }
         let mut g = self.shared.lock();
-        let answer = if outcome == ProbeOutcome::Status(200) {
+        let answer = if outcome == ProbeOutcome::Status(200) && model.is_none() {
             Readiness::Ok
         } else {
             Readiness::Failed
         };
-        g.policy.handle_readiness(now, answer);
+        if let Some((id, ModelState::Failed { exit_code })) = &model {
+            let while_loading = state != State::Ready;
+            eprintln!(
+                "llama-worker: the router says model {id}'s instance exited with status \
+                 {exit_code} ({}); restarting the server",
+                if while_loading {
+                    "while loading"
+                } else {
+                    "while serving"
+                }
+            );
+            g.last_model_exit = Some(ModelExit {
+                at: now,
+                model: id.clone(),
+                exit_code: *exit_code,
+                while_loading,
+            });
+            g.policy.handle_model_exit(now);
+        } else {
+            g.policy.handle_readiness(now, answer);
+        }
         g.last_readiness = Some(ReadinessRecord {
             at: now,
             path,
             outcome,
+            model,
         });
         let interval = if g.policy.state() == State::Ready {
             self.timings.probe_interval
@@ -444,6 +553,33 @@ impl<C: Clock> Worker<C> {
             self.timings.startup_probe_interval
         };
         self.next_readiness_at = now + interval;
+    }
+
+    /// The router's model list: `Status(200)` with the first required model that is not
+    /// loaded (failed ones first), or the probe's error. A body of another shape reads as
+    /// `malformed`.
+    fn probe_models(&self) -> (ProbeOutcome, Option<(String, ModelState)>) {
+        let got = probe::http_get_body::<MAX_MODELS_BODY>(
+            &self.config.host,
+            self.port,
+            MODELS_PATH,
+            self.timings.probe_timeout,
+            &|| self.shared.interrupt.load(Ordering::SeqCst),
+        );
+        match got {
+            Err(e) => (ProbeOutcome::Error(e), None),
+            Ok((200, body)) => match models::verdict(&body, &self.config.models) {
+                Ok(ModelsVerdict::Loaded) => (ProbeOutcome::Status(200), None),
+                Ok(ModelsVerdict::NotReady { model, state }) => {
+                    (ProbeOutcome::Status(200), Some((model, state)))
+                }
+                Err(e) => {
+                    eprintln!("llama-worker: {e}");
+                    (ProbeOutcome::Error(ProbeError::Malformed), None)
+                }
+            },
+            Ok((code, _)) => (ProbeOutcome::Status(code), None),
+        }
     }
 
     /// Every readiness path in turn; the first that is not 200, or the last answer.

@@ -679,3 +679,63 @@ fn stop_is_not_held_up_by_a_readiness_probe_in_flight() {
     assert!(t0.elapsed() < bound);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Issue 20: a router whose model cannot load is not `ready`. While the router's model list says
+/// the model is loading the worker stays `starting`; once it says the model's instance exited,
+/// each such exit is a crash-loop event, and with the default proportions scaled down 100 times
+/// the worker is `failed` after six spawns, with a reason naming the model, its exit status and
+/// the log file.
+#[test]
+fn a_model_that_cannot_load_makes_the_worker_failed_with_its_reason() {
+    let ep = Endpoint::start(Mode::ModelLoading);
+    let dir = temp_dir("modelfailed");
+    let socket = dir.join("worker.sock");
+    let log = dir.join("server.log");
+    let config = write_config(
+        &dir,
+        &socket,
+        "sleep 300",
+        &format!(
+            "models = [\"m\"]\nlog_file = {log:?}\nstartup_deadline_s = 1.2\n\
+             probe_interval_s = 0.05\nprobe_timeout_s = 0.5\nunready_restart_s = 0.3\n\
+             cpu_probe_interval_s = 0.05\nstall_timeout_s = 1.2\nrestart_window_s = 6\n\
+             max_restarts_per_window = 5\nrestart_backoff_s = 0.02\nstop_grace_s = 0.05\n"
+        ),
+    );
+    let mut child = spawn_run(&config, &ep);
+    let hits = ep.hits();
+    ep.wait_hits_over(hits + 4);
+    let s = ask(&socket, "status");
+    assert_eq!(field(&s, "state"), "starting", "{s}");
+    assert!(
+        s.contains(
+            "\"path\":\"/models\",\"answer\":200,\"model\":{\"id\":\"m\",\"status\":\"loading\"}"
+        ),
+        "{s}"
+    );
+    let started = Instant::now();
+    ep.set(Mode::ModelFailed);
+    let s = wait_status(&socket, "failed");
+    let took = started.elapsed();
+    assert_eq!(field(&s, "spawns"), "6", "{s}");
+    assert_eq!(field(&s, "last_cause"), "model_exited", "{s}");
+    let v: serde_json::Value = serde_json::from_str(&s).unwrap();
+    assert_eq!(
+        v["reason"],
+        format!(
+            "crash-loop protection: 6 failures in a row (5 restarts) without 6 s ready, the last because \
+             model m failed to load: its instance exited with status 1; server log: {}",
+            log.display()
+        ),
+        "{s}"
+    );
+    assert_eq!(v["last_model_exit"]["model"], "m");
+    assert_eq!(v["last_model_exit"]["exit_code"], 1);
+    assert_eq!(v["last_model_exit"]["while_loading"], true);
+    // Six probes that each see the failure at once, five backoffs of 20 ms: well under the
+    // 7.3 s a never-ready server takes with the same numbers.
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    assert!(sigterm(child.0.id()));
+    assert!(exit_within(&mut child, Duration::from_secs(10)).0.success());
+    std::fs::remove_dir_all(&dir).unwrap();
+}

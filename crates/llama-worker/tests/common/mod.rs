@@ -24,6 +24,11 @@ pub enum Mode {
     Silent = 2,
     /// 200 after 1 s (longer than the probe timeout the tests use).
     Slow = 3,
+    /// A router whose model `m` failed: 200 everywhere, and a model list (the body of every
+    /// answer, which `/health` probes ignore) saying `m`'s instance exited with status 1.
+    ModelFailed = 4,
+    /// A router whose model `m` is still loading.
+    ModelLoading = 5,
 }
 
 /// A tiny HTTP server thread standing in for llama-server's `/health` and `/v1/models`.
@@ -50,6 +55,15 @@ impl Endpoint {
                     let _ = s.read(&mut buf);
                     let reply: &[u8] = match m.load(Ordering::SeqCst) {
                         0 => b"HTTP/1.1 200 OK\r\nContent-Length: 15\r\n\r\n{\"status\":\"ok\"}",
+                        4 => {
+                            b"HTTP/1.1 200 OK\r\nContent-Length: 79\r\n\r\n\
+                               {\"data\":[{\"id\":\"m\",\"status\":{\"value\":\"unloaded\",\
+                               \"failed\":true,\"exit_code\":1}}]}"
+                        }
+                        5 => {
+                            b"HTTP/1.1 200 OK\r\nContent-Length: 50\r\n\r\n\
+                               {\"data\":[{\"id\":\"m\",\"status\":{\"value\":\"loading\"}}]}"
+                        }
                         1 => b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n",
                         2 => {
                             thread::sleep(Duration::from_secs(5));
