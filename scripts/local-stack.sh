@@ -9,7 +9,9 @@
 #
 # Builds what is missing (llama-server and the model, cached; the workspace binaries), writes a
 # loopd config whose [expect] matches the local model, runs the command, and stops everything it
-# started on the way out, also on failure or Ctrl-C.
+# started on the way out, also on failure or Ctrl-C. On failure it prints the worker's status
+# and the last lines of the worker's and the server's logs (the router's and its model
+# instances' output). MODEL_FILE=path serves another GGUF under the same model id (serve.sh).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -23,12 +25,21 @@ bin=${CARGO_TARGET_DIR:-$root/target}/debug
 run=$(mktemp -d "${TMPDIR:-/tmp}/boxmaker-stack-XXXXXX")
 pids=()
 cleanup() {
-  local status=$?
+  local status=$? worker_status=
+  if [ $status -ne 0 ] && [ -S "$run/worker.sock" ]; then
+    worker_status=$(timeout 5 "$bin/llama-worker" status --socket "$run/worker.sock" 2>/dev/null || true)
+  fi
   for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
   for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
-  if [ $status -ne 0 ] && [ -f "$run/server.log" ]; then
-    echo "local-stack: last lines of the server log:" >&2
-    tail -n 15 "$run/server.log" >&2 || true
+  if [ $status -ne 0 ]; then
+    if [ -n "$worker_status" ]; then
+      echo "local-stack: llama-worker status: $worker_status" >&2
+    fi
+    for log in worker.log llama-server.log; do
+      [ -s "$run/$log" ] || continue
+      echo "local-stack: last lines of $log:" >&2
+      tail -n 15 "$run/$log" | sed 's/^/  | /' >&2 || true
+    done
   fi
   rm -rf "$run"
   exit $status
@@ -39,20 +50,20 @@ trap 'exit 143' TERM
 
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 LLAMA_WORKER_BIN=$bin/llama-worker "$root/scripts/serve.sh" --port "$port" \
-  --status-socket "$run/worker.sock" >"$run/server.log" 2>&1 &
+  --status-socket "$run/worker.sock" --server-log "$run/llama-server.log" >"$run/worker.log" 2>&1 &
 pids+=($!)
 "$bin/inferproxy" --listen "$run/infer.sock" --upstream "127.0.0.1:$port" 2>"$run/proxy.log" &
 pids+=($!)
 
-# The worker says ready once the router answers; loopd's own load wait covers the model load.
-for _ in $(seq 600); do
-  state=$("$bin/llama-worker" status --socket "$run/worker.sock" 2>/dev/null | python3 -c \
-    'import json,sys; print(json.load(sys.stdin)["state"])' 2>/dev/null || true)
-  [ "$state" = ready ] && [ -S "$run/infer.sock" ] && break
-  case $state in failed | stopped) echo "local-stack: llama-worker is $state" >&2; exit 1 ;; esac
-  sleep 0.2
+# Only the two sockets are waited for here: loopd's own load wait covers the model load, and it
+# asks the worker, so a model that cannot load ends the command with the worker's reason.
+for _ in $(seq 300); do
+  [ -S "$run/worker.sock" ] && [ -S "$run/infer.sock" ] && break
+  sleep 0.1
 done
-[ "${state:-}" = ready ] || { echo "local-stack: llama-server did not become ready" >&2; exit 1; }
+[ -S "$run/worker.sock" ] || { echo "local-stack: llama-worker did not open its socket" >&2; exit 1; }
+[ -S "$run/infer.sock" ] || { echo "local-stack: inferproxy did not open its socket" >&2; exit 1; }
+
 
 template=$root/fixtures/templates/smollm2-tools-thinking.jinja
 cat >"$run/loopd.toml" <<TOML

@@ -3,25 +3,31 @@
 # a --models-preset INI over the cached model, 127.0.0.1, 2 slots, /slots on, jinja on; under
 # llama-worker, which restarts it when it dies or hangs and stops it on SIGTERM.
 #
-#   scripts/serve.sh [--port N] [--status-socket PATH]
+#   scripts/serve.sh [--port N] [--status-socket PATH] [--server-log PATH]
 #
 # --port defaults to a free port; --status-socket to $BOXMAKER_CACHE/run/worker-PORT.sock
-# (`llama-worker status --socket PATH` reads it). $LLAMA_WORKER_BIN names a built llama-worker;
-# without it the script builds the workspace's.
+# (`llama-worker status --socket PATH` reads it); --server-log sends the router's and its model
+# instances' output to a file (default: this terminal, with the worker's own lines).
+# $LLAMA_WORKER_BIN names a built llama-worker; without it the script builds the workspace's.
+# The worker requires the model to be loaded for `ready` (`models` in its config): a model that
+# cannot load makes it `failed`, with the reason in `llama-worker status`.
 #
 # The preset names one model, $MODEL_ID, with the project's chat template
 # (fixtures/templates/smollm2-tools-thinking.jinja); docs/inference-contract.md says why.
+# $MODEL_FILE names another GGUF to serve under that id (the tests of a model that cannot load).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 MODEL_ID=${MODEL_ID:-smollm2}
 CTX=${CTX:-8192}   # total; each of the 2 slots gets CTX/2
 port=
 status_socket=
+server_log=
 while [ $# -gt 0 ]; do
   case $1 in
     --port) port=$2; shift 2 ;;
     --status-socket) status_socket=$2; shift 2 ;;
-    -h | --help) sed -n '2,13p' "$0"; exit 0 ;;
+    --server-log) server_log=$2; shift 2 ;;
+    -h | --help) sed -n '2,17p' "$0"; exit 0 ;;
     *) echo "serve.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -37,7 +43,7 @@ cat >"$preset" <<INI
 version = 1
 
 [$MODEL_ID]
-model = $model_dir/SmolLM2-135M-Instruct.Q4_1.gguf
+model = ${MODEL_FILE:-$model_dir/SmolLM2-135M-Instruct.Q4_1.gguf}
 chat-template-file = $root/fixtures/templates/smollm2-tools-thinking.jinja
 jinja = true
 c = $CTX
@@ -56,6 +62,8 @@ command = "$server"
 args = ["--models-preset", "$preset", "--models-max", "1", "--host", "127.0.0.1", "--port", "{port}",
         "--slots", "--jinja"]
 status_socket = "$status_socket"
+models = ["$MODEL_ID"]
 TOML
+if [ -n "$server_log" ]; then echo "log_file = \"$server_log\"" >>"$config"; fi
 echo "serve.sh: llama-server router on 127.0.0.1:$port, model id $MODEL_ID, under llama-worker (status: $status_socket)" >&2
 exec "$worker" run --config "$config" --port "$port"

@@ -174,11 +174,30 @@ fn client_for(path: &std::path::Path) -> Result<Client, String> {
     Ok(Client::new(config))
 }
 
-/// Waits for `/props` while the server loads the model, up to the config's load wait.
+/// Waits for `/props` while the server loads the model, up to the config's load wait. Stops
+/// at once, with the worker's reason, when llama-worker (`runner.worker_socket`) says it is
+/// `failed` or `stopped`: waiting longer would not help.
 fn wait_for_server(client: &Client) -> Result<(), String> {
-    let limits = client.config().limits;
+    let cfg = client.config();
+    let limits = cfg.limits;
     let deadline = Instant::now() + Duration::from_millis(limits.load_wait_ms);
+    let worker = cfg.runner.worker_socket.as_deref();
+    let worker_timeout = Duration::from_millis(cfg.runner.worker_timeout_ms);
     loop {
+        if let Some(socket) = worker {
+            // An unreachable worker is no verdict: the wait below still bounds everything.
+            if let Ok(st) = loopd::runner::worker::status(socket, worker_timeout) {
+                use loopd::runner::worker::WorkerState;
+                if matches!(st.state, WorkerState::Failed | WorkerState::Stopped) {
+                    return Err(format!(
+                        "llama-worker is {}: {} (`llama-worker status --socket {}`)",
+                        st.state.as_str(),
+                        st.reason.as_deref().unwrap_or("it stopped the server"),
+                        socket.display()
+                    ));
+                }
+            }
+        }
         match client.props() {
             Ok(_) => return Ok(()),
             Err(e) if Instant::now() >= deadline => {
@@ -231,7 +250,7 @@ fn run_selftest(path: &std::path::Path, slot: u32) -> ExitCode {
 }
 
 fn run_ask(a: AskArgs) -> ExitCode {
-    let client = match client_for(&a.config) {
+    let client = match client_for(&a.config).and_then(|c| wait_for_server(&c).map(|()| c)) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("loopd ask: {e}");

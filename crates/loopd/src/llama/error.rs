@@ -224,10 +224,24 @@ impl fmt::Display for InferError {
             }
             InferError::StreamClosedEarly => f.write_str("the stream ended before its last chunk"),
             InferError::ThinkingOverrun => f.write_str("reasoning ran on past the thinking cap"),
+            InferError::Http { status, body } if self.model_failed_to_load() => write!(
+                f,
+                "the router says the model failed to load (HTTP {status}: {body}); \
+                 `llama-worker status` says why and names the server log"
+            ),
             InferError::Http { status, body } => write!(f, "HTTP {status}: {body}"),
             InferError::Protocol(e) => write!(f, "protocol error: {e}"),
             InferError::Cancelled => f.write_str("the request was cancelled"),
         }
+    }
+}
+
+impl InferError {
+    /// Whether this is the router's answer for a model whose instance could not load (an
+    /// HTTP 500 whose body says `model name=… failed to load`): waiting longer will not help,
+    /// the worker's status has the cause.
+    pub fn model_failed_to_load(&self) -> bool {
+        matches!(self, InferError::Http { status: 500, body } if body.contains("failed to load"))
     }
 }
 
@@ -336,6 +350,20 @@ mod tests {
             body: "the prompt does not fit".into(),
         };
         assert_eq!(e.to_string(), "HTTP 400: the prompt does not fit");
+        // The router's answer for a model whose instance died on load (recorded, issue 20).
+        let body = r#"{"error":{"code":500,"message":"model name=smollm2 failed to load","type":"server_error"}}"#;
+        let e = InferError::Http {
+            status: 500,
+            body: body.into(),
+        };
+        assert!(e.model_failed_to_load());
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "the router says the model failed to load (HTTP 500: {body}); `llama-worker \
+                 status` says why and names the server log"
+            )
+        );
         let e = InferError::Connect {
             socket: "/run/loopd/infer.sock".into(),
             source: std::io::Error::from(std::io::ErrorKind::NotFound),

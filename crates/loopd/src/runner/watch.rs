@@ -137,6 +137,7 @@ mod tests {
             state,
             spawns,
             last_cause: cause.map(str::to_owned),
+            reason: None,
         }
     }
 

@@ -62,14 +62,19 @@ pub struct WorkerStatus {
     /// Servers spawned since the worker began: a request admitted under one spawn that sees
     /// another was cut by a restart.
     pub spawns: u64,
-    /// What caused the latest restart (`exited` means the server died on its own).
+    /// What caused the latest restart (`exited` means the server died on its own,
+    /// `model_exited` that a model instance behind the router did).
     pub last_cause: Option<String>,
+    /// While failed: the worker's one-sentence reason (the cause, the model and its exit
+    /// status, the server log).
+    pub reason: Option<String>,
 }
 
 impl WorkerStatus {
-    /// Whether the latest restart was the server dying on its own.
+    /// Whether the latest restart was the server, or a model instance behind it, dying on its
+    /// own.
     pub fn server_died(&self) -> bool {
-        self.last_cause.as_deref() == Some("exited")
+        matches!(self.last_cause.as_deref(), Some("exited" | "model_exited"))
     }
 }
 
@@ -145,6 +150,8 @@ pub fn parse_status(line: &str) -> Result<WorkerStatus, WorkerError> {
         state: String,
         spawns: u64,
         last_cause: Option<String>,
+        #[serde(default)]
+        reason: Option<String>,
     }
     let raw: Raw = serde_json::from_str(line).map_err(|_| WorkerError::BadAnswer(capped(line)))?;
     let state = WorkerState::parse(&raw.state).ok_or(WorkerError::BadAnswer(capped(line)))?;
@@ -152,6 +159,7 @@ pub fn parse_status(line: &str) -> Result<WorkerStatus, WorkerError> {
         state,
         spawns: raw.spawns,
         last_cause: raw.last_cause,
+        reason: raw.reason,
     })
 }
 
@@ -202,10 +210,22 @@ mod tests {
             WorkerStatus {
                 state: WorkerState::Restarting,
                 spawns: 3,
-                last_cause: Some("exited".into())
+                last_cause: Some("exited".into()),
+                reason: None,
             }
         );
         assert!(s.server_died());
+        // A failed worker's line, as llama-worker writes it since issue 20.
+        let line = "{\"state\":\"failed\",\"spawns\":6,\"last_cause\":\"model_exited\",\
+             \"reason\":\"crash-loop protection: 6 failures in a row (5 restarts) without 600 s \
+             ready, the last because model m failed to load: its instance exited with status 1; \
+             server log: /x.log\"}";
+        let s = parse_status(line).unwrap();
+        assert!(s.server_died());
+        assert!(s
+            .reason
+            .unwrap()
+            .ends_with("exited with status 1; server log: /x.log"));
         for (name, state) in [
             ("stopped", WorkerState::Stopped),
             ("starting", WorkerState::Starting),
