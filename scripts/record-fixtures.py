@@ -5,13 +5,15 @@ Starts scripts/serve.sh on a free port, sends each request below, and writes for
   fixtures/NAME.request.json   the request body sent
   fixtures/NAME.sse            the response body as the server sent it (HTTP framing removed)
   fixtures/NAME.response.json  for pairs: the non-streamed response to the same request
-and the raw HTTP responses (head and chunked body, as received) of RAW below.
+and the raw HTTP responses (head and chunked body, as received) of RAW below, and the router's
+own answers in fixtures/router/ (its model list with the model loaded, and with a model whose
+instance cannot load, a GGUF cut to a quarter: the list and the 500 a request then gets).
 Nothing here is edited by hand afterwards; fixtures/README.md describes each one.
 Standard library only.
 
   scripts/record-fixtures.py                 records everything
   scripts/record-fixtures.py --only NAME...  records only these (a NAME of PAIRS, STREAMS or RAW,
-                                             or reasoning_end), leaving the others as they are
+                                             or reasoning_end or router), leaving the others as they are
 """
 import http.client
 import json
@@ -125,15 +127,18 @@ RAW = {
 
 
 class Server:
-    def __init__(self):
+    def __init__(self, model_file=None):
         s = socket.socket()
         s.bind(("127.0.0.1", 0))
         self.port = s.getsockname()[1]
         s.close()
+        env = dict(os.environ, MODEL_FILE=model_file) if model_file else None
         self.proc = subprocess.Popen(
             [os.path.join(ROOT, "scripts/serve.sh"), "--port", str(self.port)],
             stdout=subprocess.DEVNULL, stderr=open("/tmp/record-fixtures-server.log", "w"),
-            start_new_session=True)
+            start_new_session=True, env=env)
+        if model_file:
+            return  # a model that cannot load: the caller waits for what it records
         deadline = time.time() + 180
         while time.time() < deadline:
             try:
@@ -226,9 +231,42 @@ def record_raw_chunked(srv, file, request):
     write(file, raw)
 
 
+def record_router(srv):
+    """The router's model list with the model loaded, then with one whose instance cannot load."""
+    os.makedirs(os.path.join(FIX, "router"), exist_ok=True)
+    status, out = srv.request("GET", "/models")
+    assert status == 200 and b'"value":"loaded"' in out, (status, out[:300])
+    write("router/models-loaded.json", out)
+    model = subprocess.run([os.path.join(ROOT, "scripts/llama-server.sh"), "model"], check=True,
+                           capture_output=True, text=True).stdout.strip()
+    data = open(os.path.join(model, "SmolLM2-135M-Instruct.Q4_1.gguf"), "rb").read()
+    cut = "/tmp/record-fixtures-cut.gguf"
+    with open(cut, "wb") as f:
+        f.write(data[:len(data) // 4])
+    broken = Server(model_file=cut)
+    try:
+        deadline = time.time() + 60
+        while True:
+            try:
+                status, out = broken.request("GET", "/models")
+                if status == 200 and b'"failed":true' in out:
+                    break
+            except OSError:
+                pass
+            assert time.time() < deadline, "the cut model never showed as failed"
+            time.sleep(0.2)
+        write("router/models-failed.json", out)
+        status, out = broken.request("GET", f"/props?model={MODEL}")
+        assert status == 500, (status, out[:300])
+        write("router/props-failed-to-load.json", out)
+    finally:
+        broken.stop()
+        os.remove(cut)
+
+
 def main():
     only = set(sys.argv[2:]) if sys.argv[1:2] == ["--only"] else None
-    known = set(PAIRS) | set(STREAMS) | set(RAW) | {"reasoning_end"}
+    known = set(PAIRS) | set(STREAMS) | set(RAW) | {"reasoning_end", "router"}
     if (only is not None and not only <= known) or (only is None and len(sys.argv) > 1):
         sys.exit(f"usage: record-fixtures.py [--only NAME...], NAME one of {sorted(known)}")
     wanted = lambda name: only is None or name in only
@@ -250,6 +288,8 @@ def main():
         for name, (file, request) in RAW.items():
             if wanted(name):
                 record_raw_chunked(srv, file, request)
+        if wanted("router"):
+            record_router(srv)
     finally:
         srv.stop()
 

@@ -21,6 +21,7 @@ suites=(
   "loopd-real-server|cargo test -q --features real-server -p loopd --test real_server"
   "loopd-worker-restart|cargo test -q --features real-server -p loopd --test worker_restart"
   "loopd-runner-real-server|cargo test -q --features real-server -p loopd --test runner_real_server"
+  "loopd-broken-model|cargo test -q --features real-server -p loopd --test broken_model"
   "harness-local-server|cargo test -q --features real-server -p llama-harness --test local_server"
   "worker-real-server|cargo test -q --features real-server -p llama-worker --test real_server"
   "worker-group|cargo test -q -p llama-worker --test group"

@@ -155,9 +155,10 @@ struct Group {
 impl Group {
     /// Runs `program args` in a new process group headed by a small shell that waits for its stdin
     /// (a pipe from this process) to close and then sends SIGTERM to the whole group.
-    fn spawn(program: &Path, args: &[String], log: &Path) -> Group {
+    fn spawn(program: &Path, args: &[String], envs: &[(&str, &Path)], log: &Path) -> Group {
         let log = std::fs::File::create(log).expect("create log file");
         let child = Command::new("bash")
+            .envs(envs.iter().copied())
             .arg("-c")
             .arg(r#""$@" </dev/null & cat >/dev/null; kill -TERM 0"#)
             .arg("watchdog")
@@ -234,6 +235,22 @@ impl LocalServer {
     ///
     /// Panics with the server's log path when it cannot start: this is test support.
     pub fn start() -> LocalServer {
+        let server = Self::spawn(&[]);
+        server.wait_loaded();
+        server.wait_worker("llama-worker to report ready", READY_TIMEOUT, |s| {
+            s["state"] == "ready"
+        });
+        server
+    }
+
+    /// Starts the router serving `model_file` under [`MODEL_ID`] (`MODEL_FILE` of
+    /// `scripts/serve.sh`), and returns at once: for the tests of a model that cannot load,
+    /// which wait on the worker's status themselves.
+    pub fn start_serving(model_file: &Path) -> LocalServer {
+        Self::spawn(&[("MODEL_FILE", model_file)])
+    }
+
+    fn spawn(envs: &[(&str, &Path)]) -> LocalServer {
         let dir = temp_dir("llama");
         let port = free_port();
         let log = dir.join("server.log");
@@ -245,20 +262,15 @@ impl LocalServer {
             "--status-socket".to_string(),
             status_socket.display().to_string(),
         ];
-        let group = Group::spawn(&serve, &args, &log);
+        let group = Group::spawn(&serve, &args, envs, &log);
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
-        let server = LocalServer {
+        LocalServer {
             group,
             dir,
             addr,
             log,
             status_socket,
-        };
-        server.wait_loaded();
-        server.wait_worker("llama-worker to report ready", READY_TIMEOUT, |s| {
-            s["state"] == "ready"
-        });
-        server
+        }
     }
 
     /// The router's address.
@@ -393,7 +405,7 @@ impl Proxy {
             "--upstream".to_string(),
             self.upstream.to_string(),
         ];
-        let group = Group::spawn(&inferproxy_bin(), &args, &self.dir.join("proxy.log"));
+        let group = Group::spawn(&inferproxy_bin(), &args, &[], &self.dir.join("proxy.log"));
         let deadline = Instant::now() + Duration::from_secs(10);
         while std::os::unix::net::UnixStream::connect(&self.socket).is_err() {
             assert!(
@@ -532,7 +544,7 @@ while time.monotonic() < end:
             record.display().to_string(),
             ready.display().to_string(),
         ];
-        let mut group = Group::spawn(Path::new("python3"), &args, &dir.join("log"));
+        let mut group = Group::spawn(Path::new("python3"), &args, &[], &dir.join("log"));
         wait_for("the handler to be set", Duration::from_secs(10), || {
             ready
                 .exists()

@@ -218,6 +218,28 @@ mod tests {
         assert_eq!(verdict(&ok, &[]).unwrap(), ModelsVerdict::Loaded);
     }
 
+    /// The router's own answers, recorded by `make fixtures` (fixtures/README.md).
+    #[test]
+    fn the_recorded_model_lists_read_as_loaded_and_failed() {
+        let loaded = include_bytes!("../../../fixtures/router/models-loaded.json");
+        assert_eq!(
+            verdict(loaded, &ids(&["smollm2"])).unwrap(),
+            ModelsVerdict::Loaded
+        );
+        let failed = include_bytes!("../../../fixtures/router/models-failed.json");
+        assert_eq!(
+            verdict(failed, &ids(&["smollm2"])).unwrap(),
+            ModelsVerdict::NotReady {
+                model: "smollm2".into(),
+                state: ModelState::Failed { exit_code: 1 }
+            }
+        );
+        assert_eq!(
+            model_states(failed, &ids(&["other"])).unwrap(),
+            [ModelState::Missing]
+        );
+    }
+
     #[test]
     fn bodies_of_another_shape_are_a_typed_error() {
         for bad in [

@@ -83,7 +83,12 @@ fn ticks(pgid: i32, router: i32) -> (u64, u64) {
 
 /// A fresh folder with the router's preset in it; the worker config (TOML) for that router.
 fn router_config(name: &str) -> (PathBuf, String) {
-    let (server, model) = server_and_model();
+    router_config_for(name, &server_and_model().1)
+}
+
+/// The same with another model file behind the model id `smollm2`.
+fn router_config_for(name: &str, model: &Path) -> (PathBuf, String) {
+    let (server, _) = server_and_model();
     let dir = std::env::temp_dir().join(format!("lw-real-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
@@ -102,6 +107,7 @@ command = {server:?}
 args = ["--models-preset", {preset:?}, "--models-max", "1", "--host", "127.0.0.1",
         "--port", "{{port}}", "-np", "2", "--slots", "--jinja"]
 log_file = {log:?}
+models = ["smollm2"]
 startup_deadline_s = 25
 startup_probe_interval_s = 0.2
 probe_interval_s = 0.5
@@ -218,4 +224,62 @@ fn a_sigkilled_worker_leaves_no_router_process() {
     worker.wait().unwrap();
     wait_group_gone(pgid, Duration::from_secs(5));
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Issue 20: a model whose instance cannot load (a GGUF cut short: the header reads, the tensor
+/// data is missing) makes the worker `failed`, never `ready`, each instance exit counted as a
+/// crash-loop event; with the default proportions scaled down 10 times, in well under a minute,
+/// with a reason that names the model, its exit status and the server log.
+#[test]
+fn a_model_that_cannot_load_makes_the_real_router_failed_not_ready() {
+    let (_, model) = server_and_model();
+    let cut = std::env::temp_dir().join(format!("lw-real-cut-{}.gguf", std::process::id()));
+    let bytes = std::fs::read(&model).unwrap();
+    std::fs::write(&cut, &bytes[..bytes.len() / 4]).unwrap();
+    let (dir, toml) = router_config_for("broken", &cut);
+    let toml = toml.replace("startup_deadline_s = 25\n", "")
+        + "startup_deadline_s = 12\nrestart_backoff_s = 0.2\nrestart_window_s = 60\n\
+           max_restarts_per_window = 5\nunready_restart_s = 3\nstall_timeout_s = 12\n";
+    let config = Config::from_toml(&toml).unwrap();
+    let mut w = Worker::new(config, free_port(), SystemClock::new()).unwrap();
+    let h = w.handle();
+    h.start();
+    let started = Instant::now();
+    let mut states = Vec::new();
+    let failed = tick_until(&mut w, Duration::from_secs(60), |w| {
+        let s = state(w);
+        if states.last() != Some(&s) {
+            states.push(s);
+        }
+        s == State::Failed
+    });
+    let took = started.elapsed();
+    let s = h.status();
+    assert!(failed, "not failed after 60 s: {}", s.to_json());
+    assert!(!states.contains(&State::Ready), "{states:?}");
+    assert_eq!(s.spawns, 6, "{}", s.to_json());
+    let exit = s.last_model_exit.clone().expect("a model exit");
+    assert_eq!((exit.model.as_str(), exit.while_loading), ("smollm2", true));
+    assert_ne!(exit.exit_code, 0);
+    let log = dir.join("server.log");
+    assert_eq!(
+        s.reason.as_deref(),
+        Some(
+            format!(
+                "crash-loop protection: 6 failures in a row (5 restarts) without 60 s ready, the \
+                 last because model smollm2 failed to load: its instance exited with status {}; \
+                 server log: {}",
+                exit.exit_code,
+                log.display()
+            )
+            .as_str()
+        )
+    );
+    // Six turns of (router start, load, exit, probe) and five backoffs of 0.2 s.
+    assert!(took < Duration::from_secs(45), "{took:?}");
+    eprintln!("failed after {took:?}, exit status {}", exit.exit_code);
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.contains("failed to load"), "{text}");
+    std::fs::remove_dir_all(&dir).unwrap();
+    std::fs::remove_file(&cut).unwrap();
 }

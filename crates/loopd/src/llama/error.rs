@@ -350,8 +350,8 @@ mod tests {
             body: "the prompt does not fit".into(),
         };
         assert_eq!(e.to_string(), "HTTP 400: the prompt does not fit");
-        // The router's answer for a model whose instance died on load (recorded, issue 20).
-        let body = r#"{"error":{"code":500,"message":"model name=smollm2 failed to load","type":"server_error"}}"#;
+        // The router's answer for a model whose instance died on load (issue 20).
+        let body = include_str!("../../../../fixtures/router/props-failed-to-load.json");
         let e = InferError::Http {
             status: 500,
             body: body.into(),
