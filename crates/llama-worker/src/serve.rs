@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::clock::Clock;
+use crate::clock::SharedClock;
 use crate::policy::StallVerdict;
 use crate::status::secs;
 use crate::worker::WorkerHandle;
@@ -44,7 +44,7 @@ impl Reply {
 }
 
 /// Answers one command line.
-pub fn answer<C: Clock>(handle: &WorkerHandle<C>, command: &str) -> String {
+pub fn answer<C: SharedClock>(handle: &WorkerHandle<C>, command: &str) -> String {
     match command.trim() {
         "status" => handle.status().to_json(),
         "start" => {
@@ -76,7 +76,7 @@ pub fn answer<C: Clock>(handle: &WorkerHandle<C>, command: &str) -> String {
     }
 }
 
-fn serve_one<C: Clock>(handle: &WorkerHandle<C>, stream: UnixStream) -> io::Result<()> {
+fn serve_one<C: SharedClock>(handle: &WorkerHandle<C>, stream: UnixStream) -> io::Result<()> {
     stream.set_read_timeout(Some(CLIENT_TIMEOUT))?;
     stream.set_write_timeout(Some(CLIENT_TIMEOUT))?;
     let mut line = String::new();
@@ -93,7 +93,7 @@ fn serve_one<C: Clock>(handle: &WorkerHandle<C>, stream: UnixStream) -> io::Resu
 }
 
 /// Serves the socket on a background thread until the process exits.
-pub fn spawn_status_server<C: Clock>(
+pub fn spawn_status_server<C: SharedClock>(
     listener: UnixListener,
     handle: WorkerHandle<C>,
 ) -> thread::JoinHandle<()> {

@@ -23,7 +23,6 @@ mod bios;
 mod builtin;
 mod request;
 mod result;
-mod settings;
 mod tools;
 mod watch;
 pub mod worker;
@@ -37,13 +36,13 @@ use std::time::{Duration, Instant};
 use crate::config::Sampling;
 use crate::llama::{Cancel, ChatMessage, Client};
 
+pub use crate::config::{LoopThresholds, RunnerConfig};
 pub use bios::{BiosContext, BiosProvider, StandardBios};
 pub use builtin::{builtin_tools, Arithmetic, Clock as ClockTool, Finish, ReadFile, READ_FILE_CAP};
 pub use result::{
     CallSource, ClientError, ExitSignal, FailReason, GenerationStats, Outcome, RunEvent, RunResult,
     ToolRecord,
 };
-pub use settings::{LoopThresholds, RunnerConfig};
 pub use tools::{run_call, RegistryError, Tool, ToolError, ToolRegistry};
 pub use worker::{StallAnswer, WorkerState, WorkerStatus};
 
