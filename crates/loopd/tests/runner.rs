@@ -9,11 +9,10 @@ use std::time::{Duration, Instant};
 
 use llama_harness::fixture;
 use loopd::config::Config;
-use loopd::llama::{Cancel, ChatMessage, Client};
+use loopd::llama::{Cancel, ChatMessage, Client, InferError};
 use loopd::runner::{
-    BiosContext, BiosProvider, CallSource, ClientError, FailReason, Outcome, RequestId,
-    ResultError, RunEvent, RunRequest, RunResult, Runner, StallAnswer, SubmitError, Tool,
-    ToolError, ToolRegistry,
+    BiosContext, BiosProvider, CallSource, FailReason, Outcome, RequestId, ResultError, RunEvent,
+    RunRequest, RunResult, Runner, StallAnswer, SubmitError, Tool, ToolError, ToolRegistry,
 };
 use serde_json::{json, Value};
 use support::{
@@ -198,7 +197,7 @@ fn sent(server: &FakeServer, n: usize) -> Vec<Value> {
 
 fn failed(r: &RunResult) -> (FailReason, &str) {
     match &r.outcome {
-        Outcome::Failed { reason, detail } => (*reason, detail.as_str()),
+        Outcome::Failed { reason, detail } => (reason.clone(), detail.as_str()),
         other => panic!("expected a failure, got {other:?}"),
     }
 }
@@ -614,7 +613,7 @@ fn loop_tiers_short_lines_need_more_repeats_than_long_ones() {
         let s = setup(config(&server, None), 1);
         let r = run(&s, ask("go"));
         assert_eq!(
-            r.outcome.fail_reason() == Some(FailReason::LoopDetected),
+            r.outcome.fail_reason() == Some(&FailReason::LoopDetected),
             fires,
             "{line:?} x{times}: {:?}",
             r.outcome
@@ -926,7 +925,7 @@ fn a_disconnect_mid_stream_fails_with_the_partial_output() {
     let s = setup(config(&server, None), 1);
     let r = run(&s, ask("x"));
     let (reason, detail) = failed(&r);
-    assert_eq!(reason, FailReason::Client(ClientError::StreamClosedEarly));
+    assert_eq!(reason, FailReason::Client(InferError::StreamClosedEarly));
     assert_eq!(reason.to_string(), "stream_closed_early");
     assert_eq!(detail, "the stream ended before its last chunk");
     assert_eq!(r.content.as_deref(), Some("Half an ans"));

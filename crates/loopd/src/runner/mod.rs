@@ -40,8 +40,7 @@ pub use crate::config::{LoopThresholds, RunnerConfig};
 pub use bios::{BiosContext, BiosProvider, StandardBios};
 pub use builtin::{builtin_tools, Arithmetic, Clock as ClockTool, Finish, ReadFile, READ_FILE_CAP};
 pub use result::{
-    CallSource, ClientError, ExitSignal, FailReason, GenerationStats, Outcome, RunEvent, RunResult,
-    ToolRecord,
+    CallSource, ExitSignal, FailReason, GenerationStats, Outcome, RunEvent, RunResult, ToolRecord,
 };
 pub use tools::{run_call, RegistryError, Tool, ToolError, ToolRegistry};
 pub use worker::{StallAnswer, WorkerState, WorkerStatus};

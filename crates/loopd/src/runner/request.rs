@@ -27,8 +27,8 @@ use super::bios::BiosContext;
 use super::tools::{run_call, ToolError};
 use super::worker::{self, StallAnswer, WorkerState};
 use super::{
-    lock, watch, CallSource, ClientError, Control, ExitSignal, FailReason, GenerationStats,
-    Observer, Outcome, RequestId, RunEvent, RunRequest, RunResult, Shared, ToolRecord,
+    lock, watch, CallSource, Control, ExitSignal, FailReason, GenerationStats, Observer, Outcome,
+    RequestId, RunEvent, RunRequest, RunResult, Shared, ToolRecord,
 };
 
 /// What one answer asks for, once exit calls are set aside.
@@ -359,13 +359,13 @@ fn why(shared: &Shared, control: &Control, e: &InferError) -> Stop {
     if let Some((reason, detail)) = control.reason() {
         return stop(reason, detail);
     }
-    let Some(kind) = ClientError::of(e) else {
+    if matches!(e, InferError::Cancelled) {
         return stop(FailReason::Cancelled, "cancelled");
-    };
+    }
     if let Some(socket) = &shared.settings.worker_socket {
         let timeout = std::time::Duration::from_millis(shared.settings.worker_timeout_ms);
         // The client gave up on a silent server: that is a stall to report.
-        if kind == ClientError::Stalled {
+        if matches!(e, InferError::Stalled(_)) {
             watch::report(control, socket, timeout, shared.settings.stall_ms);
             if lock(&control.stalls).last() == Some(&StallAnswer::Restarting) {
                 if let Some((reason, detail)) = control.reason() {
@@ -383,7 +383,7 @@ fn why(shared: &Shared, control: &Control, e: &InferError) -> Stop {
             }
         }
     }
-    stop(FailReason::Client(kind), e.to_string())
+    stop(FailReason::Client(e.clone()), e.to_string())
 }
 
 /// Sets exit calls aside (recording them) and finds the normal calls of an answer, from its
