@@ -166,7 +166,7 @@ impl Client {
 
 /// Asks `/slots` about `slot` on a second connection, within `call_ms`; a cancel ends the
 /// call at once (the loop then sees the token).
-fn poll_slot(config: &Config, slot: u32, cancel: &Cancel) -> SlotSeen {
+pub(crate) fn poll_slot(config: &Config, slot: u32, cancel: &Cancel) -> SlotSeen {
     match info::slots(config, cancel) {
         Ok(slots) => match slots.iter().find(|s| s.id == slot) {
             Some(s) if s.is_processing => SlotSeen::Busy,
@@ -179,7 +179,7 @@ fn poll_slot(config: &Config, slot: u32, cancel: &Cancel) -> SlotSeen {
 
 /// Posts `reasoning_end` for completion `id` within `call_ms` (or until a cancel); true only
 /// on a 200 with `success: true`.
-fn end_reasoning(config: &Config, id: &str, cancel: &Cancel) -> bool {
+pub(crate) fn end_reasoning(config: &Config, id: &str, cancel: &Cancel) -> bool {
     #[derive(Deserialize)]
     struct Ack {
         success: bool,

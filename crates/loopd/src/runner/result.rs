@@ -4,7 +4,9 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::llama::{ChatEvent, ChatMessage, FinishReason, InferError, Timings, ToolCall};
+use crate::llama::{
+    CacheOutcome, ChatEvent, ChatMessage, FinishReason, InferError, Timings, ToolCall,
+};
 
 use super::worker::StallAnswer;
 use super::RequestId;
@@ -123,6 +125,10 @@ pub struct GenerationStats {
     pub budget_left: u32,
     /// The server's timings (`cache_n`, `prompt_n`, `predicted_n`), if the stream carried any.
     pub timings: Option<Timings>,
+    /// Whether it reused the slot's cache as the generation before it left it
+    /// ([`cache_outcome`](crate::llama::cache_outcome)); `None` for the first generation and
+    /// for one that failed or carried no timings.
+    pub cache: Option<CacheOutcome>,
     /// Reasoning tokens.
     pub reasoning_tokens: u64,
     /// Its finish reason; `None` when it failed.
