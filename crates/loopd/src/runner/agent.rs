@@ -151,7 +151,10 @@ pub struct AgentRequest<'b> {
     tools: ToolRegistry,
     schemas: Vec<ToolSchema>,
     exit_names: Vec<String>,
+    /// The provider, for the budget notes.
     bios: Arc<dyn BiosProvider>,
+    /// The BIOS, written once: a BIOS that changed would cost the whole prompt cache.
+    bios_text: String,
     spawns: Option<u64>,
     r: RunResult,
     iterations: u32,
@@ -221,6 +224,13 @@ impl<'b> AgentRequest<'b> {
             .filter(|s| setup.tools.is_exit(&s.name))
             .map(|s| s.name.clone())
             .collect();
+        let bios_text = setup.bios.bios(&BiosContext {
+            budget_left: budget,
+            budget,
+            iterations: 0,
+            tools: &schemas,
+            exit_tools: &exit_names,
+        });
         let completed = Outcome::Completed {
             finish_reason: FinishReason::Stop,
         };
@@ -233,6 +243,7 @@ impl<'b> AgentRequest<'b> {
             schemas,
             exit_names,
             bios: setup.bios,
+            bios_text,
             spawns: setup.spawns,
             r: no_output(setup.id, budget, completed),
             iterations: 0,
@@ -525,13 +536,7 @@ impl<'b> AgentRequest<'b> {
 
     fn start_generation(&mut self, now: Duration) {
         let number = self.r.generations.len() as u32 + 1;
-        let bios = self.bios.bios(&BiosContext {
-            budget_left: self.r.budget_left,
-            budget: self.r.budget,
-            iterations: self.iterations,
-            tools: &self.schemas,
-            exit_tools: &self.exit_names,
-        });
+        let bios = self.bios_text.clone();
         let mut messages =
             Vec::with_capacity(self.req.messages.len() + self.r.transcript.len() + 2);
         messages.push(ChatMessage::System { content: bios });
@@ -782,6 +787,7 @@ impl<'b> AgentRequest<'b> {
         };
         let Some((call, source)) = calls.pop_front() else {
             self.r.budget_left -= 1;
+            self.note_budget();
             self.actions.push_back(Action::Event(RunEvent::Iteration {
                 number: self.iterations,
                 budget_left: self.r.budget_left,
@@ -817,6 +823,23 @@ impl<'b> AgentRequest<'b> {
                 *running = Some(run);
             }
             Err(e) => self.tool_done(now, run, Err(e)),
+        }
+    }
+
+    /// Appends the provider's budget note to the newest tool result, the one place a change
+    /// costs the prompt cache nothing.
+    fn note_budget(&mut self) {
+        let note = self.bios.budget_note(&BiosContext {
+            budget_left: self.r.budget_left,
+            budget: self.r.budget,
+            iterations: self.iterations,
+            tools: &self.schemas,
+            exit_tools: &self.exit_names,
+        });
+        let last = self.r.transcript.last_mut();
+        if let (Some(note), Some(ChatMessage::Tool { content, .. })) = (note, last) {
+            content.push_str("\n\n");
+            content.push_str(&note);
         }
     }
 
