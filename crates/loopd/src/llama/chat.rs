@@ -14,6 +14,7 @@
 //! Everything runs on the caller's thread.
 
 use std::io::{self, Read};
+use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
 use serde::Deserialize;
@@ -75,17 +76,7 @@ impl Client {
             .gate
             .acquire(req.slot, busy, poll, cancel, on_event)
             .map_err(Failed::bare)?;
-        let body = request::render(config, req);
-        let connect = Duration::from_millis(limits.connect_ms);
-        let mut stream = http::request(
-            &config.socket,
-            "POST",
-            CHAT_PATH,
-            Some(&body),
-            connect,
-            cancel,
-        )
-        .map_err(|e| Failed::bare(InferError::from_send(&config.socket, e)))?;
+        let mut stream = send(config, req, cancel).map_err(Failed::bare)?;
         let mut buffers = Buffers::new();
         let mut x = ChatExchange::new(limits, self.clock.now(), &mut buffers);
         if let Some(at) = first_byte_by {
@@ -162,6 +153,26 @@ impl Client {
             None => unreachable!("the loop ends only when the exchange is over"),
         }
     }
+}
+
+/// Connects to the inference socket and sends `req` as a chat request, within
+/// `limits.connect_ms` (or until a cancel).
+pub(crate) fn send(
+    config: &Config,
+    req: &ChatRequest,
+    cancel: &Cancel,
+) -> Result<UnixStream, InferError> {
+    let body = request::render(config, req);
+    let connect = Duration::from_millis(config.limits.connect_ms);
+    http::request(
+        &config.socket,
+        "POST",
+        CHAT_PATH,
+        Some(&body),
+        connect,
+        cancel,
+    )
+    .map_err(|e| InferError::from_send(&config.socket, e))
 }
 
 /// Asks `/slots` about `slot` on a second connection, within `call_ms`; a cancel ends the

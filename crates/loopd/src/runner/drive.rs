@@ -11,10 +11,8 @@ use std::os::unix::net::UnixStream;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::time::Duration;
 
-use crate::http::{self, READ_CHUNK};
-use crate::llama::{
-    end_reasoning, poll_slot, render_request, Buffers, Cancel, InferError, CHAT_PATH,
-};
+use crate::http::READ_CHUNK;
+use crate::llama::{end_reasoning, poll_slot, send, Buffers, Cancel};
 
 use super::agent::{Action, AgentRequest, Setup};
 use super::{worker, Observer, RequestId, RunEvent, RunRequest, RunResult, Shared, ToolError};
@@ -79,24 +77,12 @@ pub(super) fn drive(
                             continue;
                         }
                     }
-                    let body = render_request(config, &chat);
-                    let connect = Duration::from_millis(config.limits.connect_ms);
-                    match http::request(
-                        &config.socket,
-                        "POST",
-                        CHAT_PATH,
-                        Some(&body),
-                        connect,
-                        cancel,
-                    ) {
+                    match send(config, &chat, cancel) {
                         Ok(s) => {
                             (stream, timeout, pos, len) = (Some(s), None, 0, 0);
                             m.handle_sent(clock.now());
                         }
-                        Err(e) => {
-                            let e = InferError::from_send(&config.socket, e);
-                            m.handle_send_error(clock.now(), e);
-                        }
+                        Err(e) => m.handle_send_error(clock.now(), e),
                     }
                 }
                 Action::PollSlots => {
