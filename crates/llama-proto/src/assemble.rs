@@ -259,6 +259,19 @@ impl<'s, const CONTENT: usize, const REASONING: usize, const CALLS: usize, const
         }
     }
 
+    /// Hands the caller's buffers back for the next message (`new` ignores what they hold),
+    /// so a caller that keeps one set of buffers can assemble message after message.
+    #[allow(clippy::type_complexity)]
+    pub fn into_storage(
+        self,
+    ) -> (
+        &'s mut [u8; CONTENT],
+        &'s mut [u8; REASONING],
+        &'s mut [[u8; ARGS]; CALLS],
+    ) {
+        (self.content, self.reasoning, self.args)
+    }
+
     /// Forgets everything folded in, keeping the buffers, for the next request.
     pub fn reset(&mut self) {
         self.content_len = 0;

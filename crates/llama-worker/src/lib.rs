@@ -24,7 +24,7 @@ pub mod stat;
 pub mod status;
 pub mod worker;
 
-pub use clock::{Clock, FakeClock, SystemClock};
+pub use clock::{Clock, FakeClock, SharedClock, SystemClock};
 pub use config::{Config, ConfigError};
 pub use policy::{FailReason, Refusal, RestartCause, StallVerdict, State};
 pub use status::Status;

@@ -23,33 +23,9 @@ use core::fmt;
 use std::collections::VecDeque;
 use std::time::Duration;
 
-/// The worker's lifecycle state.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum State {
-    /// Not running, and not meant to be (initially, and after `stop`).
-    Stopped,
-    /// First start: spawned or spawning, waiting for readiness.
-    Starting,
-    /// The server answers readiness probes; requests may be sent.
-    Ready,
-    /// A restart is under way: killing, backing off, spawning or waiting for readiness.
-    Restarting,
-    /// Crash-loop protection tripped; stays so until `start` is called again.
-    Failed,
-}
-
-impl State {
-    /// The lower-case name used in status JSON.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Stopped => "stopped",
-            Self::Starting => "starting",
-            Self::Ready => "ready",
-            Self::Restarting => "restarting",
-            Self::Failed => "failed",
-        }
-    }
-}
+// The state and the restart cause are on the status socket's wire: their names live with
+// the protocol, which loopd reads too.
+pub use worker_proto::{RestartCause, State};
 
 /// Why registered in-flight work was failed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -69,35 +45,6 @@ impl FailReason {
             Self::WorkerRestarted => "worker_restarted",
             Self::ServerDied => "server_died",
             Self::WorkerStopped => "worker_stopped",
-        }
-    }
-}
-
-/// What triggered a restart.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RestartCause {
-    /// The process exited (or could not be spawned) while it was meant to run.
-    Exited,
-    /// Not ready by the startup deadline.
-    StartupTimeout,
-    /// Readiness probes failed while ready, with flat CPU time, beyond the threshold.
-    Unready,
-    /// A stall was reported and there was no progress within `stall_timeout`.
-    Stall,
-    /// A model instance behind the router exited (failed to load, or died while serving),
-    /// as the router's per-model status said: the same crash-loop event as a server exit.
-    ModelExited,
-}
-
-impl RestartCause {
-    /// The lower-case name used in status JSON.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Exited => "exited",
-            Self::StartupTimeout => "startup_timeout",
-            Self::Unready => "unready",
-            Self::Stall => "stall",
-            Self::ModelExited => "model_exited",
         }
     }
 }

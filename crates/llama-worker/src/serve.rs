@@ -1,91 +1,57 @@
 //! The daemon side of the status socket (created by [`crate::listen`]): one command per
 //! connection.
 //!
-//! Protocol: the client writes one line, `status`, `start`, `stop` or `stall`; the daemon
-//! answers one JSON line and closes. `start` is how a failed worker is started again.
+//! Protocol (the crate `worker-proto`, which loopd's runner uses too): the client writes one
+//! line, `status`, `start`, `stop` or `stall`; the daemon answers one JSON line and closes.
+//! `start` is how a failed worker is started again.
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::thread;
 use std::time::Duration;
 
-use serde::Serialize;
+use worker_proto::{error_reply, Command, StallAnswer};
 
-use crate::clock::Clock;
+use crate::clock::SharedClock;
 use crate::policy::StallVerdict;
-use crate::status::secs;
 use crate::worker::WorkerHandle;
 
-/// Longest command line accepted on the socket.
-pub const MAX_COMMAND_BYTES: usize = 64;
+pub use worker_proto::MAX_COMMAND_BYTES;
 
 /// How long a socket client may take to send its command or read the answer.
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// The answers that are not a [`crate::Status`].
-#[derive(Serialize)]
-#[serde(untagged)]
-enum Reply {
-    Stall {
-        stall: &'static str,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        since_progress_s: Option<f64>,
-    },
-    Error {
-        error: &'static str,
-    },
-}
-
-impl Reply {
-    fn to_json(&self) -> String {
-        // Strings and numbers only: serializing cannot fail.
-        serde_json::to_string(self).unwrap_or_default()
-    }
-}
-
 /// Answers one command line.
-pub fn answer<C: Clock>(handle: &WorkerHandle<C>, command: &str) -> String {
-    match command.trim() {
-        "status" => handle.status().to_json(),
-        "start" => {
+pub fn answer<C: SharedClock>(handle: &WorkerHandle<C>, command: &str) -> String {
+    match Command::parse(command) {
+        Some(Command::Status) => handle.status().to_json(),
+        Some(Command::Start) => {
             handle.start();
             handle.status().to_json()
         }
-        "stop" => {
+        Some(Command::Stop) => {
             handle.stop();
             handle.status().to_json()
         }
-        "stall" => {
-            let (stall, since) = match handle.report_stall() {
-                StallVerdict::Restarting => ("restarting", None),
-                StallVerdict::NotReady => ("not_ready", None),
-                StallVerdict::NotStalled { since_progress } => {
-                    ("not_stalled", Some(secs(since_progress)))
-                }
-            };
-            Reply::Stall {
-                stall,
-                since_progress_s: since,
-            }
-            .to_json()
-        }
-        _ => Reply::Error {
-            error: "unknown command; use status, start, stop or stall",
+        Some(Command::Stall) => match handle.report_stall() {
+            StallVerdict::Restarting => StallAnswer::Restarting,
+            StallVerdict::NotReady => StallAnswer::NotReady,
+            StallVerdict::NotStalled { since_progress } => StallAnswer::NotStalled {
+                since_progress_ms: u64::try_from(since_progress.as_millis()).unwrap_or(u64::MAX),
+            },
         }
         .to_json(),
+        None => error_reply("unknown command; use status, start, stop or stall"),
     }
 }
 
-fn serve_one<C: Clock>(handle: &WorkerHandle<C>, stream: UnixStream) -> io::Result<()> {
+fn serve_one<C: SharedClock>(handle: &WorkerHandle<C>, stream: UnixStream) -> io::Result<()> {
     stream.set_read_timeout(Some(CLIENT_TIMEOUT))?;
     stream.set_write_timeout(Some(CLIENT_TIMEOUT))?;
     let mut line = String::new();
     BufReader::new((&stream).take(MAX_COMMAND_BYTES as u64 + 1)).read_line(&mut line)?;
     let reply = if line.len() > MAX_COMMAND_BYTES {
-        Reply::Error {
-            error: "command too long",
-        }
-        .to_json()
+        error_reply("command too long")
     } else {
         answer(handle, &line)
     };
@@ -93,7 +59,7 @@ fn serve_one<C: Clock>(handle: &WorkerHandle<C>, stream: UnixStream) -> io::Resu
 }
 
 /// Serves the socket on a background thread until the process exits.
-pub fn spawn_status_server<C: Clock>(
+pub fn spawn_status_server<C: SharedClock>(
     listener: UnixListener,
     handle: WorkerHandle<C>,
 ) -> thread::JoinHandle<()> {
@@ -107,30 +73,4 @@ pub fn spawn_status_server<C: Clock>(
             }
         }
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn replies_that_are_not_a_status() {
-        let r = Reply::Stall {
-            stall: "not_stalled",
-            since_progress_s: Some(secs(Duration::from_millis(1250))),
-        };
-        assert_eq!(
-            r.to_json(),
-            "{\"stall\":\"not_stalled\",\"since_progress_s\":1.25}"
-        );
-        let r = Reply::Stall {
-            stall: "restarting",
-            since_progress_s: None,
-        };
-        assert_eq!(r.to_json(), "{\"stall\":\"restarting\"}");
-        let r = Reply::Error {
-            error: "command too long",
-        };
-        assert_eq!(r.to_json(), "{\"error\":\"command too long\"}");
-    }
 }

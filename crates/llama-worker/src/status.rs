@@ -78,11 +78,7 @@ pub struct Status {
     pub reason: Option<String>,
 }
 
-/// Seconds with millisecond precision, as every duration in the JSON.
-pub fn secs(d: Duration) -> f64 {
-    // Exact: a u128 of milliseconds below 2^53 converts without rounding.
-    d.as_millis() as f64 / 1000.0
-}
+pub use worker_proto::secs;
 
 /// The JSON shape of [`Status`], field order as written.
 #[derive(Serialize)]

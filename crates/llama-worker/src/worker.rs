@@ -14,7 +14,7 @@ use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
-use crate::clock::Clock;
+use crate::clock::SharedClock;
 use crate::config::{CommandSpec, Config, ConfigError, Timings};
 use crate::cpu;
 use crate::models::{self, ModelState, ModelsVerdict, MAX_MODELS_BODY, MODELS_PATH};
@@ -63,7 +63,7 @@ impl Shared {
 
 /// A cheap, cloneable, thread-safe view of a [`Worker`]: admission, status, control.
 #[derive(Clone, Debug)]
-pub struct WorkerHandle<C: Clock> {
+pub struct WorkerHandle<C: SharedClock> {
     shared: Arc<Shared>,
     clock: C,
     port: u16,
@@ -73,7 +73,7 @@ pub struct WorkerHandle<C: Clock> {
     timings: Timings,
 }
 
-impl<C: Clock> WorkerHandle<C> {
+impl<C: SharedClock> WorkerHandle<C> {
     /// Admits one request: `Ok` with its registration while ready, otherwise the refusal
     /// (`WORKER_NOT_READY`, `WORKER_FAILED`, `WORKER_STOPPED`) at once.
     pub fn admit(&self) -> Result<Work<C>, Refusal> {
@@ -223,14 +223,14 @@ impl<C: Clock> WorkerHandle<C> {
 
 /// One admitted request's registration. Dropping it deregisters the request.
 #[derive(Debug)]
-pub struct Work<C: Clock> {
+pub struct Work<C: SharedClock> {
     id: u64,
     rx: Receiver<FailReason>,
     handle: WorkerHandle<C>,
     failed: Option<FailReason>,
 }
 
-impl<C: Clock> Work<C> {
+impl<C: SharedClock> Work<C> {
     /// This registration's id (unique per worker).
     pub fn id(&self) -> u64 {
         self.id
@@ -264,7 +264,7 @@ impl<C: Clock> Work<C> {
     }
 }
 
-impl<C: Clock> Drop for Work<C> {
+impl<C: SharedClock> Drop for Work<C> {
     fn drop(&mut self) {
         self.handle.shared.lock().inflight.remove(&self.id);
     }
@@ -272,7 +272,7 @@ impl<C: Clock> Drop for Work<C> {
 
 /// Owns one server process and drives the policy.
 #[derive(Debug)]
-pub struct Worker<C: Clock> {
+pub struct Worker<C: SharedClock> {
     config: Config,
     timings: Timings,
     spec: CommandSpec,
@@ -289,7 +289,7 @@ pub struct Worker<C: Clock> {
     lingering: Vec<Lingering>,
 }
 
-impl<C: Clock> Worker<C> {
+impl<C: SharedClock> Worker<C> {
     /// A stopped worker for `config`, its server on `port`; call [`WorkerHandle::start`].
     pub fn new(config: Config, port: u16, clock: C) -> Result<Self, ConfigError> {
         config.validate()?;
@@ -634,7 +634,7 @@ impl<C: Clock> Worker<C> {
     }
 }
 
-impl<C: Clock> Drop for Worker<C> {
+impl<C: SharedClock> Drop for Worker<C> {
     /// Never leave a server behind, whatever happened to the worker.
     fn drop(&mut self) {
         self.kill();

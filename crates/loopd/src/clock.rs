@@ -1,53 +1,22 @@
 //! Time and randomness, passed in from outside so timers and retries are testable.
 //!
 //! [`SystemClock`] and [`SystemJitter`] are the real ones; [`FakeClock`] and [`FakeJitter`]
-//! let a test drive time and the retry schedule exactly. A clock only tells the time: waiting
-//! is the caller's (on a cancel token, so a cancel ends it).
+//! let a test drive time and the retry schedule exactly. The clock is the workspace's one
+//! (crate `clock`, which llama-worker takes too); jitter is loopd's own. A clock only tells
+//! the time: waiting is the caller's (on a cancel token, so a cancel ends it).
 
 use std::collections::hash_map::RandomState;
 use std::collections::VecDeque;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
 
-/// A monotonic clock.
-pub trait Clock: Send + Sync {
-    /// Time since an arbitrary fixed start; never goes backwards.
-    fn now(&self) -> Duration;
-}
+pub use ::clock::{Clock, FakeClock, SystemClock};
 
 /// A source of jitter for the retry waits.
 pub trait Jitter: Send + Sync {
     /// An offset in milliseconds in `-spread_ms..=spread_ms`. Callers clamp what they get.
     fn offset_ms(&self, spread_ms: u64) -> i64;
-}
-
-/// The operating system's monotonic clock.
-#[derive(Debug, Clone, Copy)]
-pub struct SystemClock {
-    start: Instant,
-}
-
-impl SystemClock {
-    /// A clock whose zero is now.
-    pub fn new() -> Self {
-        SystemClock {
-            start: Instant::now(),
-        }
-    }
-}
-
-impl Default for SystemClock {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl Clock for SystemClock {
-    fn now(&self) -> Duration {
-        self.start.elapsed()
-    }
 }
 
 /// Uniform jitter from std's randomly keyed SipHash over a counter (no extra dependency;
@@ -81,29 +50,6 @@ impl Jitter for SystemJitter {
         let width = spread_ms.saturating_mul(2).saturating_add(1);
         let spread = i64::try_from(spread_ms).unwrap_or(i64::MAX);
         i64::try_from(h.finish() % width).unwrap_or(0) - spread
-    }
-}
-
-/// A clock that moves only when told to.
-#[derive(Debug, Default)]
-pub struct FakeClock {
-    now: Mutex<Duration>,
-}
-
-impl FakeClock {
-    /// A clock at zero.
-    pub fn new() -> Self {
-        Self::default()
-    }
-    /// Moves time on by `d`.
-    pub fn advance(&self, d: Duration) {
-        *self.now.lock().unwrap_or_else(|e| e.into_inner()) += d;
-    }
-}
-
-impl Clock for FakeClock {
-    fn now(&self) -> Duration {
-        *self.now.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -158,15 +104,6 @@ mod tests {
     }
 
     #[test]
-    fn fake_clock_moves_only_when_told() {
-        let c = FakeClock::new();
-        assert_eq!(c.now(), Duration::ZERO);
-        c.advance(Duration::from_millis(5));
-        c.advance(Duration::from_secs(2));
-        assert_eq!(c.now(), Duration::from_millis(2_005));
-    }
-
-    #[test]
     fn fake_jitter_answers_in_order_then_zero() {
         let j = FakeJitter::new(&[-5, 7]);
         assert_eq!(
@@ -174,13 +111,5 @@ mod tests {
             [-5, 7, 0]
         );
         assert_eq!(j.spreads(), [10, 20, 30]);
-    }
-
-    #[test]
-    fn system_clock_is_monotonic() {
-        let c = SystemClock::new();
-        let a = c.now();
-        std::thread::sleep(Duration::from_millis(2));
-        assert!(c.now() >= a + Duration::from_millis(2));
     }
 }

@@ -9,6 +9,10 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+mod runner;
+
+pub use runner::{LoopThresholds, RunnerConfig};
+
 /// The whole of `config.toml`.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -30,7 +34,7 @@ pub struct Config {
     pub expect: Option<Expect>,
     /// The request runner: tool budget, tool timeout, worker socket, stalls, loop detector.
     #[serde(default)]
-    pub runner: crate::runner::RunnerConfig,
+    pub runner: RunnerConfig,
 }
 
 /// The limits of section 4, in milliseconds or tokens.
@@ -172,7 +176,7 @@ impl Config {
             retry: Retry::default(),
             sampling: Sampling::default(),
             expect: None,
-            runner: crate::runner::RunnerConfig::default(),
+            runner: RunnerConfig::default(),
         }
     }
 

@@ -9,11 +9,10 @@ use std::time::{Duration, Instant};
 
 use llama_harness::fixture;
 use loopd::config::Config;
-use loopd::llama::{Cancel, ChatMessage, Client};
+use loopd::llama::{Cancel, ChatMessage, Client, InferError};
 use loopd::runner::{
-    BiosContext, BiosProvider, CallSource, ClientError, FailReason, Outcome, RequestId,
-    ResultError, RunEvent, RunRequest, RunResult, Runner, StallAnswer, SubmitError, Tool,
-    ToolError, ToolRegistry,
+    BiosContext, BiosProvider, CallSource, FailReason, Outcome, RequestId, ResultError, RunEvent,
+    RunRequest, RunResult, Runner, StallAnswer, SubmitError, Tool, ToolError, ToolRegistry,
 };
 use serde_json::{json, Value};
 use support::{
@@ -134,7 +133,7 @@ impl Tool for Signal {
     }
 }
 
-/// A BIOS that states the budget left and records every context it was asked for.
+/// A BIOS that records every context it was asked for, with a budget note.
 #[derive(Default)]
 struct RecordingBios(Mutex<Vec<(u32, u32)>>);
 
@@ -144,10 +143,11 @@ impl BiosProvider for RecordingBios {
             .lock()
             .unwrap()
             .push((ctx.budget_left, ctx.iterations));
-        format!(
-            "BIOS: {} of {} tool iterations left",
-            ctx.budget_left, ctx.budget
-        )
+        format!("BIOS: {} tool iterations", ctx.budget)
+    }
+
+    fn budget_note(&self, ctx: &BiosContext<'_>) -> Option<String> {
+        Some(format!("{} left", ctx.budget_left))
     }
 }
 
@@ -198,7 +198,7 @@ fn sent(server: &FakeServer, n: usize) -> Vec<Value> {
 
 fn failed(r: &RunResult) -> (FailReason, &str) {
     match &r.outcome {
-        Outcome::Failed { reason, detail } => (*reason, detail.as_str()),
+        Outcome::Failed { reason, detail } => (reason.clone(), detail.as_str()),
         other => panic!("expected a failure, got {other:?}"),
     }
 }
@@ -265,14 +265,15 @@ fn a_batch_of_three_calls_is_one_iteration_run_in_order() {
         [
             ("c1", r#"echo {"n":1}"#),
             ("c2", r#"echo {"n":2}"#),
-            ("c3", r#"echo {"n":3}"#)
+            // The last result of the iteration carries the budget note.
+            ("c3", "echo {\"n\":3}\n\n2 left")
         ]
     );
     assert_released(&s.runner);
 }
 
 #[test]
-fn bios_first_then_the_caller_system_then_the_conversation_regenerated_per_iteration() {
+fn bios_first_then_the_caller_system_then_the_conversation_the_bios_fixed_the_budget_in_a_note() {
     let server = FakeServer::start(vec![(
         CHAT,
         vec![
@@ -286,21 +287,23 @@ fn bios_first_then_the_caller_system_then_the_conversation_regenerated_per_itera
     req.system = Some("You are terse.".into());
     let r = run(&s, req);
     assert!(r.outcome.fail_reason().is_none(), "{:?}", r.outcome);
-    assert_eq!(*s.bios.0.lock().unwrap(), [(3, 0), (2, 1), (1, 2)]);
-    for (n, left) in [(0, 3), (1, 2), (2, 1)] {
+    assert_eq!(*s.bios.0.lock().unwrap(), [(3, 0)], "written once");
+    for n in 0..3 {
         let m = sent(&server, n);
         assert_eq!(
             m[0],
-            json!({"role": "system", "content": format!("BIOS: {left} of 3 tool iterations left")})
+            json!({"role": "system", "content": "BIOS: 3 tool iterations"})
         );
         assert_eq!(m[1], json!({"role": "system", "content": "You are terse."}));
         assert_eq!(m[2], json!({"role": "user", "content": "hello"}));
     }
-    assert_eq!(
-        sent(&server, 2).len(),
-        7,
-        "BIOS, system, user, 2 x (call, result)"
-    );
+    let last = sent(&server, 2);
+    assert_eq!(last.len(), 7, "BIOS, system, user, 2 x (call, result)");
+    // Each iteration's result ends with the note; earlier requests are prefixes of later
+    // ones, so the server's cache keeps all of them.
+    assert_eq!(last[4]["content"], "echo {}\n\n2 left");
+    assert_eq!(last[6]["content"], "echo {}\n\n1 left");
+    assert_eq!(sent(&server, 1)[..5], last[..5]);
 }
 
 #[test]
@@ -485,7 +488,7 @@ fn a_call_written_as_text_runs_as_a_call() {
     assert_eq!(m[2]["tool_calls"][0]["function"]["name"], "get_weather");
     assert_eq!(
         m[3],
-        json!({"role": "tool", "tool_call_id": "text-1-0", "content": "sunny, 21 C"})
+        json!({"role": "tool", "tool_call_id": "text-1-0", "content": "sunny, 21 C\n\n2 left"})
     );
 }
 
@@ -614,7 +617,7 @@ fn loop_tiers_short_lines_need_more_repeats_than_long_ones() {
         let s = setup(config(&server, None), 1);
         let r = run(&s, ask("go"));
         assert_eq!(
-            r.outcome.fail_reason() == Some(FailReason::LoopDetected),
+            r.outcome.fail_reason() == Some(&FailReason::LoopDetected),
             fires,
             "{line:?} x{times}: {:?}",
             r.outcome
@@ -926,7 +929,7 @@ fn a_disconnect_mid_stream_fails_with_the_partial_output() {
     let s = setup(config(&server, None), 1);
     let r = run(&s, ask("x"));
     let (reason, detail) = failed(&r);
-    assert_eq!(reason, FailReason::Client(ClientError::StreamClosedEarly));
+    assert_eq!(reason, FailReason::Client(InferError::StreamClosedEarly));
     assert_eq!(reason.to_string(), "stream_closed_early");
     assert_eq!(detail, "the stream ended before its last chunk");
     assert_eq!(r.content.as_deref(), Some("Half an ans"));

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use llama_worker::{Clock, Config, State, Worker};
+use llama_worker::{Config, SharedClock, State, Worker};
 
 /// How the test readiness endpoint answers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -131,7 +131,7 @@ stop_grace_s = 0.5
 }
 
 /// Ticks (with short real sleeps) until `pred` holds or `limit` of real time passes.
-pub fn tick_until<C: Clock>(
+pub fn tick_until<C: SharedClock>(
     w: &mut Worker<C>,
     limit: Duration,
     mut pred: impl FnMut(&mut Worker<C>) -> bool,
@@ -149,7 +149,7 @@ pub fn tick_until<C: Clock>(
     }
 }
 
-pub fn state<C: Clock>(w: &Worker<C>) -> State {
+pub fn state<C: SharedClock>(w: &Worker<C>) -> State {
     w.handle().state()
 }
 

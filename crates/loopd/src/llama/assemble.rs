@@ -62,10 +62,32 @@ impl Buffers {
 
     /// A folder at the start of a message, writing into these buffers.
     pub fn folder(&mut self) -> Folder<'_> {
-        Folder {
-            inner: Inner::new(&mut self.content, &mut self.reasoning, &mut self.args),
+        Folder::new(self.storage())
+    }
+
+    /// The buffers lent out as one value, which a [`Folder`] hands back at the end of its
+    /// message ([`Folder::into_storage`]) for the next one.
+    pub fn storage(&mut self) -> Storage<'_> {
+        Storage {
+            content: &mut self.content,
+            reasoning: &mut self.reasoning,
+            args: &mut self.args,
             text: &mut self.text,
         }
+    }
+}
+
+/// [`Buffers`] lent out: what one [`Folder`] writes into, handed from message to message.
+pub struct Storage<'s> {
+    content: &'s mut [u8; CONTENT_CAP],
+    reasoning: &'s mut [u8; REASONING_CAP],
+    args: &'s mut [[u8; ARGUMENTS_CAP]; TOOL_CALLS_CAP],
+    text: &'s mut [u8],
+}
+
+impl std::fmt::Debug for Storage<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Storage").finish_non_exhaustive()
     }
 }
 
@@ -110,7 +132,26 @@ pub fn server_error(e: &ServerError<'_>) -> InferError {
     }
 }
 
-impl Folder<'_> {
+impl<'s> Folder<'s> {
+    /// A folder at the start of a message, writing into `storage`.
+    pub fn new(storage: Storage<'s>) -> Self {
+        Folder {
+            inner: Inner::new(storage.content, storage.reasoning, storage.args),
+            text: storage.text,
+        }
+    }
+
+    /// The storage back, for the next message.
+    pub fn into_storage(self) -> Storage<'s> {
+        let (content, reasoning, args) = self.inner.into_storage();
+        Storage {
+            content,
+            reasoning,
+            args,
+            text: self.text,
+        }
+    }
+
     /// Decodes one `data:` payload, folds it in and emits its events.
     pub fn push(
         &mut self,

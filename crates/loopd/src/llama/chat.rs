@@ -14,6 +14,7 @@
 //! Everything runs on the caller's thread.
 
 use std::io::{self, Read};
+use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
 use serde::Deserialize;
@@ -75,17 +76,7 @@ impl Client {
             .gate
             .acquire(req.slot, busy, poll, cancel, on_event)
             .map_err(Failed::bare)?;
-        let body = request::render(config, req);
-        let connect = Duration::from_millis(limits.connect_ms);
-        let mut stream = http::request(
-            &config.socket,
-            "POST",
-            CHAT_PATH,
-            Some(&body),
-            connect,
-            cancel,
-        )
-        .map_err(|e| Failed::bare(InferError::from_send(&config.socket, e)))?;
+        let mut stream = send(config, req, cancel).map_err(Failed::bare)?;
         let mut buffers = Buffers::new();
         let mut x = ChatExchange::new(limits, self.clock.now(), &mut buffers);
         if let Some(at) = first_byte_by {
@@ -164,9 +155,29 @@ impl Client {
     }
 }
 
+/// Connects to the inference socket and sends `req` as a chat request, within
+/// `limits.connect_ms` (or until a cancel).
+pub(crate) fn send(
+    config: &Config,
+    req: &ChatRequest,
+    cancel: &Cancel,
+) -> Result<UnixStream, InferError> {
+    let body = request::render(config, req);
+    let connect = Duration::from_millis(config.limits.connect_ms);
+    http::request(
+        &config.socket,
+        "POST",
+        CHAT_PATH,
+        Some(&body),
+        connect,
+        cancel,
+    )
+    .map_err(|e| InferError::from_send(&config.socket, e))
+}
+
 /// Asks `/slots` about `slot` on a second connection, within `call_ms`; a cancel ends the
 /// call at once (the loop then sees the token).
-fn poll_slot(config: &Config, slot: u32, cancel: &Cancel) -> SlotSeen {
+pub(crate) fn poll_slot(config: &Config, slot: u32, cancel: &Cancel) -> SlotSeen {
     match info::slots(config, cancel) {
         Ok(slots) => match slots.iter().find(|s| s.id == slot) {
             Some(s) if s.is_processing => SlotSeen::Busy,
@@ -179,7 +190,7 @@ fn poll_slot(config: &Config, slot: u32, cancel: &Cancel) -> SlotSeen {
 
 /// Posts `reasoning_end` for completion `id` within `call_ms` (or until a cancel); true only
 /// on a 200 with `success: true`.
-fn end_reasoning(config: &Config, id: &str, cancel: &Cancel) -> bool {
+pub(crate) fn end_reasoning(config: &Config, id: &str, cancel: &Cancel) -> bool {
     #[derive(Deserialize)]
     struct Ack {
         success: bool,

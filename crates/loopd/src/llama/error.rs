@@ -256,6 +256,25 @@ impl std::error::Error for InferError {
 }
 
 impl InferError {
+    /// The printable name of the error's kind, as a request's result names it:
+    /// `busy`, `connect_error`, `wait_timeout`, `load_timeout`, `stalled`, `timed_out`,
+    /// `stream_closed_early`, `thinking_overrun`, `http_error`, `protocol_error`, `cancelled`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            InferError::Busy => "busy",
+            InferError::Connect { .. } => "connect_error",
+            InferError::WaitTimeout => "wait_timeout",
+            InferError::LoadTimeout => "load_timeout",
+            InferError::Stalled(_) => "stalled",
+            InferError::TimedOut(_) => "timed_out",
+            InferError::StreamClosedEarly => "stream_closed_early",
+            InferError::ThinkingOverrun => "thinking_overrun",
+            InferError::Http { .. } => "http_error",
+            InferError::Protocol(_) => "protocol_error",
+            InferError::Cancelled => "cancelled",
+        }
+    }
+
     /// The error for a request to `socket` that could not be sent.
     pub fn from_send(socket: &std::path::Path, e: SendError) -> InferError {
         match e {
@@ -268,6 +287,64 @@ impl InferError {
         }
     }
 }
+
+// A request's result is kept and handed out, so its error is cloned and compared; an
+// `io::Error` is neither, and is carried over by its kind and message.
+impl Clone for InferError {
+    fn clone(&self) -> Self {
+        match self {
+            InferError::Busy => InferError::Busy,
+            InferError::Connect { socket, source } => InferError::Connect {
+                socket: socket.clone(),
+                source: std::io::Error::new(source.kind(), source.to_string()),
+            },
+            InferError::WaitTimeout => InferError::WaitTimeout,
+            InferError::LoadTimeout => InferError::LoadTimeout,
+            InferError::Stalled(s) => InferError::Stalled(*s),
+            InferError::TimedOut(d) => InferError::TimedOut(*d),
+            InferError::StreamClosedEarly => InferError::StreamClosedEarly,
+            InferError::ThinkingOverrun => InferError::ThinkingOverrun,
+            InferError::Http { status, body } => InferError::Http {
+                status: *status,
+                body: body.clone(),
+            },
+            InferError::Protocol(e) => InferError::Protocol(*e),
+            InferError::Cancelled => InferError::Cancelled,
+        }
+    }
+}
+
+impl PartialEq for InferError {
+    fn eq(&self, other: &Self) -> bool {
+        use InferError as E;
+        match (self, other) {
+            (
+                E::Connect { socket, source },
+                E::Connect {
+                    socket: s,
+                    source: o,
+                },
+            ) => socket == s && source.kind() == o.kind() && source.to_string() == o.to_string(),
+            (E::Stalled(a), E::Stalled(b)) => a == b,
+            (E::TimedOut(a), E::TimedOut(b)) => a == b,
+            (E::Http { status, body }, E::Http { status: s, body: b }) => status == s && body == b,
+            (E::Protocol(a), E::Protocol(b)) => a == b,
+            (a, b) => {
+                std::mem::discriminant(a) == std::mem::discriminant(b)
+                    && !matches!(
+                        a,
+                        E::Connect { .. }
+                            | E::Stalled(_)
+                            | E::TimedOut(_)
+                            | E::Http { .. }
+                            | E::Protocol(_)
+                    )
+            }
+        }
+    }
+}
+
+impl Eq for InferError {}
 
 /// `body` as text, cut to at most [`ERROR_BODY_CAP`] bytes on a character boundary.
 pub fn capped_body(body: &[u8]) -> String {

@@ -25,7 +25,7 @@ use http_nostd::{Event, HttpError, ResponseReader, HEAD_CAP};
 use crate::config::Limits;
 use crate::sse::{EventStream, Item};
 
-use super::assemble::{Buffers, Folder, Step};
+use super::assemble::{Buffers, Folder, Step, Storage};
 use super::timers::{CapAction, FirstByteWait, SlotSeen, ThinkingCap};
 use super::{
     capped_body, ChatEvent, Completion, Deadline, InferError, Partial, Silence, ERROR_BODY_CAP,
@@ -112,11 +112,18 @@ impl<'b> ChatExchange<'b> {
     /// The exchange of a request whose last byte was sent at `sent_at`; the message is
     /// assembled in `buffers`.
     pub fn new(limits: Limits, sent_at: Duration, buffers: &'b mut Buffers) -> Self {
+        Self::with_storage(limits, sent_at, buffers.storage())
+    }
+
+    /// As [`new`](Self::new), assembling into `storage`, which
+    /// [`into_storage`](Self::into_storage) hands back for the next request: a machine that
+    /// runs one exchange after another keeps one set of buffers.
+    pub fn with_storage(limits: Limits, sent_at: Duration, storage: Storage<'b>) -> Self {
         ChatExchange {
             limits,
             reader: ResponseReader::new(crate::heap::array::<HEAD_CAP>()),
             events: EventStream::new(),
-            folder: buffers.folder(),
+            folder: Folder::new(storage),
             wait: FirstByteWait::new(limits, sent_at),
             cap: ThinkingCap::new(limits.thinking_cap, limits.thinking_overrun),
             phase: Phase::Sent,
@@ -306,6 +313,11 @@ impl<'b> ChatExchange<'b> {
     /// What was assembled so far.
     pub fn partial(&self) -> Partial {
         self.folder.partial()
+    }
+
+    /// Ends the exchange and hands its storage back.
+    pub fn into_storage(self) -> Storage<'b> {
+        self.folder.into_storage()
     }
 
     fn fail(&mut self, e: InferError) {

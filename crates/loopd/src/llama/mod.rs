@@ -26,7 +26,8 @@ mod retry;
 mod timers;
 
 pub use crate::cancel::Cancel;
-pub use assemble::{Buffers, ARGUMENTS_CAP, CONTENT_CAP, REASONING_CAP, TOOL_CALLS_CAP};
+pub use assemble::{Buffers, Storage, ARGUMENTS_CAP, CONTENT_CAP, REASONING_CAP, TOOL_CALLS_CAP};
+pub(crate) use chat::{end_reasoning, poll_slot, send};
 pub use chat::{CHAT_PATH, CONTROL_PATH};
 pub use error::{
     capped_body, Deadline, Failed, InferError, Partial, ProtocolError, Silence, ERROR_BODY_CAP,

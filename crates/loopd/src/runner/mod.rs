@@ -2,30 +2,31 @@
 //! end (generation, tool iterations on a budget, exit tools, fallback parsing of calls
 //! written as text, loop detection) and its result kept until it is fetched once.
 //!
+//! Every decision about one request is made by its [`AgentRequest`], a sans-IO machine
+//! (`agent.rs`); the runner only drives machines. It owns the slot table, one driver thread
+//! per running request (`drive.rs`: the sockets and the tool threads), and nothing else.
+//!
 //! - [`Runner::submit`] takes a free slot or refuses at once: `NO_SLOT_AVAILABLE` when every
 //!   slot is busy (there is no queue), `WORKER_NOT_READY` / `WORKER_FAILED` when llama-worker
 //!   (asked on its status socket, when the config names one) is not ready. A refusal uses no
 //!   slot. Runner slot `i` is server slot `i` (`id_slot`).
-//! - Each request runs on a thread of its own; the slot is released the moment its result is
-//!   stored, whatever ended it.
+//! - The slot is released the moment the request's result is stored, whatever ended it.
 //! - [`Runner::get_result`] hands the terminal [`RunResult`] out once; later calls are
 //!   `NOT_FOUND`. [`Runner::cancel`] ends a request within one poll interval with its partial
 //!   output.
-//! - With a worker socket, a watcher thread reads the worker's status every
-//!   `runner.worker_poll_ms`: a restart (a new spawn, or a state other than ready) fails every
-//!   request in flight with `worker_restarted` (`server_died` when the server exited on its
-//!   own). A generating request with no stream progress for `runner.stall_ms` reports a stall
-//!   on the socket; the worker restarts only if it saw no CPU progress either.
-//!
-//! The tool loop itself is in `request.rs` (appendix G).
+//! - With a worker socket each request reads the worker's status every
+//!   `runner.worker_poll_ms`: a restart (a new spawn, or a state other than ready) fails it
+//!   with `worker_restarted` (`server_died` when the server exited on its own). A generating
+//!   request with no stream progress for `runner.stall_ms` reports a stall on the socket; the
+//!   worker restarts only if it saw no CPU progress either.
 
+mod agent;
+mod answer;
 mod bios;
 mod builtin;
-mod request;
+mod drive;
 mod result;
-mod settings;
 mod tools;
-mod watch;
 pub mod worker;
 
 use std::collections::HashMap;
@@ -37,14 +38,14 @@ use std::time::{Duration, Instant};
 use crate::config::Sampling;
 use crate::llama::{Cancel, ChatMessage, Client};
 
+pub use crate::config::{LoopThresholds, RunnerConfig};
+pub use agent::{Action, AgentRequest, Setup};
 pub use bios::{BiosContext, BiosProvider, StandardBios};
 pub use builtin::{builtin_tools, Arithmetic, Clock as ClockTool, Finish, ReadFile, READ_FILE_CAP};
 pub use result::{
-    CallSource, ClientError, ExitSignal, FailReason, GenerationStats, Outcome, RunEvent, RunResult,
-    ToolRecord,
+    CallSource, ExitSignal, FailReason, GenerationStats, Outcome, RunEvent, RunResult, ToolRecord,
 };
-pub use settings::{LoopThresholds, RunnerConfig};
-pub use tools::{run_call, RegistryError, Tool, ToolError, ToolRegistry};
+pub use tools::{RegistryError, Tool, ToolError, ToolRegistry};
 pub use worker::{StallAnswer, WorkerState, WorkerStatus};
 
 /// A request's id, unique within one runner.
@@ -141,47 +142,9 @@ impl std::error::Error for ResultError {}
 /// What watches one request live.
 pub type Observer = Box<dyn FnMut(&RunEvent) + Send>;
 
-/// The runner's view of one running request, shared with its thread and the watcher.
-#[derive(Debug, Default)]
-struct Control {
-    cancel: Cancel,
-    /// The first reason set wins; the request thread reads it when the client says Cancelled.
-    fail: Mutex<Option<(FailReason, String)>>,
-    progress: Mutex<Progress>,
-    /// The worker's `spawns` when the request was admitted.
-    spawns: Option<u64>,
-    stalls: Mutex<Vec<StallAnswer>>,
-}
-
-#[derive(Debug, Default, Clone, Copy)]
-struct Progress {
-    /// A generation is streaming (not running tools).
-    generating: bool,
-    /// Last stream progress, on the client's clock.
-    last: Duration,
-    /// When the last stall report was sent in this silence.
-    reported: Option<Duration>,
-}
-
-impl Control {
-    /// Ends the request with `reason` unless another reason came first.
-    fn fail(&self, reason: FailReason, detail: String) {
-        let mut f = lock(&self.fail);
-        if f.is_none() {
-            *f = Some((reason, detail));
-        }
-        drop(f);
-        self.cancel.cancel();
-    }
-
-    fn reason(&self) -> Option<(FailReason, String)> {
-        lock(&self.fail).clone()
-    }
-}
-
 enum Record {
     Running {
-        control: Arc<Control>,
+        cancel: Cancel,
         thread: Option<JoinHandle<()>>,
     },
     Done {
@@ -213,7 +176,6 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// The request runner: see the [module docs](self).
 pub struct Runner {
     shared: Arc<Shared>,
-    watcher: Option<(Cancel, JoinHandle<()>)>,
 }
 
 impl fmt::Debug for Runner {
@@ -227,8 +189,7 @@ impl fmt::Debug for Runner {
 
 impl Runner {
     /// A runner of `slots` slots (at least 1) over `client`, with `tools` and `bios`; the
-    /// rest of its settings come from the client's config (`[runner]`). Starts the watcher
-    /// thread when the config names a worker socket.
+    /// rest of its settings come from the client's config (`[runner]`).
     pub fn new(
         client: Arc<Client>,
         tools: ToolRegistry,
@@ -248,17 +209,7 @@ impl Runner {
             }),
             stored: Condvar::new(),
         });
-        let watcher = shared.settings.worker_socket.clone().map(|socket| {
-            let stop = Cancel::new();
-            let s = shared.clone();
-            let st = stop.clone();
-            let handle = std::thread::Builder::new()
-                .name("loopd-runner-watch".into())
-                .spawn(move || watch::run(&s, &socket, &st))
-                .expect("start the runner's watcher thread");
-            (stop, handle)
-        });
-        Runner { shared, watcher }
+        Runner { shared }
     }
 
     /// Slots in the table.
@@ -319,21 +270,21 @@ impl Runner {
         };
         let id = RequestId(t.next_id);
         t.next_id += 1;
-        let control = Arc::new(Control {
-            spawns,
-            ..Control::default()
-        });
-        let (shared, ctl) = (s.clone(), control.clone());
+        let cancel = Cancel::new();
+        let (shared, token) = (s.clone(), cancel.clone());
         let budget = req.budget.unwrap_or(s.settings.budget);
         let thread = std::thread::Builder::new()
             .name(format!("loopd-{id}"))
             .spawn(move || {
                 // A panicking observer or BIOS provider must not keep the slot for ever.
                 let run = std::panic::AssertUnwindSafe(|| {
-                    request::run(&shared, id, slot as u32, req, &ctl, observer)
+                    drive::drive(&shared, id, slot as u32, req, spawns, &token, observer)
                 });
-                let result =
-                    std::panic::catch_unwind(run).unwrap_or_else(|_| request::panicked(id, budget));
+                let result = std::panic::catch_unwind(run).unwrap_or_else(|_| {
+                    let reason = FailReason::Panicked;
+                    let detail = "the request's observer or BIOS provider panicked".into();
+                    agent::no_output(id, budget, Outcome::Failed { reason, detail })
+                });
                 shared.store(slot, result);
             })
             .map_err(|_| SubmitError::NoThread)?;
@@ -341,7 +292,7 @@ impl Runner {
         t.records.insert(
             id,
             Record::Running {
-                control,
+                cancel,
                 thread: Some(thread),
             },
         );
@@ -401,23 +352,11 @@ impl Runner {
         match t.records.get(&id) {
             None => Err(ResultError::NotFound),
             Some(Record::Done { .. }) => Ok(()),
-            Some(Record::Running { control, .. }) => {
-                control.fail(FailReason::Cancelled, "cancelled by the caller".into());
+            Some(Record::Running { cancel, .. }) => {
+                cancel.cancel();
                 Ok(())
             }
         }
-    }
-
-    /// The requests running now, with their controls (for the watcher).
-    fn running(shared: &Shared) -> Vec<Arc<Control>> {
-        lock(&shared.table)
-            .records
-            .values()
-            .filter_map(|r| match r {
-                Record::Running { control, .. } => Some(control.clone()),
-                Record::Done { .. } => None,
-            })
-            .collect()
     }
 }
 
@@ -446,19 +385,16 @@ impl Shared {
 }
 
 impl Drop for Runner {
-    /// Cancels every running request and waits for the runner's threads.
+    /// Cancels every running request and waits for their driver threads (not for tool
+    /// threads that ignore their cancel token).
     fn drop(&mut self) {
-        if let Some((stop, handle)) = self.watcher.take() {
-            stop.cancel();
-            let _ = handle.join();
-        }
         let threads: Vec<JoinHandle<()>> = {
             let mut t = lock(&self.shared.table);
             t.records
                 .values_mut()
                 .filter_map(|r| match r {
-                    Record::Running { control, thread } => {
-                        control.fail(FailReason::Cancelled, "the runner was dropped".into());
+                    Record::Running { cancel, thread } => {
+                        cancel.cancel();
                         thread.take()
                     }
                     Record::Done { thread, .. } => thread.take(),

@@ -4,73 +4,15 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::llama::{ChatEvent, ChatMessage, FinishReason, InferError, Timings, ToolCall};
+use crate::llama::{
+    CacheOutcome, ChatEvent, ChatMessage, FinishReason, InferError, Timings, ToolCall,
+};
 
 use super::worker::StallAnswer;
 use super::RequestId;
 
-/// The client error that ended a request, by kind.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ClientError {
-    /// `InferError::Busy`.
-    Busy,
-    /// `InferError::Connect`.
-    Connect,
-    /// `InferError::WaitTimeout`.
-    WaitTimeout,
-    /// `InferError::LoadTimeout`.
-    LoadTimeout,
-    /// `InferError::Stalled`.
-    Stalled,
-    /// `InferError::TimedOut` (issue 13's whole-step deadlines; mapped once it lands).
-    TimedOut,
-    /// `InferError::StreamClosedEarly`.
-    StreamClosedEarly,
-    /// `InferError::ThinkingOverrun`.
-    ThinkingOverrun,
-    /// `InferError::Http`.
-    Http,
-    /// `InferError::Protocol`.
-    Protocol,
-}
-
-impl ClientError {
-    /// The kind of `e`; `None` for a cancel, which is the runner's own reason.
-    pub fn of(e: &InferError) -> Option<ClientError> {
-        Some(match e {
-            InferError::Busy => ClientError::Busy,
-            InferError::Connect { .. } => ClientError::Connect,
-            InferError::WaitTimeout => ClientError::WaitTimeout,
-            InferError::LoadTimeout => ClientError::LoadTimeout,
-            InferError::Stalled(_) => ClientError::Stalled,
-            InferError::TimedOut(_) => ClientError::TimedOut,
-            InferError::StreamClosedEarly => ClientError::StreamClosedEarly,
-            InferError::ThinkingOverrun => ClientError::ThinkingOverrun,
-            InferError::Http { .. } => ClientError::Http,
-            InferError::Protocol(_) => ClientError::Protocol,
-            InferError::Cancelled => return None,
-        })
-    }
-
-    /// The printable name (`stream_closed_early`, `http_error`, ...).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ClientError::Busy => "busy",
-            ClientError::Connect => "connect_error",
-            ClientError::WaitTimeout => "wait_timeout",
-            ClientError::LoadTimeout => "load_timeout",
-            ClientError::Stalled => "stalled",
-            ClientError::TimedOut => "timed_out",
-            ClientError::StreamClosedEarly => "stream_closed_early",
-            ClientError::ThinkingOverrun => "thinking_overrun",
-            ClientError::Http => "http_error",
-            ClientError::Protocol => "protocol_error",
-        }
-    }
-}
-
 /// Why a request failed, printable exactly as seed 003 names it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FailReason {
     /// A tool call failed, or a call came with the budget at 0.
     ToolExecutionError,
@@ -86,8 +28,8 @@ pub enum FailReason {
     LoopDetected,
     /// [`Runner::cancel`] (or the runner being dropped).
     Cancelled,
-    /// The client's own error.
-    Client(ClientError),
+    /// The client's own error (never [`InferError::Cancelled`]: a cancel is the runner's).
+    Client(InferError),
     /// Code the runner calls (an observer, a BIOS provider) panicked; the slot is freed.
     Panicked,
 }
@@ -95,7 +37,7 @@ pub enum FailReason {
 impl FailReason {
     /// `tool_execution_error`, `tool_parse_error`, `worker_restarted`, `server_died`,
     /// `worker_stopped`, `loop_detected`, `cancelled`, `panicked`, or the client error's name.
-    pub fn as_str(self) -> &'static str {
+    pub fn as_str(&self) -> &'static str {
         match self {
             FailReason::ToolExecutionError => "tool_execution_error",
             FailReason::ToolParseError => "tool_parse_error",
@@ -135,9 +77,9 @@ pub enum Outcome {
 
 impl Outcome {
     /// The failure reason, if it failed.
-    pub fn fail_reason(&self) -> Option<FailReason> {
+    pub fn fail_reason(&self) -> Option<&FailReason> {
         match self {
-            Outcome::Failed { reason, .. } => Some(*reason),
+            Outcome::Failed { reason, .. } => Some(reason),
             Outcome::Completed { .. } => None,
         }
     }
@@ -183,6 +125,10 @@ pub struct GenerationStats {
     pub budget_left: u32,
     /// The server's timings (`cache_n`, `prompt_n`, `predicted_n`), if the stream carried any.
     pub timings: Option<Timings>,
+    /// Whether it reused the slot's cache as the generation before it left it
+    /// ([`cache_outcome`](crate::llama::cache_outcome)); `None` for the first generation and
+    /// for one that failed or carried no timings.
+    pub cache: Option<CacheOutcome>,
     /// Reasoning tokens.
     pub reasoning_tokens: u64,
     /// Its finish reason; `None` when it failed.

@@ -1,16 +1,15 @@
-//! Tools: a trait (name, JSON schema, run), a registry, and running one call with a timeout.
+//! Tools: a trait (name, JSON schema, run) and a registry.
 //!
 //! An **exit tool** is a signal to whoever submitted the request (`finish`, `ask_human`, ...):
 //! its calls are recorded whenever they appear and never run, never cost budget and change
-//! nothing else. A normal tool runs on a thread of its own so that the request can stop
-//! waiting at its timeout or at a cancel; the tool is then told through its [`Cancel`] token,
-//! and a tool that ignores it keeps its thread until it returns.
+//! nothing else. A normal tool runs on a thread of its own (the runner's driver starts it) so
+//! that the request can stop waiting at its timeout or at a cancel; the tool is then told
+//! through its [`Cancel`] token, and a tool that ignores it keeps its thread until it returns,
+//! but not the request's slot.
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use crate::llama::{Cancel, ToolSchema};
 
@@ -153,54 +152,5 @@ impl ToolRegistry {
     /// Whether there are none.
     pub fn is_empty(&self) -> bool {
         self.tools.is_empty()
-    }
-}
-
-/// Runs one call of `tool` on its own thread, waiting at most `timeout`, and no longer than
-/// one `poll` after `cancel` is set. The arguments are parsed here: text that is not a JSON
-/// object is [`ToolError::BadArguments`] and the tool is not started.
-pub fn run_call(
-    tool: &Arc<dyn Tool>,
-    arguments: &str,
-    timeout: Duration,
-    poll: Duration,
-    cancel: &Cancel,
-) -> Result<String, ToolError> {
-    let args: serde_json::Value = serde_json::from_str(arguments)
-        .map_err(|e| ToolError::BadArguments(format!("not JSON: {e}")))?;
-    if !args.is_object() {
-        return Err(ToolError::BadArguments("not a JSON object".into()));
-    }
-    let tool_cancel = Cancel::new();
-    let (tx, rx) = mpsc::channel();
-    let t = tool.clone();
-    let tc = tool_cancel.clone();
-    std::thread::Builder::new()
-        .name(format!("loopd-tool-{}", tool.name()))
-        .spawn(move || {
-            let _ = tx.send(t.run(&args, &tc));
-        })
-        .map_err(|e| ToolError::Crashed(format!("no thread: {e}")))?;
-    let start = Instant::now();
-    loop {
-        let left = timeout.saturating_sub(start.elapsed());
-        match rx.recv_timeout(left.min(poll)) {
-            Ok(r) => return r,
-            Err(RecvTimeoutError::Disconnected) => {
-                return Err(ToolError::Crashed("the tool panicked".into()))
-            }
-            Err(RecvTimeoutError::Timeout) => {
-                if cancel.is_cancelled() {
-                    tool_cancel.cancel();
-                    return Err(ToolError::Cancelled);
-                }
-                if start.elapsed() >= timeout {
-                    tool_cancel.cancel();
-                    return Err(ToolError::TimedOut {
-                        after_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
-                    });
-                }
-            }
-        }
     }
 }

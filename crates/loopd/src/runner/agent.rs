@@ -1,0 +1,892 @@
+//! [`AgentRequest`]: one agent request as a sans-IO machine (seed 003, appendix G), in the
+//! shape of llama-worker's `Policy` and the client's [`ChatExchange`], which it nests for the
+//! generation under way.
+//!
+//! Inputs, each with `now`: what the driver did about an action ([`handle_sent`],
+//! [`handle_bytes`], [`handle_eof`], [`handle_slots`], [`handle_control_answer`],
+//! [`handle_tool_result`], [`handle_worker_status`], [`handle_stall_answer`]), time passing
+//! ([`handle_timeout`]) and [`cancel`]. Outputs: [`Action`]s from [`poll_action`], in order,
+//! and [`poll_timeout`], the time the machine next needs [`handle_timeout`]. It decides
+//! everything a request decides: the BIOS, the budget, exit tools, fallback parsing, loop
+//! detection, stall bookkeeping, tool deadlines, and why it failed (its own reason first,
+//! then the worker's, then the client's). It never blocks, spawns or reads a clock; the
+//! driver in `drive.rs` does the IO.
+//!
+//! [`handle_sent`]: AgentRequest::handle_sent
+//! [`handle_bytes`]: AgentRequest::handle_bytes
+//! [`handle_eof`]: AgentRequest::handle_eof
+//! [`handle_slots`]: AgentRequest::handle_slots
+//! [`handle_control_answer`]: AgentRequest::handle_control_answer
+//! [`handle_tool_result`]: AgentRequest::handle_tool_result
+//! [`handle_worker_status`]: AgentRequest::handle_worker_status
+//! [`handle_stall_answer`]: AgentRequest::handle_stall_answer
+//! [`handle_timeout`]: AgentRequest::handle_timeout
+//! [`cancel`]: AgentRequest::cancel
+//! [`poll_action`]: AgentRequest::poll_action
+//! [`poll_timeout`]: AgentRequest::poll_timeout
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+
+use llama_proto::{cache_outcome, FinishReason, LoopDetector};
+
+use crate::config::{Limits, RunnerConfig};
+use crate::llama::{
+    ChatEvent, ChatExchange, ChatMessage, ChatRequest, Completion, InferError, Output, Partial,
+    SlotSeen, Storage, Timings, ToolCall, ToolSchema,
+};
+
+use super::answer::asked;
+use super::bios::{BiosContext, BiosProvider};
+use super::worker::{StallAnswer, WorkerError, WorkerState, WorkerStatus};
+use super::{
+    CallSource, FailReason, GenerationStats, Outcome, RequestId, RunEvent, RunRequest, RunResult,
+    ToolError, ToolRecord, ToolRegistry,
+};
+
+/// What the machine asks of its driver.
+#[derive(Debug)]
+pub enum Action {
+    /// Show this event to whoever watches the request.
+    Event(RunEvent),
+    /// Connect and send this request, then call
+    /// [`handle_sent`](AgentRequest::handle_sent) or, when it could not be sent,
+    /// [`handle_send_error`](AgentRequest::handle_send_error).
+    Send(ChatRequest),
+    /// Ask `/slots` about the request's slot; answer with
+    /// [`handle_slots`](AgentRequest::handle_slots).
+    PollSlots,
+    /// Post `reasoning_end` for completion `id`; answer with
+    /// [`handle_control_answer`](AgentRequest::handle_control_answer).
+    EndReasoning {
+        /// The completion id.
+        id: String,
+    },
+    /// The generation is over: close its connection (the server stops generating).
+    Close,
+    /// Run a tool call (on a thread of its own); answer with
+    /// [`handle_tool_result`](AgentRequest::handle_tool_result).
+    RunTool {
+        /// The call's id, given back with the result.
+        id: String,
+        /// The registered tool to run.
+        name: String,
+        /// Its arguments, already checked to be a JSON object.
+        arguments: serde_json::Value,
+    },
+    /// The machine gave up on the call `id` (its deadline, a cancel, a restart): tell the
+    /// tool through its cancel token and forget it; a late result is ignored.
+    CancelTool {
+        /// The call's id.
+        id: String,
+    },
+    /// Read llama-worker's status; answer with
+    /// [`handle_worker_status`](AgentRequest::handle_worker_status).
+    WorkerStatus,
+    /// Report a stall to llama-worker; answer with
+    /// [`handle_stall_answer`](AgentRequest::handle_stall_answer).
+    ReportStall,
+    /// The request is over: its result. Nothing follows.
+    Done(Box<RunResult>),
+}
+
+/// What an [`AgentRequest`] is made from, besides the request itself.
+pub struct Setup<'a> {
+    /// The request's id.
+    pub id: RequestId,
+    /// Its slot (runner slot = server slot).
+    pub slot: u32,
+    /// The client's timers and caps (for the nested exchange).
+    pub limits: Limits,
+    /// The runner's settings.
+    pub settings: &'a RunnerConfig,
+    /// The tools offered.
+    pub tools: &'a ToolRegistry,
+    /// Writes the BIOS.
+    pub bios: Arc<dyn BiosProvider>,
+    /// llama-worker's `spawns` at admission; `None` without a worker socket.
+    pub spawns: Option<u64>,
+}
+
+/// Which answer the failure policy waits for from the worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ask {
+    Stall,
+    Status,
+}
+
+/// A tool call under way.
+#[derive(Debug)]
+struct Running {
+    call: ToolCall,
+    source: CallSource,
+    deadline: Duration,
+}
+
+enum Phase<'b> {
+    /// The request is out to the driver; no answer yet.
+    Sending,
+    /// The generation streams.
+    Generating(Box<ChatExchange<'b>>),
+    /// The generation failed with the client's error; the worker is asked why.
+    Concluding {
+        error: InferError,
+        ask: Ask,
+    },
+    /// An iteration's calls: those still to run, and the one running.
+    Tools {
+        calls: VecDeque<(ToolCall, CallSource)>,
+        running: Option<Running>,
+    },
+    Done,
+}
+
+/// One agent request: see the [module docs](self).
+pub struct AgentRequest<'b> {
+    slot: u32,
+    req: RunRequest,
+    limits: Limits,
+    settings: RunnerConfig,
+    tools: ToolRegistry,
+    schemas: Vec<ToolSchema>,
+    exit_names: Vec<String>,
+    /// The provider, for the budget notes.
+    bios: Arc<dyn BiosProvider>,
+    /// The BIOS, written once: a BIOS that changed would cost the whole prompt cache.
+    bios_text: String,
+    spawns: Option<u64>,
+    r: RunResult,
+    iterations: u32,
+    phase: Phase<'b>,
+    storage: Option<Storage<'b>>,
+    actions: VecDeque<Action>,
+    /// The machine's own reason to end (a loop, a cancel, a restart); the first one wins.
+    fail: Option<(FailReason, String)>,
+    started: Duration,
+    loops: (Option<LoopDetector>, Option<LoopDetector>),
+    last_progress: Duration,
+    reported: Option<Duration>,
+    previous: Option<Timings>,
+    next_status: Duration,
+    status_out: bool,
+    stall_out: bool,
+}
+
+impl std::fmt::Debug for AgentRequest<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentRequest")
+            .field("id", &self.r.id)
+            .field("slot", &self.slot)
+            .field("budget_left", &self.r.budget_left)
+            .finish_non_exhaustive()
+    }
+}
+
+fn ms(v: u64) -> Duration {
+    Duration::from_millis(v)
+}
+
+/// A result with no output yet: the whole budget left.
+pub(super) fn no_output(id: RequestId, budget: u32, outcome: Outcome) -> RunResult {
+    RunResult {
+        id,
+        outcome,
+        content: None,
+        reasoning_content: None,
+        transcript: Vec::new(),
+        tool_calls: Vec::new(),
+        exits: Vec::new(),
+        generations: Vec::new(),
+        budget,
+        budget_left: budget,
+        stalls: Vec::new(),
+    }
+}
+
+/// The assistant message of a partial answer, kept in the transcript.
+fn assistant(p: &Partial) -> ChatMessage {
+    ChatMessage::Assistant {
+        content: p.content.clone(),
+        reasoning_content: p.reasoning_content.clone(),
+        tool_calls: p.tool_calls.clone(),
+    }
+}
+
+impl<'b> AgentRequest<'b> {
+    /// The request `req` at `now`, assembling into `storage`; its first action sends
+    /// generation 1.
+    pub fn new(now: Duration, setup: Setup<'_>, req: RunRequest, storage: Storage<'b>) -> Self {
+        let budget = req.budget.unwrap_or(setup.settings.budget);
+        let schemas = setup.tools.schemas();
+        let exit_names: Vec<String> = schemas
+            .iter()
+            .filter(|s| setup.tools.is_exit(&s.name))
+            .map(|s| s.name.clone())
+            .collect();
+        let bios_text = setup.bios.bios(&BiosContext {
+            budget_left: budget,
+            budget,
+            iterations: 0,
+            tools: &schemas,
+            exit_tools: &exit_names,
+        });
+        let completed = Outcome::Completed {
+            finish_reason: FinishReason::Stop,
+        };
+        let mut m = AgentRequest {
+            slot: setup.slot,
+            req,
+            limits: setup.limits,
+            settings: setup.settings.clone(),
+            tools: setup.tools.clone(),
+            schemas,
+            exit_names,
+            bios: setup.bios,
+            bios_text,
+            spawns: setup.spawns,
+            r: no_output(setup.id, budget, completed),
+            iterations: 0,
+            phase: Phase::Sending,
+            storage: Some(storage),
+            actions: VecDeque::new(),
+            fail: None,
+            started: now,
+            loops: (None, None),
+            last_progress: now,
+            reported: None,
+            previous: None,
+            next_status: now + ms(setup.settings.worker_poll_ms),
+            status_out: false,
+            stall_out: false,
+        };
+        m.start_generation(now);
+        m
+    }
+
+    /// The next thing to do, in order.
+    pub fn poll_action(&mut self) -> Option<Action> {
+        self.actions.pop_front()
+    }
+
+    /// Whether the result has been handed out (as [`Action::Done`]) or is queued.
+    pub fn is_done(&self) -> bool {
+        matches!(self.phase, Phase::Done)
+    }
+
+    /// When [`handle_timeout`](Self::handle_timeout) is next due; `None` when only an
+    /// answer from the driver can move the request on.
+    pub fn poll_timeout(&self) -> Option<Duration> {
+        let mut at: Option<Duration> = None;
+        let mut add = |t: Option<Duration>| {
+            if let Some(t) = t {
+                at = Some(at.map_or(t, |a| a.min(t)));
+            }
+        };
+        match &self.phase {
+            Phase::Done => return None,
+            Phase::Generating(x) => {
+                add(x.poll_timeout());
+                add(self.stall_due());
+            }
+            Phase::Tools {
+                running: Some(run), ..
+            } => add(Some(run.deadline)),
+            _ => {}
+        }
+        if self.worker() && !self.status_out {
+            add(Some(self.next_status));
+        }
+        at
+    }
+
+    /// The request went out at `now`: its answer is awaited.
+    pub fn handle_sent(&mut self, now: Duration) {
+        if !matches!(self.phase, Phase::Sending) {
+            return;
+        }
+        let Some(storage) = self.storage.take() else {
+            return;
+        };
+        let x = ChatExchange::with_storage(self.limits, now, storage);
+        self.phase = Phase::Generating(Box::new(x));
+        if self.fail.is_some() {
+            self.abort(now);
+        }
+    }
+
+    /// The request could not be sent (`Connect`, `TimedOut(Connect)`, a cancel).
+    pub fn handle_send_error(&mut self, now: Duration, error: InferError) {
+        if matches!(self.phase, Phase::Sending) {
+            self.actions.push_back(Action::Close);
+            self.generation_failed(now, error, Partial::default());
+        }
+    }
+
+    /// Bytes read from the connection at `now`; returns how many were consumed (all, unless
+    /// a `reasoning_end` is out: then none until its answer).
+    pub fn handle_bytes(&mut self, now: Duration, input: &[u8]) -> usize {
+        let Phase::Generating(x) = &mut self.phase else {
+            return input.len();
+        };
+        let used = x.handle_bytes(now, input);
+        self.pump(now);
+        used
+    }
+
+    /// The connection ended at `now`.
+    pub fn handle_eof(&mut self, now: Duration) {
+        if let Phase::Generating(x) = &mut self.phase {
+            x.handle_eof(now);
+            self.pump(now);
+        }
+    }
+
+    /// What a `/slots` poll said.
+    pub fn handle_slots(&mut self, now: Duration, seen: SlotSeen) {
+        if let Phase::Generating(x) = &mut self.phase {
+            x.handle_slots(now, seen);
+            self.pump(now);
+        }
+    }
+
+    /// Whether `reasoning_end` succeeded.
+    pub fn handle_control_answer(&mut self, now: Duration, success: bool) {
+        if let Phase::Generating(x) = &mut self.phase {
+            x.handle_control_answer(now, success);
+            self.pump(now);
+        }
+    }
+
+    /// The result of the call `id`; ignored unless that call is the one running.
+    pub fn handle_tool_result(
+        &mut self,
+        now: Duration,
+        id: &str,
+        result: Result<String, ToolError>,
+    ) {
+        let Phase::Tools { running, .. } = &mut self.phase else {
+            return;
+        };
+        if running.as_ref().is_none_or(|r| r.call.id != id) {
+            return;
+        }
+        let Some(run) = running.take() else { return };
+        self.tool_done(now, run, result);
+    }
+
+    /// llama-worker's status (or why it could not be read).
+    pub fn handle_worker_status(
+        &mut self,
+        now: Duration,
+        status: Result<WorkerStatus, WorkerError>,
+    ) {
+        self.status_out = false;
+        self.next_status = now + ms(self.settings.worker_poll_ms);
+        if let Ok(st) = &status {
+            self.check_restart(st);
+        }
+        if let Phase::Concluding {
+            ask: Ask::Status, ..
+        } = self.phase
+        {
+            self.conclude(now);
+        } else if self.fail.is_some() {
+            self.abort(now);
+        }
+    }
+
+    /// llama-worker's answer to a stall report (or why there was none).
+    pub fn handle_stall_answer(&mut self, now: Duration, answer: Result<StallAnswer, WorkerError>) {
+        self.stall_out = false;
+        if let Ok(a) = answer {
+            self.r.stalls.push(a);
+            self.actions.push_back(Action::Event(RunEvent::Stall(a)));
+            if a == StallAnswer::Restarting {
+                let detail = format!(
+                    "no stream progress for {} ms (runner.stall_ms); llama-worker saw none \
+                     either and restarted llama-server",
+                    self.settings.stall_ms
+                );
+                self.set_fail(FailReason::WorkerRestarted, detail);
+            }
+        }
+        if let Phase::Concluding {
+            ask: Ask::Stall, ..
+        } = self.phase
+        {
+            if self.fail.is_some() {
+                self.conclude(now);
+            } else {
+                self.ask_worker(Ask::Status);
+            }
+        } else if self.fail.is_some() {
+            self.abort(now);
+        }
+    }
+
+    /// Time passed: fires every timer due at `now`.
+    pub fn handle_timeout(&mut self, now: Duration) {
+        match &mut self.phase {
+            Phase::Done => return,
+            Phase::Generating(x) => {
+                x.handle_timeout(now);
+                self.pump(now);
+            }
+            Phase::Tools { running, .. } if running.as_ref().is_some_and(|r| now >= r.deadline) => {
+                if let Some(run) = running.take() {
+                    self.actions.push_back(Action::CancelTool {
+                        id: run.call.id.clone(),
+                    });
+                    let after_ms = self.settings.tool_timeout_ms;
+                    self.tool_done(now, run, Err(ToolError::TimedOut { after_ms }));
+                }
+            }
+            _ => {}
+        }
+        if self.stall_due().is_some_and(|at| now >= at) {
+            self.reported = Some(now);
+            self.stall_out = true;
+            self.actions.push_back(Action::ReportStall);
+        }
+        if self.worker() && !self.status_out && !self.is_done() && now >= self.next_status {
+            self.status_out = true;
+            self.actions.push_back(Action::WorkerStatus);
+        }
+    }
+
+    /// The caller cancelled the request: it ends as `cancelled` with its output so far.
+    pub fn cancel(&mut self, now: Duration) {
+        self.set_fail(FailReason::Cancelled, "cancelled by the caller".into());
+        self.abort(now);
+    }
+
+    fn worker(&self) -> bool {
+        self.settings.worker_socket.is_some()
+    }
+
+    /// When a stall report is next due: while generating with a worker socket and no report
+    /// out, one `stall_ms` after the later of the last progress and the last report.
+    fn stall_due(&self) -> Option<Duration> {
+        let generating = matches!(self.phase, Phase::Generating(_));
+        (generating && self.worker() && !self.stall_out && self.fail.is_none()).then(|| {
+            self.reported
+                .unwrap_or(self.last_progress)
+                .max(self.last_progress)
+                + ms(self.settings.stall_ms)
+        })
+    }
+
+    fn set_fail(&mut self, reason: FailReason, detail: String) {
+        if self.fail.is_none() {
+            self.fail = Some((reason, detail));
+        }
+    }
+
+    /// Ends whatever runs with the machine's own reason.
+    fn abort(&mut self, now: Duration) {
+        let Some((reason, detail)) = self.fail.clone() else {
+            return;
+        };
+        match &mut self.phase {
+            Phase::Sending | Phase::Done => {}
+            Phase::Generating(x) => {
+                x.cancel();
+                self.pump(now);
+            }
+            Phase::Concluding { error, .. } => {
+                let detail = format!("{detail} ({error})");
+                self.end(Outcome::Failed { reason, detail });
+            }
+            Phase::Tools { running, .. } => {
+                if let Some(run) = running.take() {
+                    self.actions.push_back(Action::CancelTool {
+                        id: run.call.id.clone(),
+                    });
+                    self.tool_done(now, run, Err(ToolError::Cancelled));
+                } else {
+                    self.end(Outcome::Failed { reason, detail });
+                }
+            }
+        }
+    }
+
+    /// Fails the request if the worker no longer runs the server it was admitted under.
+    fn check_restart(&mut self, st: &WorkerStatus) {
+        let Some(spawns) = self.spawns else { return };
+        if st.state == WorkerState::Ready && st.spawns == spawns {
+            return;
+        }
+        let (reason, what) = match st.state {
+            WorkerState::Stopped => (FailReason::WorkerStopped, "llama-worker was stopped"),
+            _ if st.server_died() => (FailReason::ServerDied, "llama-server died on its own"),
+            _ => (
+                FailReason::WorkerRestarted,
+                "llama-worker restarted llama-server",
+            ),
+        };
+        let detail = format!(
+            "{what} (worker {}, spawn {} -> {})",
+            st.state.as_str(),
+            spawns,
+            st.spawns
+        );
+        self.set_fail(reason, detail);
+    }
+
+    fn start_generation(&mut self, now: Duration) {
+        let number = self.r.generations.len() as u32 + 1;
+        let bios = self.bios_text.clone();
+        let mut messages =
+            Vec::with_capacity(self.req.messages.len() + self.r.transcript.len() + 2);
+        messages.push(ChatMessage::System { content: bios });
+        if let Some(system) = &self.req.system {
+            messages.push(ChatMessage::System {
+                content: system.clone(),
+            });
+        }
+        messages.extend(self.req.messages.iter().cloned());
+        messages.extend(self.r.transcript.iter().cloned());
+        let chat = ChatRequest {
+            slot: self.slot,
+            messages,
+            tools: self.schemas.clone(),
+            thinking: self.req.thinking,
+            max_tokens: self.req.max_tokens,
+            sampling: self.req.sampling,
+        };
+        self.actions.push_back(Action::Event(RunEvent::Generation {
+            number,
+            budget_left: self.r.budget_left,
+        }));
+        self.actions.push_back(Action::Send(chat));
+        self.phase = Phase::Sending;
+        self.started = now;
+        // The config was validated, so the detector accepts it; an invalid one in code is a
+        // detector that never fires rather than a panic.
+        let loops = self.settings.loop_detector;
+        self.loops = (LoopDetector::new(loops).ok(), LoopDetector::new(loops).ok());
+        self.last_progress = now;
+        self.reported = None;
+    }
+
+    /// Hands on what the exchange asked for, then ends the generation if it is over.
+    fn pump(&mut self, now: Duration) {
+        let Phase::Generating(x) = &mut self.phase else {
+            return;
+        };
+        let mut outputs = Vec::new();
+        while let Some(o) = x.poll_output() {
+            outputs.push(o);
+        }
+        for o in outputs {
+            match o {
+                Output::Event(e) => self.on_chat_event(now, e),
+                Output::PollSlots => self.actions.push_back(Action::PollSlots),
+                Output::EndReasoning { id } => self.actions.push_back(Action::EndReasoning { id }),
+            }
+        }
+        let Phase::Generating(x) = &mut self.phase else {
+            return;
+        };
+        if self.fail.is_some() && !x.is_over() {
+            x.cancel();
+        }
+        if !x.is_over() {
+            return;
+        }
+        let Phase::Generating(mut x) = std::mem::replace(&mut self.phase, Phase::Sending) else {
+            return;
+        };
+        let result = x.take_result();
+        let partial = x.partial();
+        self.storage = Some(x.into_storage());
+        self.actions.push_back(Action::Close);
+        match (result, self.fail.clone()) {
+            (Some(Ok(done)), None) => self.answered(now, done),
+            // Stopped by the machine while the rest of the stream was in hand: its reason
+            // stands, with the whole output kept.
+            (Some(Ok(done)), Some((reason, detail))) => {
+                let whole = Partial {
+                    content: done.content,
+                    reasoning_content: done.reasoning_content,
+                    tool_calls: done.tool_calls,
+                    timings: done.timings,
+                    reasoning_tokens: done.reasoning_tokens,
+                };
+                self.keep_partial(now, &whole);
+                self.end(Outcome::Failed { reason, detail });
+            }
+            (Some(Err(e)), _) => self.generation_failed(now, e, partial),
+            (None, _) => self.generation_failed(now, InferError::Cancelled, partial),
+        }
+    }
+
+    fn on_chat_event(&mut self, now: Duration, e: ChatEvent) {
+        let fired = match &e {
+            ChatEvent::Content(t) => self.loops.0.as_mut().and_then(|d| d.push(t.as_bytes())),
+            ChatEvent::Reasoning(t) => self.loops.1.as_mut().and_then(|d| d.push(t.as_bytes())),
+            _ => None,
+        };
+        if !matches!(
+            e,
+            ChatEvent::Waiting { .. } | ChatEvent::Queued { .. } | ChatEvent::Retrying { .. }
+        ) {
+            self.last_progress = now;
+            self.reported = None;
+        }
+        self.actions.push_back(Action::Event(RunEvent::Chat(e)));
+        if let Some(d) = fired {
+            let detail = format!("the stream repeated itself: {d}");
+            self.set_fail(FailReason::LoopDetected, detail);
+        }
+    }
+
+    /// Records a generation that ended without an answer, keeping its output.
+    fn keep_partial(&mut self, now: Duration, p: &Partial) {
+        self.r.generations.push(GenerationStats {
+            budget_left: self.r.budget_left,
+            timings: p.timings,
+            cache: None,
+            reasoning_tokens: p.reasoning_tokens,
+            finish_reason: None,
+            elapsed: now.saturating_sub(self.started),
+        });
+        self.r.content.clone_from(&p.content);
+        self.r.reasoning_content.clone_from(&p.reasoning_content);
+        self.r.transcript.push(assistant(p));
+    }
+
+    /// The failure policy for a generation the client ended with `error`: the machine's own
+    /// reason when it has one; with a worker socket, what the worker says (a silent server
+    /// is reported as a stall first); else the client's error.
+    fn generation_failed(&mut self, now: Duration, error: InferError, partial: Partial) {
+        self.keep_partial(now, &partial);
+        if let Some((reason, detail)) = self.fail.clone() {
+            self.end(Outcome::Failed { reason, detail });
+            return;
+        }
+        if matches!(error, InferError::Cancelled) {
+            let (reason, detail) = (FailReason::Cancelled, "cancelled".into());
+            self.end(Outcome::Failed { reason, detail });
+            return;
+        }
+        if !self.worker() {
+            let detail = error.to_string();
+            let reason = FailReason::Client(error);
+            self.end(Outcome::Failed { reason, detail });
+            return;
+        }
+        let ask = if matches!(error, InferError::Stalled(_)) {
+            Ask::Stall
+        } else {
+            Ask::Status
+        };
+        self.phase = Phase::Concluding { error, ask };
+        self.ask_worker(ask);
+    }
+
+    fn ask_worker(&mut self, ask: Ask) {
+        if let Phase::Concluding { ask: a, .. } = &mut self.phase {
+            *a = ask;
+        }
+        match ask {
+            Ask::Stall => {
+                self.stall_out = true;
+                self.actions.push_back(Action::ReportStall);
+            }
+            Ask::Status => {
+                self.status_out = true;
+                self.actions.push_back(Action::WorkerStatus);
+            }
+        }
+    }
+
+    /// Ends a generation that failed once the worker has answered.
+    fn conclude(&mut self, _now: Duration) {
+        let Phase::Concluding { error, .. } = std::mem::replace(&mut self.phase, Phase::Sending)
+        else {
+            return;
+        };
+        let outcome = match self.fail.clone() {
+            Some((reason, detail)) => Outcome::Failed {
+                reason,
+                detail: format!("{detail} ({error})"),
+            },
+            None => Outcome::Failed {
+                detail: error.to_string(),
+                reason: FailReason::Client(error),
+            },
+        };
+        self.end(outcome);
+    }
+
+    /// A whole answer: complete, or an iteration of tool calls.
+    fn answered(&mut self, now: Duration, done: Completion) {
+        let cache = match (&self.previous, &done.timings) {
+            (Some(p), Some(c)) => Some(cache_outcome(p, c)),
+            _ => None,
+        };
+        self.previous = done.timings;
+        self.r.generations.push(GenerationStats {
+            budget_left: self.r.budget_left,
+            timings: done.timings,
+            cache,
+            reasoning_tokens: done.reasoning_tokens,
+            finish_reason: Some(done.finish_reason),
+            elapsed: now.saturating_sub(self.started),
+        });
+        self.r.content.clone_from(&done.content);
+        self.r.reasoning_content.clone_from(&done.reasoning_content);
+        let number = self.r.generations.len() as u32;
+        let asked = match asked(&self.tools, &done, number) {
+            Ok(a) => a,
+            Err((reason, detail)) => {
+                self.r.transcript.push(ChatMessage::Assistant {
+                    content: done.content,
+                    reasoning_content: done.reasoning_content,
+                    tool_calls: done.tool_calls,
+                });
+                self.end(Outcome::Failed { reason, detail });
+                return;
+            }
+        };
+        for signal in asked.exits {
+            self.actions
+                .push_back(Action::Event(RunEvent::Exit(signal.clone())));
+            self.r.exits.push(signal);
+        }
+        self.r.transcript.push(ChatMessage::Assistant {
+            content: asked.content,
+            reasoning_content: done.reasoning_content,
+            tool_calls: asked.calls.iter().map(|(c, _)| c.clone()).collect(),
+        });
+        if asked.calls.is_empty() {
+            let finish_reason = done.finish_reason;
+            self.end(Outcome::Completed { finish_reason });
+            return;
+        }
+        if self.r.budget_left == 0 {
+            let reason = FailReason::ToolExecutionError;
+            let detail = "tool iteration budget exhausted".into();
+            self.end(Outcome::Failed { reason, detail });
+            return;
+        }
+        self.iterations += 1;
+        self.phase = Phase::Tools {
+            calls: asked.calls.into(),
+            running: None,
+        };
+        self.next_tool(now);
+    }
+
+    /// Starts the next call of the iteration, or ends the iteration.
+    fn next_tool(&mut self, now: Duration) {
+        let Phase::Tools { calls, running } = &mut self.phase else {
+            return;
+        };
+        let Some((call, source)) = calls.pop_front() else {
+            self.r.budget_left -= 1;
+            self.note_budget();
+            self.actions.push_back(Action::Event(RunEvent::Iteration {
+                number: self.iterations,
+                budget_left: self.r.budget_left,
+            }));
+            self.start_generation(now);
+            return;
+        };
+        self.actions.push_back(Action::Event(RunEvent::ToolStarted {
+            call: call.clone(),
+            source,
+        }));
+        let checked = match self.tools.get(&call.name) {
+            None => Err(ToolError::Failed(format!("no tool named `{}`", call.name))),
+            Some(_) => match serde_json::from_str::<serde_json::Value>(&call.arguments) {
+                Err(e) => Err(ToolError::BadArguments(format!("not JSON: {e}"))),
+                Ok(v) if !v.is_object() => Err(ToolError::BadArguments("not a JSON object".into())),
+                Ok(v) => Ok(v),
+            },
+        };
+        let deadline = now + ms(self.settings.tool_timeout_ms);
+        let run = Running {
+            call,
+            source,
+            deadline,
+        };
+        match checked {
+            Ok(arguments) => {
+                self.actions.push_back(Action::RunTool {
+                    id: run.call.id.clone(),
+                    name: run.call.name.clone(),
+                    arguments,
+                });
+                *running = Some(run);
+            }
+            Err(e) => self.tool_done(now, run, Err(e)),
+        }
+    }
+
+    /// Appends the provider's budget note to the newest tool result, the one place a change
+    /// costs the prompt cache nothing.
+    fn note_budget(&mut self) {
+        let note = self.bios.budget_note(&BiosContext {
+            budget_left: self.r.budget_left,
+            budget: self.r.budget,
+            iterations: self.iterations,
+            tools: &self.schemas,
+            exit_tools: &self.exit_names,
+        });
+        let last = self.r.transcript.last_mut();
+        if let (Some(note), Some(ChatMessage::Tool { content, .. })) = (note, last) {
+            content.push_str("\n\n");
+            content.push_str(&note);
+        }
+    }
+
+    fn tool_done(&mut self, now: Duration, run: Running, result: Result<String, ToolError>) {
+        let shown = result.clone().map_err(|e| e.to_string());
+        self.actions
+            .push_back(Action::Event(RunEvent::ToolFinished {
+                id: run.call.id.clone(),
+                result: shown.clone(),
+            }));
+        self.r.tool_calls.push(ToolRecord {
+            iteration: self.iterations,
+            call: run.call.clone(),
+            source: run.source,
+            result: shown,
+        });
+        match result {
+            Ok(text) => {
+                self.r.transcript.push(ChatMessage::Tool {
+                    tool_call_id: run.call.id,
+                    content: text,
+                });
+                self.next_tool(now);
+            }
+            Err(ToolError::Cancelled) => {
+                let (reason, detail) = self
+                    .fail
+                    .clone()
+                    .unwrap_or((FailReason::Cancelled, "cancelled".into()));
+                self.end(Outcome::Failed { reason, detail });
+            }
+            Err(e) => {
+                let reason = FailReason::ToolExecutionError;
+                let detail = format!("tool `{}` (call {}) {e}", run.call.name, run.call.id);
+                self.end(Outcome::Failed { reason, detail });
+            }
+        }
+    }
+
+    fn end(&mut self, outcome: Outcome) {
+        if matches!(self.phase, Phase::Done) {
+            return;
+        }
+        self.phase = Phase::Done;
+        let mut r = no_output(self.r.id, self.r.budget, outcome.clone());
+        std::mem::swap(&mut r, &mut self.r);
+        r.outcome = outcome;
+        self.actions.push_back(Action::Done(Box::new(r)));
+    }
+}

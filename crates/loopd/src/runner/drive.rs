@@ -1,0 +1,216 @@
+//! The IO driver of one [`AgentRequest`]: it carries out the machine's actions (the chat
+//! request over the inference socket, `/slots` and `reasoning_end` calls, tool calls on
+//! threads of their own, llama-worker's status socket) and feeds the machine what came back,
+//! with the time from the client's clock. It decides nothing: every wait is bounded by the
+//! machine's [`poll_timeout`](AgentRequest::poll_timeout) and by `limits.poll_ms`, so a cancel
+//! is seen within one poll interval. A tool that ignores its cancel token keeps only its own
+//! thread: the machine has given up on it at its deadline and the request goes on.
+
+use std::io::{self, Read};
+use std::os::unix::net::UnixStream;
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::time::Duration;
+
+use crate::http::READ_CHUNK;
+use crate::llama::{end_reasoning, poll_slot, send, Buffers, Cancel};
+
+use super::agent::{Action, AgentRequest, Setup};
+use super::{worker, Observer, RequestId, RunEvent, RunRequest, RunResult, Shared, ToolError};
+
+/// A tool call running on its thread.
+struct ToolRun {
+    id: String,
+    result: Receiver<Result<String, ToolError>>,
+    cancel: Cancel,
+}
+
+/// Runs `req` to its result on runner slot `slot`.
+pub(super) fn drive(
+    shared: &Shared,
+    id: RequestId,
+    slot: u32,
+    req: RunRequest,
+    spawns: Option<u64>,
+    cancel: &Cancel,
+    mut observer: Option<Observer>,
+) -> RunResult {
+    let client = &shared.client;
+    let config = client.config();
+    let clock = client.clock();
+    let poll = Duration::from_millis(config.limits.poll_ms);
+    let worker_timeout = Duration::from_millis(shared.settings.worker_timeout_ms);
+    let mut buffers = Buffers::new();
+    let setup = Setup {
+        id,
+        slot,
+        limits: config.limits,
+        settings: &shared.settings,
+        tools: &shared.tools,
+        bios: shared.bios.clone(),
+        spawns,
+    };
+    let mut m = AgentRequest::new(clock.now(), setup, req, buffers.storage());
+    let mut emit = |e: &RunEvent| {
+        if let Some(o) = observer.as_mut() {
+            o(e);
+        }
+    };
+    let mut stream: Option<UnixStream> = None;
+    let mut permit = None;
+    let mut tool: Option<ToolRun> = None;
+    let mut buf = crate::heap::array::<READ_CHUNK>();
+    let (mut pos, mut len) = (0, 0);
+    // The socket's read timeout as last set; `None` for a new connection.
+    let mut timeout: Option<Duration> = None;
+    let mut cancelled = false;
+    loop {
+        while let Some(action) = m.poll_action() {
+            match action {
+                Action::Event(e) => emit(&e),
+                Action::Send(chat) => {
+                    let busy = Duration::from_millis(config.limits.busy_wait_ms);
+                    let mut queued = |e: &crate::llama::ChatEvent| emit(&RunEvent::Chat(e.clone()));
+                    match client.gate().acquire(slot, busy, poll, cancel, &mut queued) {
+                        Ok(p) => permit = Some(p),
+                        Err(e) => {
+                            m.handle_send_error(clock.now(), e);
+                            continue;
+                        }
+                    }
+                    match send(config, &chat, cancel) {
+                        Ok(s) => {
+                            (stream, timeout, pos, len) = (Some(s), None, 0, 0);
+                            m.handle_sent(clock.now());
+                        }
+                        Err(e) => m.handle_send_error(clock.now(), e),
+                    }
+                }
+                Action::PollSlots => {
+                    let seen = poll_slot(config, slot, cancel);
+                    m.handle_slots(clock.now(), seen);
+                }
+                Action::EndReasoning { id } => {
+                    let ok = end_reasoning(config, &id, cancel);
+                    m.handle_control_answer(clock.now(), ok);
+                }
+                // Dropping the connection closes it: the server stops generating.
+                Action::Close => (stream, permit, pos, len) = (None, None, 0, 0),
+                Action::RunTool {
+                    id,
+                    name,
+                    arguments,
+                } => match start_tool(shared, &name, arguments) {
+                    Ok((result, cancel)) => tool = Some(ToolRun { id, result, cancel }),
+                    Err(e) => m.handle_tool_result(clock.now(), &id, Err(e)),
+                },
+                Action::CancelTool { id } => {
+                    if let Some(t) = tool.take_if(|t| t.id == id) {
+                        t.cancel.cancel();
+                    }
+                }
+                Action::WorkerStatus => {
+                    let st = match &shared.settings.worker_socket {
+                        Some(socket) => worker::status(socket, worker_timeout),
+                        None => continue,
+                    };
+                    m.handle_worker_status(clock.now(), st);
+                }
+                Action::ReportStall => {
+                    let answer = match &shared.settings.worker_socket {
+                        Some(socket) => worker::report_stall(socket, worker_timeout),
+                        None => continue,
+                    };
+                    m.handle_stall_answer(clock.now(), answer);
+                }
+                Action::Done(result) => {
+                    drop(permit);
+                    return *result;
+                }
+            }
+        }
+        if cancel.is_cancelled() && !cancelled {
+            cancelled = true;
+            m.cancel(clock.now());
+            continue;
+        }
+        let now = clock.now();
+        let due = m.poll_timeout();
+        if due.is_some_and(|at| now >= at) {
+            m.handle_timeout(now);
+            continue;
+        }
+        let wait = due
+            .map_or(poll, |at| at.saturating_sub(now))
+            .clamp(Duration::from_millis(1), poll);
+        if let Some(s) = stream.as_mut() {
+            if pos < len {
+                pos += m.handle_bytes(now, &buf[pos..len]);
+                continue;
+            }
+            // A timeout a little under the one wanted only wakes the loop early; so it is set
+            // again only when it must shrink or would wake far too early.
+            let set = match timeout {
+                Some(t) if t <= wait && t >= wait / 2 => Ok(()),
+                _ => s
+                    .set_read_timeout(Some(wait))
+                    .map(|()| timeout = Some(wait)),
+            };
+            match set.and_then(|()| s.read(&mut buf[..])) {
+                Ok(0) => m.handle_eof(clock.now()),
+                Ok(n) => (pos, len) = (0, n),
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    m.handle_timeout(clock.now())
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                // A reset mid-response is the server going away, like a close.
+                Err(_) => m.handle_eof(clock.now()),
+            }
+        } else if let Some(t) = &tool {
+            match t.result.recv_timeout(wait) {
+                Ok(r) => {
+                    let id = t.id.clone();
+                    tool = None;
+                    m.handle_tool_result(clock.now(), &id, r);
+                }
+                Err(RecvTimeoutError::Timeout) => m.handle_timeout(clock.now()),
+                Err(RecvTimeoutError::Disconnected) => {
+                    let id = t.id.clone();
+                    tool = None;
+                    let crashed = Err(ToolError::Crashed("the tool panicked".into()));
+                    m.handle_tool_result(clock.now(), &id, crashed);
+                }
+            }
+        } else {
+            cancel.sleep(wait);
+            m.handle_timeout(clock.now());
+        }
+    }
+}
+
+/// Starts one call of the tool `name` on a thread of its own.
+fn start_tool(
+    shared: &Shared,
+    name: &str,
+    arguments: serde_json::Value,
+) -> Result<(Receiver<Result<String, ToolError>>, Cancel), ToolError> {
+    let tool = shared
+        .tools
+        .get(name)
+        .ok_or_else(|| ToolError::Failed(format!("no tool named `{name}`")))?
+        .clone();
+    let cancel = Cancel::new();
+    let (tx, rx) = mpsc::channel();
+    let tc = cancel.clone();
+    std::thread::Builder::new()
+        .name(format!("loopd-tool-{name}"))
+        .spawn(move || {
+            let _ = tx.send(tool.run(&arguments, &tc));
+        })
+        .map_err(|e| ToolError::Crashed(format!("no thread: {e}")))?;
+    Ok((rx, cancel))
+}

@@ -1,0 +1,620 @@
+//! The request machine on fake time: every appendix-L decision of one agent request (batches,
+//! budget, exit tools, text calls, the loop detector, tool deadlines, stalls, restarts,
+//! cancels, disconnects), each input with its `now` and every timer checked to the
+//! millisecond. No socket, no thread, no clock: `tests/runner.rs` keeps the wall-clock
+//! smoke tests through real sockets.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use loopd::config::{Config, RunnerConfig};
+use loopd::llama::{Buffers, Cancel, ChatMessage, InferError, Silence, SlotSeen};
+use loopd::runner::{
+    Action, AgentRequest, BiosContext, BiosProvider, FailReason, Outcome, RequestId, RunEvent,
+    RunRequest, RunResult, Setup, StallAnswer, Tool, ToolError, ToolRegistry, WorkerState,
+    WorkerStatus,
+};
+use serde_json::{json, Value};
+
+fn ms(v: u64) -> Duration {
+    Duration::from_millis(v)
+}
+
+struct Named(&'static str, bool);
+
+impl Tool for Named {
+    fn name(&self) -> &str {
+        self.0
+    }
+    fn description(&self) -> &str {
+        "a test tool"
+    }
+    fn parameters(&self) -> Value {
+        json!({"type": "object", "properties": {}})
+    }
+    fn is_exit(&self) -> bool {
+        self.1
+    }
+    fn run(&self, _: &Value, _: &Cancel) -> Result<String, ToolError> {
+        unreachable!("the machine never runs a tool; its driver does")
+    }
+}
+
+struct Fixed;
+
+impl BiosProvider for Fixed {
+    fn bios(&self, ctx: &BiosContext<'_>) -> String {
+        format!("BIOS of {} iterations", ctx.budget)
+    }
+}
+
+fn tools() -> ToolRegistry {
+    let mut t = ToolRegistry::new();
+    for (name, exit) in [("echo", false), ("other", false), ("signal", true)] {
+        t.register(Arc::new(Named(name, exit))).unwrap();
+    }
+    t
+}
+
+/// `[runner]` with short, distinct timers; with or without a worker socket.
+fn settings(worker: bool) -> RunnerConfig {
+    RunnerConfig {
+        budget: 2,
+        tool_timeout_ms: 500,
+        worker_socket: worker.then(|| "/run/worker.sock".into()),
+        worker_poll_ms: 1_000,
+        stall_ms: 150,
+        ..RunnerConfig::default()
+    }
+}
+
+fn config() -> Config {
+    let mut c = Config::new("/run/infer.sock", "smollm2");
+    c.limits.poll_ms = 100;
+    c.limits.liveness_ms = 400;
+    c.limits.idle_grace_ms = 10_000;
+    c
+}
+
+fn ask(budget: Option<u32>) -> RunRequest {
+    RunRequest {
+        messages: vec![ChatMessage::User {
+            content: "hi".into(),
+        }],
+        budget,
+        ..RunRequest::default()
+    }
+}
+
+fn machine<'b>(
+    buffers: &'b mut Buffers,
+    settings: &RunnerConfig,
+    req: RunRequest,
+    spawns: Option<u64>,
+) -> AgentRequest<'b> {
+    let tools = tools();
+    let setup = Setup {
+        id: RequestId(7),
+        slot: 1,
+        limits: config().limits,
+        settings,
+        tools: &tools,
+        bios: Arc::new(Fixed),
+        spawns,
+    };
+    AgentRequest::new(Duration::ZERO, setup, req, buffers.storage())
+}
+
+fn drain(m: &mut AgentRequest<'_>) -> Vec<Action> {
+    std::iter::from_fn(|| m.poll_action()).collect()
+}
+
+/// The actions but the events, by kind: `send`, `close`, `tool echo`, ...
+fn kinds(actions: &[Action]) -> Vec<String> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Event(_) => None,
+            Action::Send(_) => Some("send".into()),
+            Action::PollSlots => Some("slots".into()),
+            Action::EndReasoning { .. } => Some("end_reasoning".into()),
+            Action::Close => Some("close".into()),
+            Action::RunTool { name, .. } => Some(format!("tool {name}")),
+            Action::CancelTool { id } => Some(format!("cancel {id}")),
+            Action::WorkerStatus => Some("status".into()),
+            Action::ReportStall => Some("stall".into()),
+            Action::Done(_) => Some("done".into()),
+        })
+        .collect()
+}
+
+fn result(actions: Vec<Action>) -> RunResult {
+    actions
+        .into_iter()
+        .find_map(|a| match a {
+            Action::Done(r) => Some(*r),
+            _ => None,
+        })
+        .expect("the request ended")
+}
+
+fn sent(actions: &[Action]) -> Vec<ChatMessage> {
+    actions
+        .iter()
+        .find_map(|a| match a {
+            Action::Send(req) => Some(req.messages.clone()),
+            _ => None,
+        })
+        .expect("a request was sent")
+}
+
+fn failed(r: &RunResult) -> (FailReason, String) {
+    match &r.outcome {
+        Outcome::Failed { reason, detail } => (reason.clone(), detail.clone()),
+        other => panic!("expected a failure, got {other:?}"),
+    }
+}
+
+const HEAD: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\n";
+
+fn data(delta: Value, finish: Option<&str>, cache_n: u64) -> Vec<u8> {
+    let v = json!({
+        "choices": [{"finish_reason": finish, "index": 0, "delta": delta}],
+        "created": 1, "id": "chatcmpl-a", "model": "smollm2",
+        "object": "chat.completion.chunk",
+        "timings": {"cache_n": cache_n, "prompt_n": 10, "predicted_n": 3}
+    });
+    format!("data: {v}\n\n").into_bytes()
+}
+
+/// A whole response: the head, `text` as content, and the final chunk.
+fn answer(text: &str) -> Vec<u8> {
+    [
+        HEAD,
+        &data(json!({ "content": text }), None, 0),
+        &data(json!({}), Some("stop"), 0),
+        b"data: [DONE]\n\n",
+    ]
+    .concat()
+}
+
+/// A whole response asking for `calls` (id, name, arguments).
+fn calls(list: &[(&str, &str, &str)], cache_n: u64) -> Vec<u8> {
+    let deltas: Vec<Value> = list
+        .iter()
+        .enumerate()
+        .map(|(i, (id, name, args))| {
+            json!({"index": i, "id": id, "type": "function",
+                   "function": {"name": name, "arguments": args}})
+        })
+        .collect();
+    [
+        HEAD,
+        &data(json!({ "tool_calls": deltas }), None, cache_n),
+        &data(json!({}), Some("tool_calls"), cache_n),
+        b"data: [DONE]\n\n",
+    ]
+    .concat()
+}
+
+/// Sends the pending request at `at` and feeds it `bytes` at once.
+fn respond(m: &mut AgentRequest<'_>, at: u64, bytes: &[u8]) -> Vec<Action> {
+    m.handle_sent(ms(at));
+    assert_eq!(m.handle_bytes(ms(at), bytes), bytes.len());
+    drain(m)
+}
+
+#[test]
+fn a_batch_of_three_calls_is_one_iteration_run_in_order_one_at_a_time() {
+    let mut b = Buffers::new();
+    let s = settings(false);
+    let mut m = machine(&mut b, &s, ask(None), None);
+    let first = drain(&mut m);
+    assert_eq!(kinds(&first), ["send"]);
+    assert_eq!(
+        sent(&first)[0],
+        ChatMessage::System {
+            content: "BIOS of 2 iterations".into()
+        }
+    );
+    let batch = calls(
+        &[
+            ("a", "echo", r#"{"n":1}"#),
+            ("b", "other", "{}"),
+            ("c", "echo", r#"{"n":3}"#),
+        ],
+        0,
+    );
+    let a = respond(&mut m, 40, &batch);
+    assert_eq!(kinds(&a), ["close", "tool echo"]);
+    m.handle_tool_result(ms(50), "a", Ok("one".into()));
+    assert_eq!(kinds(&drain(&mut m)), ["tool other"]);
+    // A late or unknown result changes nothing.
+    m.handle_tool_result(ms(55), "zzz", Ok("?".into()));
+    assert!(drain(&mut m).is_empty());
+    m.handle_tool_result(ms(60), "b", Ok("two".into()));
+    assert_eq!(kinds(&drain(&mut m)), ["tool echo"]);
+    m.handle_tool_result(ms(70), "c", Ok("three".into()));
+    let next = drain(&mut m);
+    assert_eq!(kinds(&next), ["send"]);
+    assert!(next.iter().any(|a| matches!(
+        a,
+        Action::Event(RunEvent::Iteration {
+            number: 1,
+            budget_left: 1
+        })
+    )));
+    let msgs = sent(&next);
+    let tail: Vec<&ChatMessage> = msgs.iter().skip(2).collect();
+    assert_eq!(tail.len(), 4, "one assistant message and three results");
+    assert!(matches!(tail[0], ChatMessage::Assistant { tool_calls, .. } if tool_calls.len() == 3));
+    let results: Vec<&str> = tail[1..]
+        .iter()
+        .map(|m| match m {
+            ChatMessage::Tool { content, .. } => content.as_str(),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(results[..2], ["one", "two"]);
+    assert!(results[2].starts_with("three"), "{}", results[2]);
+    let r = result(respond(&mut m, 100, &answer("done")));
+    assert_eq!(r.outcome.fail_reason(), None);
+    assert_eq!((r.budget, r.budget_left, r.tool_calls.len()), (2, 1, 3));
+    assert_eq!(r.content.as_deref(), Some("done"));
+    let elapsed: Vec<Duration> = r.generations.iter().map(|g| g.elapsed).collect();
+    assert_eq!(
+        elapsed,
+        [ms(40), ms(30)],
+        "send to end, on the machine's time"
+    );
+}
+
+#[test]
+fn an_exit_tool_is_recorded_never_run_and_costs_no_budget() {
+    let mut b = Buffers::new();
+    let s = settings(false);
+    let mut m = machine(&mut b, &s, ask(Some(0)), None);
+    drain(&mut m);
+    let r = result(respond(
+        &mut m,
+        10,
+        &calls(&[("x", "signal", r#"{"why":"done"}"#)], 0),
+    ));
+    assert_eq!(r.outcome.fail_reason(), None, "{:?}", r.outcome);
+    assert_eq!(r.exits.len(), 1);
+    assert_eq!(r.exits[0].call.name, "signal");
+    assert_eq!((r.budget_left, r.tool_calls.len()), (0, 0));
+}
+
+#[test]
+fn budget_zero_and_another_call_is_tool_execution_error_with_output_kept() {
+    let mut b = Buffers::new();
+    let s = settings(false);
+    let mut m = machine(&mut b, &s, ask(Some(0)), None);
+    drain(&mut m);
+    let r = result(respond(&mut m, 10, &calls(&[("a", "echo", "{}")], 0)));
+    assert_eq!(
+        failed(&r),
+        (
+            FailReason::ToolExecutionError,
+            "tool iteration budget exhausted".into()
+        )
+    );
+    assert!(
+        matches!(&r.transcript[0], ChatMessage::Assistant { tool_calls, .. } if tool_calls.len() == 1)
+    );
+}
+
+#[test]
+fn bad_arguments_and_unknown_tools_fail_without_running_anything() {
+    for (name, args, want) in [
+        ("echo", "not json", "bad arguments: not JSON"),
+        ("echo", "[1]", "bad arguments: not a JSON object"),
+        ("nothing", "{}", "failed: no tool named `nothing`"),
+    ] {
+        let mut b = Buffers::new();
+        let s = settings(false);
+        let mut m = machine(&mut b, &s, ask(None), None);
+        drain(&mut m);
+        let out = respond(&mut m, 10, &calls(&[("a", name, args)], 0));
+        assert!(!kinds(&out).iter().any(|k| k.starts_with("tool")), "{name}");
+        let (reason, detail) = failed(&result(out));
+        assert_eq!(reason, FailReason::ToolExecutionError);
+        assert!(detail.contains(want), "{detail}");
+    }
+}
+
+#[test]
+fn a_call_written_as_text_runs_and_one_that_does_not_parse_is_tool_parse_error() {
+    let mut b = Buffers::new();
+    let s = settings(false);
+    let mut m = machine(&mut b, &s, ask(None), None);
+    drain(&mut m);
+    let text = r#"Let me see. <tool_call>{"name": "echo", "arguments": {"n": 1}}</tool_call>"#;
+    let out = respond(&mut m, 10, &answer(text));
+    let run = out.iter().find_map(|a| match a {
+        Action::RunTool { id, arguments, .. } => Some((id.clone(), arguments.clone())),
+        _ => None,
+    });
+    assert_eq!(run, Some(("text-1-0".into(), json!({"n": 1}))));
+
+    let mut b = Buffers::new();
+    let mut m = machine(&mut b, &s, ask(None), None);
+    drain(&mut m);
+    let r = result(respond(
+        &mut m,
+        10,
+        &answer("<tool_call>{\"name\": </tool_call>"),
+    ));
+    assert_eq!(failed(&r).0, FailReason::ToolParseError);
+}
+
+#[test]
+fn a_repeated_line_closes_the_stream_with_loop_detected_and_the_output_kept() {
+    let mut b = Buffers::new();
+    let s = settings(false);
+    let mut m = machine(&mut b, &s, ask(None), None);
+    drain(&mut m);
+    m.handle_sent(ms(0));
+    m.handle_bytes(ms(5), HEAD);
+    let line = "This line is thirty-eight bytes long!\n";
+    let mut out = Vec::new();
+    for k in 0..20 {
+        m.handle_bytes(ms(10 + k), &data(json!({ "content": line }), None, 0));
+        out.extend(drain(&mut m));
+        if m.is_done() {
+            break;
+        }
+    }
+    assert_eq!(kinds(&out), ["close", "done"]);
+    let r = result(out);
+    assert_eq!(failed(&r).0, FailReason::LoopDetected);
+    assert_eq!(
+        r.content.as_deref().map(|c| c.matches(line).count()),
+        Some(8)
+    );
+    assert_eq!(
+        r.generations[0].elapsed,
+        ms(17),
+        "the 8th repeat came at 17 ms"
+    );
+}
+
+#[test]
+fn a_tool_that_ignores_its_cancel_is_given_up_at_its_deadline_to_the_millisecond() {
+    let mut b = Buffers::new();
+    let s = settings(false);
+    let mut m = machine(&mut b, &s, ask(None), None);
+    drain(&mut m);
+    let out = respond(&mut m, 1_000, &calls(&[("a", "echo", "{}")], 0));
+    assert_eq!(kinds(&out), ["close", "tool echo"]);
+    assert_eq!(
+        m.poll_timeout(),
+        Some(ms(1_500)),
+        "tool_timeout_ms after the start"
+    );
+    m.handle_timeout(ms(1_499));
+    assert!(drain(&mut m).is_empty());
+    m.handle_timeout(ms(1_500));
+    let out = drain(&mut m);
+    assert_eq!(kinds(&out), ["cancel a", "done"]);
+    let (reason, detail) = failed(&result(out));
+    assert_eq!(reason, FailReason::ToolExecutionError);
+    assert_eq!(
+        detail,
+        "tool `echo` (call a) timed out after 500 ms (runner.tool_timeout_ms)"
+    );
+    // The tool's answer, whenever it comes, changes nothing.
+    m.handle_tool_result(ms(9_000), "a", Ok("late".into()));
+    assert!(drain(&mut m).is_empty());
+    assert_eq!(m.poll_timeout(), None);
+}
+
+#[test]
+fn cancel_while_streaming_and_while_a_tool_runs() {
+    let mut b = Buffers::new();
+    let s = settings(false);
+    let mut m = machine(&mut b, &s, ask(None), None);
+    drain(&mut m);
+    m.handle_sent(ms(0));
+    m.handle_bytes(ms(5), HEAD);
+    m.handle_bytes(ms(6), &data(json!({"content": "partial"}), None, 0));
+    drain(&mut m);
+    m.cancel(ms(7));
+    let out = drain(&mut m);
+    assert_eq!(kinds(&out), ["close", "done"]);
+    let r = result(out);
+    assert_eq!(
+        failed(&r),
+        (FailReason::Cancelled, "cancelled by the caller".into())
+    );
+    assert_eq!(r.content.as_deref(), Some("partial"));
+
+    let mut b = Buffers::new();
+    let mut m = machine(&mut b, &s, ask(None), None);
+    drain(&mut m);
+    respond(&mut m, 10, &calls(&[("a", "echo", "{}")], 0));
+    m.cancel(ms(20));
+    let out = drain(&mut m);
+    assert_eq!(kinds(&out), ["cancel a", "done"]);
+    assert_eq!(failed(&result(out)).0, FailReason::Cancelled);
+}
+
+#[test]
+fn a_disconnect_mid_stream_without_a_worker_is_the_clients_error_with_the_partial() {
+    let mut b = Buffers::new();
+    let s = settings(false);
+    let mut m = machine(&mut b, &s, ask(None), None);
+    drain(&mut m);
+    m.handle_sent(ms(0));
+    m.handle_bytes(ms(5), HEAD);
+    m.handle_bytes(ms(6), &data(json!({"content": "half"}), None, 0));
+    m.handle_eof(ms(8));
+    let r = result(drain(&mut m));
+    assert_eq!(
+        failed(&r).0,
+        FailReason::Client(InferError::StreamClosedEarly)
+    );
+    assert_eq!(r.content.as_deref(), Some("half"));
+}
+
+#[test]
+fn silence_is_reported_as_a_stall_every_stall_ms_and_a_restart_ends_the_request() {
+    let mut b = Buffers::new();
+    let s = settings(true);
+    let mut m = machine(&mut b, &s, ask(None), Some(3));
+    drain(&mut m);
+    m.handle_sent(ms(0));
+    m.handle_bytes(ms(20), HEAD);
+    m.handle_bytes(ms(30), &data(json!({"content": "a"}), None, 0));
+    drain(&mut m);
+    // Progress at 30 ms: the report is due at 180 ms.
+    assert_eq!(m.poll_timeout(), Some(ms(180)));
+    m.handle_timeout(ms(179));
+    assert!(drain(&mut m).is_empty());
+    m.handle_timeout(ms(180));
+    assert_eq!(kinds(&drain(&mut m)), ["stall"]);
+    let not = StallAnswer::NotStalled {
+        since_progress_ms: 2,
+    };
+    m.handle_stall_answer(ms(181), Ok(not));
+    drain(&mut m);
+    assert_eq!(
+        m.poll_timeout(),
+        Some(ms(330)),
+        "one stall_ms after the report"
+    );
+    m.handle_timeout(ms(330));
+    assert_eq!(kinds(&drain(&mut m)), ["stall"]);
+    m.handle_stall_answer(ms(331), Ok(StallAnswer::Restarting));
+    let r = result(drain(&mut m));
+    assert_eq!(failed(&r).0, FailReason::WorkerRestarted);
+    assert_eq!(r.stalls, [not, StallAnswer::Restarting]);
+    assert_eq!(r.content.as_deref(), Some("a"));
+}
+
+fn status(state: WorkerState, spawns: u64, cause: Option<&str>) -> WorkerStatus {
+    WorkerStatus {
+        state,
+        spawns,
+        last_cause: cause.map(str::to_owned),
+        reason: None,
+    }
+}
+
+#[test]
+fn the_worker_is_read_every_worker_poll_ms_and_a_restart_or_death_fails_the_request() {
+    let cases = [
+        (
+            status(WorkerState::Ready, 4, Some("stall")),
+            FailReason::WorkerRestarted,
+        ),
+        (
+            status(WorkerState::Restarting, 3, Some("exited")),
+            FailReason::ServerDied,
+        ),
+        (
+            status(WorkerState::Stopped, 3, None),
+            FailReason::WorkerStopped,
+        ),
+    ];
+    let s = RunnerConfig {
+        worker_poll_ms: 100,
+        stall_ms: 10_000,
+        ..settings(true)
+    };
+    for (st, want) in cases {
+        let mut b = Buffers::new();
+        let mut m = machine(&mut b, &s, ask(None), Some(3));
+        drain(&mut m);
+        m.handle_sent(ms(0));
+        m.handle_bytes(ms(10), HEAD);
+        m.handle_bytes(ms(50), &data(json!({"content": "b"}), None, 0));
+        drain(&mut m);
+        assert_eq!(
+            m.poll_timeout(),
+            Some(ms(100)),
+            "worker_poll_ms after the start"
+        );
+        m.handle_timeout(ms(100));
+        assert_eq!(kinds(&drain(&mut m)), ["status"]);
+        assert_eq!(
+            m.poll_timeout(),
+            Some(ms(450)),
+            "only liveness while the read is out"
+        );
+        m.handle_worker_status(ms(101), Ok(status(WorkerState::Ready, 3, None)));
+        assert!(drain(&mut m).is_empty(), "the same server, still ready");
+        assert_eq!(m.poll_timeout(), Some(ms(201)));
+        m.handle_bytes(ms(150), &data(json!({"content": "c"}), None, 0));
+        drain(&mut m);
+        m.handle_timeout(ms(201));
+        assert_eq!(kinds(&drain(&mut m)), ["status"]);
+        m.handle_worker_status(ms(202), Ok(st.clone()));
+        let out = drain(&mut m);
+        assert_eq!(kinds(&out), ["close", "done"], "{st:?}");
+        let r = result(out);
+        assert_eq!(failed(&r).0, want, "{st:?}");
+        assert_eq!(r.content.as_deref(), Some("bc"));
+    }
+}
+
+#[test]
+fn a_silent_server_the_client_gives_up_on_is_reported_then_the_worker_is_asked() {
+    let mut b = Buffers::new();
+    let s = settings(true);
+    let mut m = machine(&mut b, &s, ask(None), Some(1));
+    drain(&mut m);
+    m.handle_sent(ms(0));
+    m.handle_bytes(ms(10), HEAD);
+    drain(&mut m);
+    // Liveness 400 ms after the last byte; the stall report (150 ms) comes first.
+    m.handle_timeout(ms(160));
+    assert_eq!(kinds(&drain(&mut m)), ["stall"]);
+    m.handle_stall_answer(ms(161), Ok(StallAnswer::NotReady));
+    m.handle_timeout(ms(410));
+    let out = drain(&mut m);
+    assert_eq!(
+        kinds(&out),
+        ["close", "stall"],
+        "the client's stall is reported too"
+    );
+    m.handle_stall_answer(
+        ms(411),
+        Ok(StallAnswer::NotStalled {
+            since_progress_ms: 1,
+        }),
+    );
+    assert_eq!(kinds(&drain(&mut m)), ["status"]);
+    m.handle_worker_status(ms(412), Ok(status(WorkerState::Ready, 1, None)));
+    let r = result(drain(&mut m));
+    assert_eq!(
+        failed(&r).0,
+        FailReason::Client(InferError::Stalled(Silence::Liveness))
+    );
+}
+
+#[test]
+fn the_first_byte_wait_polls_slots_on_the_machines_time() {
+    let mut b = Buffers::new();
+    let s = settings(false);
+    let mut m = machine(&mut b, &s, ask(None), None);
+    drain(&mut m);
+    m.handle_sent(ms(5));
+    assert_eq!(
+        m.poll_timeout(),
+        Some(ms(105)),
+        "limits.poll_ms after the send"
+    );
+    m.handle_timeout(ms(105));
+    assert_eq!(kinds(&drain(&mut m)), ["slots"]);
+    m.handle_slots(ms(106), SlotSeen::Busy);
+    let out = drain(&mut m);
+    assert!(matches!(
+        out.as_slice(),
+        [Action::Event(RunEvent::Chat(
+            loopd::llama::ChatEvent::Waiting { slot_busy: true }
+        ))]
+    ));
+    assert_eq!(m.poll_timeout(), Some(ms(206)));
+}

@@ -1,0 +1,112 @@
+//! One clock: only the IO drivers read the time. Every machine (the request machine, the
+//! chat exchange, llama-worker's policy, inferproxy's admission) takes `now` as an input, so a
+//! fake clock fakes all of it. This test reads the workspace's sources and fails on any
+//! `Instant::now` or `SystemTime::now` outside the files listed here, each of which does IO
+//! (a socket, a process, a terminal) and waits in real time. Test code (a top-level
+//! `#[cfg(test)] mod`, and `tests/`, `benches/`, `examples/`) is not counted.
+
+use std::path::{Path, PathBuf};
+
+/// The IO drivers, relative to `crates/`, and why each reads the time.
+const DRIVERS: &[(&str, &str)] = &[
+    ("clock/src/lib.rs", "SystemClock, the workspace's one clock"),
+    ("loopd/src/http.rs", "socket deadlines"),
+    ("loopd/src/cancel.rs", "a cancellable sleep"),
+    (
+        "loopd/src/llama/gate.rs",
+        "a condition-variable wait for the slot",
+    ),
+    ("loopd/src/llama/info.rs", "info-call socket deadlines"),
+    (
+        "loopd/src/llama/chat.rs",
+        "the control call's socket deadline",
+    ),
+    (
+        "loopd/src/runner/mod.rs",
+        "wait_result's condition-variable wait",
+    ),
+    (
+        "loopd/src/runner/builtin.rs",
+        "the current_time tool tells the wall time",
+    ),
+    ("loopd/src/main.rs", "the command's waits for the socket"),
+    (
+        "loopd/src/ask.rs",
+        "time to first token, shown on a terminal",
+    ),
+    (
+        "llama-worker/src/process.rs",
+        "waiting for a killed process group",
+    ),
+    (
+        "llama-worker/src/probe.rs",
+        "the readiness probe's socket deadline",
+    ),
+    (
+        "inferproxy/src/serve.rs",
+        "the accept loop feeds its admission machine",
+    ),
+    (
+        "llama-harness/src/lib.rs",
+        "test support: starting and stopping real processes",
+    ),
+];
+
+fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let p = e.path();
+        let name = e.file_name();
+        if p.is_dir() {
+            if !matches!(
+                name.to_str(),
+                Some("tests" | "benches" | "examples" | "target")
+            ) {
+                sources(&p, out);
+            }
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
+}
+
+#[test]
+fn only_the_io_drivers_read_the_clock() {
+    let crates = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut files = Vec::new();
+    sources(&crates, &mut files);
+    assert!(files.len() > 50, "found only {} source files", files.len());
+    let mut readers = Vec::new();
+    for f in &files {
+        let text = std::fs::read_to_string(f).unwrap();
+        let code = text.split("\n#[cfg(test)]\nmod ").next().unwrap_or("");
+        if code.contains("Instant::now") || code.contains("SystemTime::now") {
+            let rel = f
+                .strip_prefix(&crates)
+                .unwrap()
+                .to_string_lossy()
+                .into_owned();
+            readers.push(rel);
+        }
+    }
+    readers.sort();
+    let unlisted: Vec<&String> = readers
+        .iter()
+        .filter(|r| !DRIVERS.iter().any(|(d, _)| d == r))
+        .collect();
+    assert!(
+        unlisted.is_empty(),
+        "these read the clock but are not IO drivers: {unlisted:?}; take `now` as an input"
+    );
+    let stale: Vec<&str> = DRIVERS
+        .iter()
+        .map(|(d, _)| *d)
+        .filter(|d| !readers.iter().any(|r| r == d))
+        .collect();
+    assert!(
+        stale.is_empty(),
+        "listed but no longer reading the clock: {stale:?}"
+    );
+}
