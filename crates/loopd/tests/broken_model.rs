@@ -98,6 +98,28 @@ fn selftest_over_a_model_that_cannot_load_names_the_cause_within_a_minute() {
     );
     assert!(took < Duration::from_secs(60), "{took:?}: {err}");
     eprintln!("loopd selftest gave up after {took:?}: {last}");
+    // With the worker failed, `ask` and `run` stop at once with the same reason.
+    for cmd in ["ask", "run"] {
+        let started = Instant::now();
+        let out = Command::new(env!("CARGO_BIN_EXE_loopd"))
+            .args([cmd, "--config"])
+            .arg(&config)
+            .arg("Why is the sky blue?")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let took = started.elapsed();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{err}");
+        let last = err.lines().last().unwrap_or_default();
+        assert!(
+            last.starts_with(&format!(
+                "loopd {cmd}: llama-worker is failed: crash-loop protection: 6 failures"
+            )),
+            "{err}"
+        );
+        assert!(took < Duration::from_secs(10), "loopd {cmd} took {took:?}");
+    }
     drop(proxy);
     drop(server);
     std::fs::remove_dir_all(&dir).unwrap();
