@@ -165,6 +165,95 @@ fn sigterm(pid: u32) -> bool {
 }
 
 #[test]
+fn help_of_every_command_names_its_flags() {
+    let cases: &[(&[&str], &[&str])] = &[
+        (
+            &["--help"],
+            &[
+                "run",
+                "status",
+                "start",
+                "stop",
+                "stall",
+                "check-config",
+                "--version",
+            ],
+        ),
+        (
+            &["run", "--help"],
+            &[
+                "--config <FILE>",
+                "--port <PORT>",
+                "--socket <PATH>",
+                "--exit-on-failed",
+            ],
+        ),
+        (
+            &["status", "--help"],
+            &["--socket <PATH>", "--config <FILE>"],
+        ),
+        (
+            &["start", "--help"],
+            &["--socket <PATH>", "--config <FILE>"],
+        ),
+        (&["stop", "--help"], &["--socket <PATH>", "--config <FILE>"]),
+        (
+            &["stall", "--help"],
+            &["--socket <PATH>", "--config <FILE>"],
+        ),
+        (
+            &["check-config", "--help"],
+            &["--config <FILE>", "--port <PORT>"],
+        ),
+    ];
+    for (args, names) in cases {
+        let out = Command::new(BIN).args(*args).output().unwrap();
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {out:?}");
+        let text = String::from_utf8(out.stdout).unwrap();
+        for name in *names {
+            assert!(
+                text.contains(name),
+                "{args:?} does not name {name}:\n{text}"
+            );
+        }
+    }
+}
+
+#[test]
+fn usage_errors_exit_2_with_one_line_naming_them() {
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["dance"],
+            "llama-worker: unknown command `dance` (see --help)\n",
+        ),
+        (
+            &["status", "--port", "1"],
+            "llama-worker: unknown argument `--port` (see --help)\n",
+        ),
+        (&["run", "--port"], "llama-worker: --port needs a value\n"),
+        (
+            &["run", "--socket", "a", "--socket", "b"],
+            "llama-worker: --socket given more than once\n",
+        ),
+        (
+            &["run", "--port", "1"],
+            "llama-worker: --config FILE is required\n",
+        ),
+    ];
+    for (args, want) in cases {
+        let out = Command::new(BIN).args(*args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {out:?}");
+        assert_eq!(String::from_utf8(out.stderr).unwrap(), *want, "{args:?}");
+    }
+    // No command at all: the usage on stderr.
+    let out = Command::new(BIN).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8(out.stderr)
+        .unwrap()
+        .contains("Usage: llama-worker <COMMAND>"));
+}
+
+#[test]
 fn bad_config_and_bad_usage_exit_2_with_the_reason() {
     let dir = temp_dir("bad");
     let config = dir.join("bad.toml");
