@@ -92,6 +92,8 @@ enum Cmd {
     Stop(SocketArgs),
     /// Report a stall: the worker restarts the server if it saw no progress either
     Stall(SocketArgs),
+    /// Print the counters in the Prometheus text format (ending with "# EOF")
+    Metrics(SocketArgs),
     /// Validate the config and print the command line it would run
     ///
     /// Validates FILE, checks that its command is an executable file and that log_file's folder
@@ -311,6 +313,14 @@ fn main_inner() -> Result<ExitCode, String> {
         Cmd::Start(s) => socket_args(WireCommand::Start, s),
         Cmd::Stop(s) => socket_args(WireCommand::Stop, s),
         Cmd::Stall(s) => socket_args(WireCommand::Stall, s),
+        Cmd::Metrics(s) => {
+            let (_, a) = socket_args(WireCommand::Metrics, s);
+            let path = socket_path(&a)?;
+            let text = worker_proto::metrics(&path, llama_worker::client::ANSWER_TIMEOUT)
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+            print!("{text}");
+            return Ok(ExitCode::SUCCESS);
+        }
     };
     let path = socket_path(&a)?;
     let reply = query(&path, cmd.as_str()).map_err(|e| format!("{}: {e}", path.display()))?;

@@ -8,6 +8,9 @@
 //! The text always ends with `# EOF\n`.
 
 use std::fmt;
+use std::fs;
+use std::io::{self, Write};
+use std::path::Path;
 use std::time::Duration;
 
 use std::sync::atomic::AtomicU64;
@@ -242,6 +245,29 @@ impl Metrics {
             self.since = now;
         }
     }
+}
+
+/// Replaces `path` with `text` so that a reader sees the old file or the new one, never a part:
+/// written to `.<name>.tmp` in the same folder (a name node_exporter's textfile collector
+/// skips, as it reads only `*.prom`), flushed, then renamed over `path`.
+pub fn write_atomically(path: &Path, text: &str) -> io::Result<()> {
+    let name = path
+        .file_name()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no file name"))?;
+    let mut tmp_name = std::ffi::OsString::from(".");
+    tmp_name.push(name);
+    tmp_name.push(".tmp");
+    let tmp = path.with_file_name(tmp_name);
+    let written = (|| {
+        let mut f = fs::File::create(&tmp)?;
+        f.write_all(text.as_bytes())?;
+        f.sync_all()?;
+        fs::rename(&tmp, path)
+    })();
+    if written.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    written
 }
 
 #[cfg(test)]
