@@ -1,35 +1,54 @@
 //! The command line: `--listen <socket path> --upstream <host:port>`, `--help`, `--version`.
 //!
 //! Promise: parsing reads nothing but the arguments it is given; every rejection names the
-//! argument that was wrong, in one line.
+//! argument that was wrong, in one line. The grammar and the help text are clap's (derive);
+//! clap's errors are mapped onto [`ArgError`] so the one-line messages stay ours.
 
 use core::fmt;
 use std::ffi::OsString;
 use std::path::PathBuf;
 
+use clap::error::{ContextKind, ContextValue, ErrorKind};
+use clap::{CommandFactory, Parser};
+
 /// Longest `--listen` path in bytes: `sun_path` holds 107 plus a NUL, and the socket is first
 /// bound under the same name plus [`crate::listen::STAGING_SUFFIX`] (4 bytes).
 pub const MAX_LISTEN_PATH: usize = 103;
 
-/// The usage text printed by `--help`.
-pub const USAGE: &str = "\
-usage: inferproxy --listen <socket path> --upstream <host:port>
+/// What clap parses: both flags optional here so that a missing one is reported by
+/// [`parse`] in our words, after every other mistake.
+#[derive(Parser, Debug)]
+#[command(
+    name = "inferproxy",
+    version,
+    about = "Forwards each connection on a Unix socket to one TCP upstream, byte for byte.\n\
+             At most 8 connections at a time; accepts limited to a burst of 10, then 2 per second.\n\
+             No config file; nothing about the traffic is logged.",
+    override_usage = "inferproxy --listen <socket path> --upstream <host:port>",
+    help_template = "usage: {usage}\n\n{about}\n\n{all-args}\n"
+)]
+struct Cli {
+    /// Unix socket to create (mode 0600); a stale socket there is replaced
+    // An OsString, not a PathBuf: clap's path parser rejects an empty value before we can
+    // say that the path is empty.
+    #[arg(long, value_name = "path")]
+    listen: Option<OsString>,
+    /// TCP address to forward to, e.g. 127.0.0.1:8080 or [::1]:8080
+    #[arg(long, value_name = "host:port")]
+    upstream: Option<String>,
+}
 
-Forwards each connection on a Unix socket to one TCP upstream, byte for byte.
-At most 8 connections at a time; accepts limited to a burst of 10, then 2 per second.
-
-  --listen <path>        Unix socket to create (mode 0600); a stale socket there is replaced
-  --upstream <host:port> TCP address to forward to, e.g. 127.0.0.1:8080 or [::1]:8080
-  --help                 print this and exit
-  --version              print the version and exit
-";
+/// The help text printed by `--help`.
+pub fn help() -> String {
+    Cli::command().render_help().to_string()
+}
 
 /// What the process was asked to do.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Command {
     /// Forward connections.
     Run(Config),
-    /// Print [`USAGE`] and exit 0.
+    /// Print [`help`] and exit 0.
     Help,
     /// Print the version and exit 0.
     Version,
@@ -60,6 +79,8 @@ pub enum ArgError {
     ListenPath(usize),
     /// `--upstream` not of the form `host:port` with a port from 1 to 65535.
     Upstream(String),
+    /// Any other rejection by the parser, in its own first line.
+    Other(String),
 }
 
 impl fmt::Display for ArgError {
@@ -78,6 +99,7 @@ impl fmt::Display for ArgError {
                 f,
                 "--upstream `{value}` is not host:port with a port from 1 to 65535"
             ),
+            Self::Other(line) => write!(f, "{line} (see --help)"),
         }
     }
 }
@@ -86,49 +108,62 @@ impl core::error::Error for ArgError {}
 
 /// Parses the arguments after the program name. `--help` and `--version` win wherever they are.
 pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Command, ArgError> {
-    let mut listen: Option<PathBuf> = None;
-    let mut upstream: Option<String> = None;
-    let mut args = args.into_iter();
-    let mut first_error = None;
-    while let Some(arg) = args.next() {
-        let step = match arg.to_str() {
-            Some("--help" | "-h") => return Ok(Command::Help),
-            Some("--version" | "-V") => return Ok(Command::Version),
-            Some("--listen") => take(&mut listen, "--listen", args.next().map(PathBuf::from)),
-            Some("--upstream") => take(
-                &mut upstream,
-                "--upstream",
-                args.next().map(|v| v.to_string_lossy().into_owned()),
-            ),
-            _ => Err(ArgError::Unknown(arg.to_string_lossy().into_owned())),
-        };
-        // Keep scanning so a later --help still works, but report the first mistake.
-        if let Err(e) = step {
-            first_error.get_or_insert(e);
+    let args: Vec<OsString> = args.into_iter().collect();
+    let argv = core::iter::once(OsString::from("inferproxy")).chain(args.iter().cloned());
+    let cli = match Cli::try_parse_from(argv) {
+        Ok(cli) => cli,
+        Err(e) => {
+            // clap stops at the first mistake; a `--help` after it still wins, as it always has.
+            let asked = |names: [&str; 2]| args.iter().any(|a| names.iter().any(|n| a == *n));
+            return match e.kind() {
+                ErrorKind::DisplayHelp => Ok(Command::Help),
+                ErrorKind::DisplayVersion => Ok(Command::Version),
+                _ if asked(["--help", "-h"]) => Ok(Command::Help),
+                _ if asked(["--version", "-V"]) => Ok(Command::Version),
+                _ => Err(arg_error(&e)),
+            };
         }
-    }
-    if let Some(e) = first_error {
-        return Err(e);
-    }
-    let listen = listen.ok_or(ArgError::Missing("--listen"))?;
+    };
+    let listen = PathBuf::from(cli.listen.ok_or(ArgError::Missing("--listen"))?);
     let len = listen.as_os_str().len();
     if len == 0 || len > MAX_LISTEN_PATH {
         return Err(ArgError::ListenPath(len));
     }
-    let upstream = upstream.ok_or(ArgError::Missing("--upstream"))?;
+    let upstream = cli.upstream.ok_or(ArgError::Missing("--upstream"))?;
     if !is_host_port(&upstream) {
         return Err(ArgError::Upstream(upstream));
     }
     Ok(Command::Run(Config { listen, upstream }))
 }
 
-fn take<T>(slot: &mut Option<T>, flag: &'static str, value: Option<T>) -> Result<(), ArgError> {
-    let value = value.ok_or(ArgError::MissingValue(flag))?;
-    if slot.is_some() {
-        return Err(ArgError::Repeated(flag));
+/// Our flag named in a clap error's context (clap writes it as `--listen <path>`).
+fn flag_of(e: &clap::Error) -> Option<&'static str> {
+    let Some(ContextValue::String(arg)) = e.get(ContextKind::InvalidArg) else {
+        return None;
+    };
+    ["--listen", "--upstream"]
+        .into_iter()
+        .find(|f| arg.split(' ').next() == Some(*f))
+}
+
+/// A clap error in our words.
+fn arg_error(e: &clap::Error) -> ArgError {
+    match (e.kind(), flag_of(e)) {
+        (ErrorKind::UnknownArgument, _) => match e.get(ContextKind::InvalidArg) {
+            Some(ContextValue::String(arg)) => ArgError::Unknown(arg.clone()),
+            _ => other(e),
+        },
+        (ErrorKind::InvalidValue, Some(flag)) => ArgError::MissingValue(flag),
+        (ErrorKind::ArgumentConflict, Some(flag)) => ArgError::Repeated(flag),
+        _ => other(e),
     }
-    *slot = Some(value);
-    Ok(())
+}
+
+/// clap's own first line, without its `error: ` prefix.
+fn other(e: &clap::Error) -> ArgError {
+    let text = e.render().to_string();
+    let line = text.lines().next().unwrap_or_default();
+    ArgError::Other(line.trim_start_matches("error: ").to_owned())
 }
 
 /// `host:port` where host is a name, an IPv4 address or a bracketed IPv6 address.

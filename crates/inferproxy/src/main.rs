@@ -5,7 +5,7 @@
 use std::process::ExitCode;
 use std::thread;
 
-use inferproxy::args::{self, Command, Config, USAGE};
+use inferproxy::args::{self, Command, Config};
 use inferproxy::{listen, serve};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGQUIT, SIGTERM};
 use signal_hook::iterator::Signals;
@@ -19,7 +19,7 @@ fn main() -> ExitCode {
     match args::parse(std::env::args_os().skip(1)) {
         Ok(Command::Run(config)) => run(&config),
         Ok(Command::Help) => {
-            print!("{USAGE}");
+            print!("{}", args::help());
             ExitCode::SUCCESS
         }
         Ok(Command::Version) => {

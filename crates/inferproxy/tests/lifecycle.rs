@@ -27,6 +27,23 @@ fn help_and_version_exit_zero() {
 }
 
 #[test]
+fn help_names_every_flag() {
+    for help in ["--help", "-h"] {
+        let (status, out, err) = run_to_exit(&os(&[help]));
+        assert_eq!(status.code(), Some(0), "{help}");
+        assert_eq!(err, "");
+        for flag in [
+            "--listen <path>",
+            "--upstream <host:port>",
+            "--help",
+            "--version",
+        ] {
+            assert!(out.contains(flag), "{help} does not name {flag}:\n{out}");
+        }
+    }
+}
+
+#[test]
 fn bad_arguments_exit_two_with_one_line_naming_them() {
     let cases: &[(&[&str], &str)] = &[
         (

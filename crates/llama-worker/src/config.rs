@@ -68,6 +68,12 @@ pub struct Config {
     pub restart_backoff_s: f64,
     /// After SIGTERM to the group, wait this long before SIGKILL (default 5).
     pub stop_grace_s: f64,
+    /// Where the counters are written in the Prometheus text format every
+    /// `metrics_interval_s` (atomically: a temporary file in the same folder, then a rename),
+    /// e.g. for node_exporter's textfile collector; unset (the default): not written.
+    pub metrics_file: Option<PathBuf>,
+    /// Between writes of `metrics_file` (default 15).
+    pub metrics_interval_s: f64,
 }
 
 impl Default for Config {
@@ -92,6 +98,8 @@ impl Default for Config {
             max_restarts_per_window: 5,
             restart_backoff_s: 2.0,
             stop_grace_s: 5.0,
+            metrics_file: None,
+            metrics_interval_s: 15.0,
         }
     }
 }
@@ -193,6 +201,8 @@ pub struct Timings {
     pub cpu_probe_interval: Duration,
     /// `stop_grace_s`.
     pub stop_grace: Duration,
+    /// `metrics_interval_s`.
+    pub metrics_interval: Duration,
 }
 
 impl Config {
@@ -317,6 +327,7 @@ impl Config {
             probe_timeout: nz("probe_timeout_s", self.probe_timeout_s)?,
             cpu_probe_interval: nz("cpu_probe_interval_s", self.cpu_probe_interval_s)?,
             stop_grace: d("stop_grace_s", self.stop_grace_s)?,
+            metrics_interval: nz("metrics_interval_s", self.metrics_interval_s)?,
         })
     }
 
@@ -586,6 +597,7 @@ stop_grace_s = 0.25
                 args: d.args.clone(),
                 log_file: None,
                 status_socket: None,
+                metrics_file: None,
                 models: d.models.clone(),
                 ..c
             },

@@ -14,6 +14,7 @@ pub mod client;
 pub mod clock;
 pub mod config;
 pub mod cpu;
+pub mod metrics;
 pub mod models;
 pub use socket_file as listen;
 pub mod policy;

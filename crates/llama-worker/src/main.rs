@@ -8,28 +8,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread;
 
+use clap::error::{ContextKind, ContextValue, ErrorKind};
+use clap::{Parser, Subcommand};
 use llama_worker::client::query;
 use llama_worker::listen;
 use llama_worker::serve::spawn_status_server;
 use llama_worker::{Config, State, SystemClock, Worker, WorkerHandle};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGQUIT, SIGTERM};
 use signal_hook::iterator::Signals;
-
-const USAGE: &str = "\
-usage:
-  llama-worker run --config FILE --port PORT [--socket PATH] [--exit-on-failed]
-      run the server from FILE ({port} in its args/env becomes PORT) until SIGTERM, SIGINT,
-      SIGHUP or SIGQUIT, then stop its process group (SIGTERM, stop_grace_s, SIGKILL) and
-      exit 0; a second such signal sends SIGKILL at once. Serve status on PATH (or the
-      config's status_socket), mode 0600; refused if a live process listens there.
-      --exit-on-failed: exit with status 3 when crash-loop protection trips.
-  llama-worker status|start|stop|stall (--socket PATH | --config FILE)
-      status: print the state as JSON; start: start again (after failed or stop);
-      stop: stop the server (the daemon keeps serving status); stall: report a stall.
-  llama-worker check-config --config FILE [--port PORT]
-      validate FILE, check that its command is an executable file and that log_file's
-      folder exists, and print the command line it would run.
-";
+use worker_proto::Command as WireCommand;
 
 /// The signals that stop the daemon cleanly (the first) or at once (any later one).
 const STOP_SIGNALS: [i32; 4] = [SIGTERM, SIGINT, SIGHUP, SIGQUIT];
@@ -72,6 +59,90 @@ fn watch_signals(
         .map_err(|e| format!("cannot start the signal thread: {e}"))
 }
 
+/// The command line (clap, derive); every subcommand has its own `--help`.
+#[derive(Parser, Debug)]
+#[command(
+    name = "llama-worker",
+    version,
+    about = "Keeps one local llama-server alive (restart policy, CPU-time liveness probe, \
+             crash-loop protection), or talks to a running llama-worker over its status socket.",
+    subcommand_required = true,
+    arg_required_else_help = true
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Run the server from the config until a stop signal
+    ///
+    /// Runs the server from FILE ({port} in its args/env becomes PORT) until SIGTERM, SIGINT,
+    /// SIGHUP or SIGQUIT, then stops its process group (SIGTERM, stop_grace_s, SIGKILL) and
+    /// exits 0; a second such signal sends SIGKILL at once. Serves status on PATH (or the
+    /// config's status_socket), mode 0600; refused if a live process listens there.
+    #[command(verbatim_doc_comment)]
+    Run(RunArgs),
+    /// Print the state as JSON (one line)
+    Status(SocketArgs),
+    /// Start again (after failed or stop; clears the restart window)
+    Start(SocketArgs),
+    /// Stop the server (the daemon keeps serving status)
+    Stop(SocketArgs),
+    /// Report a stall: the worker restarts the server if it saw no progress either
+    Stall(SocketArgs),
+    /// Print the counters in the Prometheus text format (ending with "# EOF")
+    Metrics(SocketArgs),
+    /// Validate the config and print the command line it would run
+    ///
+    /// Validates FILE, checks that its command is an executable file and that log_file's folder
+    /// exists, and prints the command line it would run.
+    #[command(verbatim_doc_comment)]
+    CheckConfig(CheckArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct RunArgs {
+    /// The worker's config (TOML)
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// The server's port ({port} in the config's args and env)
+    #[arg(long, value_name = "PORT", value_parser = port)]
+    port: Option<u16>,
+    /// The status socket to create (default: the config's status_socket)
+    #[arg(long, value_name = "PATH")]
+    socket: Option<PathBuf>,
+    /// Exit with status 3 when crash-loop protection trips
+    #[arg(long)]
+    exit_on_failed: bool,
+}
+
+#[derive(clap::Args, Debug)]
+struct SocketArgs {
+    /// The daemon's status socket
+    #[arg(long, value_name = "PATH")]
+    socket: Option<PathBuf>,
+    /// Read the socket's path from this config's status_socket (when no --socket)
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+}
+
+#[derive(clap::Args, Debug)]
+struct CheckArgs {
+    /// The worker's config (TOML)
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// The port to put in the printed command line (default 0)
+    #[arg(long, value_name = "PORT", value_parser = port)]
+    port: Option<u16>,
+}
+
+fn port(v: &str) -> Result<u16, String> {
+    v.parse().map_err(|_| "not a port".to_string())
+}
+
+/// What every subcommand may have been given, for the helpers below.
 #[derive(Default)]
 struct Args {
     config: Option<PathBuf>,
@@ -80,27 +151,36 @@ struct Args {
     exit_on_failed: bool,
 }
 
-fn parse_args(rest: &[String]) -> Result<Args, String> {
-    let mut a = Args::default();
-    let mut it = rest.iter();
-    while let Some(flag) = it.next() {
-        let mut value = || {
-            it.next()
-                .cloned()
-                .ok_or_else(|| format!("{flag} needs a value"))
-        };
-        match flag.as_str() {
-            "--config" => a.config = Some(value()?.into()),
-            "--socket" => a.socket = Some(value()?.into()),
-            "--port" => {
-                let v = value()?;
-                a.port = Some(v.parse().map_err(|_| format!("--port {v}: not a port"))?);
-            }
-            "--exit-on-failed" => a.exit_on_failed = true,
-            other => return Err(format!("unknown argument {other}")),
+/// A clap usage error in one line of our words: the flag or command, and what was wrong.
+fn usage_error(e: &clap::Error) -> String {
+    let context = |k| match e.get(k) {
+        Some(ContextValue::String(v)) => v.clone(),
+        _ => String::new(),
+    };
+    // clap names a flag with its value, `--port <PORT>`.
+    let arg = context(ContextKind::InvalidArg);
+    let flag = arg.split(' ').next().unwrap_or_default();
+    let value = context(ContextKind::InvalidValue);
+    match e.kind() {
+        ErrorKind::UnknownArgument => format!("unknown argument `{arg}` (see --help)"),
+        ErrorKind::InvalidSubcommand => format!(
+            "unknown command `{}` (see --help)",
+            context(ContextKind::InvalidSubcommand)
+        ),
+        ErrorKind::InvalidValue if value.is_empty() => format!("{flag} needs a value"),
+        ErrorKind::ValueValidation => match std::error::Error::source(e) {
+            Some(why) => format!("{flag} {value}: {why}"),
+            None => format!("{flag} {value}: invalid"),
+        },
+        ErrorKind::ArgumentConflict if !flag.is_empty() => {
+            format!("{flag} given more than once")
+        }
+        _ => {
+            let text = e.render().to_string();
+            let line = text.lines().next().unwrap_or_default();
+            format!("{} (see --help)", line.trim_start_matches("error: "))
         }
     }
-    Ok(a)
 }
 
 fn load(a: &Args) -> Result<Config, String> {
@@ -179,34 +259,73 @@ fn run(a: &Args) -> Result<ExitCode, String> {
 }
 
 fn main_inner() -> Result<ExitCode, String> {
-    let argv: Vec<String> = std::env::args().skip(1).collect();
-    let Some((cmd, rest)) = argv.split_first() else {
-        return Err(USAGE.trim_end().into());
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => match e.kind() {
+            ErrorKind::DisplayHelp => {
+                print!("{}", e.render());
+                return Ok(ExitCode::SUCCESS);
+            }
+            ErrorKind::DisplayVersion => {
+                println!("llama-worker {}", env!("CARGO_PKG_VERSION"));
+                return Ok(ExitCode::SUCCESS);
+            }
+            // No command at all: the help, on stderr, and a usage error's status.
+            ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand | ErrorKind::MissingSubcommand => {
+                eprint!("{}", e.render());
+                return Ok(ExitCode::from(2));
+            }
+            _ => return Err(usage_error(&e)),
+        },
     };
-    if matches!(cmd.as_str(), "-h" | "--help" | "help") {
-        print!("{USAGE}");
-        return Ok(ExitCode::SUCCESS);
-    }
-    let a = parse_args(rest)?;
-    match cmd.as_str() {
-        "run" => run(&a),
-        "status" | "start" | "stop" | "stall" => {
-            let path = socket_path(&a)?;
-            let reply = query(&path, cmd).map_err(|e| format!("{}: {e}", path.display()))?;
-            println!("{reply}");
-            Ok(ExitCode::SUCCESS)
+    let socket_args = |cmd: WireCommand, s: SocketArgs| {
+        let a = Args {
+            config: s.config,
+            socket: s.socket,
+            ..Args::default()
+        };
+        (cmd, a)
+    };
+    let (cmd, a) = match cli.command {
+        Cmd::Run(r) => {
+            return run(&Args {
+                config: r.config,
+                port: r.port,
+                socket: r.socket,
+                exit_on_failed: r.exit_on_failed,
+            })
         }
-        "check-config" => {
+        Cmd::CheckConfig(c) => {
+            let a = Args {
+                config: c.config,
+                port: c.port,
+                ..Args::default()
+            };
             let cfg = load_checked(&a)?;
             let spec = cfg.command_spec(a.port.unwrap_or(0));
             for (k, v) in &spec.env {
                 print!("{k}={v} ");
             }
             println!("{} {}", spec.program, spec.args.join(" "));
-            Ok(ExitCode::SUCCESS)
+            return Ok(ExitCode::SUCCESS);
         }
-        other => Err(format!("unknown command {other}\n{USAGE}")),
-    }
+        Cmd::Status(s) => socket_args(WireCommand::Status, s),
+        Cmd::Start(s) => socket_args(WireCommand::Start, s),
+        Cmd::Stop(s) => socket_args(WireCommand::Stop, s),
+        Cmd::Stall(s) => socket_args(WireCommand::Stall, s),
+        Cmd::Metrics(s) => {
+            let (_, a) = socket_args(WireCommand::Metrics, s);
+            let path = socket_path(&a)?;
+            let text = worker_proto::metrics(&path, llama_worker::client::ANSWER_TIMEOUT)
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+            print!("{text}");
+            return Ok(ExitCode::SUCCESS);
+        }
+    };
+    let path = socket_path(&a)?;
+    let reply = query(&path, cmd.as_str()).map_err(|e| format!("{}: {e}", path.display()))?;
+    println!("{reply}");
+    Ok(ExitCode::SUCCESS)
 }
 
 fn main() -> ExitCode {

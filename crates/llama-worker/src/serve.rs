@@ -2,8 +2,9 @@
 //! connection.
 //!
 //! Protocol (the crate `worker-proto`, which loopd's runner uses too): the client writes one
-//! line, `status`, `start`, `stop` or `stall`; the daemon answers one JSON line and closes.
-//! `start` is how a failed worker is started again.
+//! line, `status`, `start`, `stop`, `stall` or `metrics`; the daemon answers one JSON line
+//! (`metrics`: the Prometheus text, ending with `# EOF\n`) and closes. `start` is how a failed
+//! worker is started again.
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -21,9 +22,11 @@ pub use worker_proto::MAX_COMMAND_BYTES;
 /// How long a socket client may take to send its command or read the answer.
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// Answers one command line.
+/// Answers one command line: the bytes to write back, newline included.
 pub fn answer<C: SharedClock>(handle: &WorkerHandle<C>, command: &str) -> String {
-    match Command::parse(command) {
+    let json = match Command::parse(command) {
+        // Many lines, the last `# EOF\n`: written as they are.
+        Some(Command::Metrics) => return handle.metrics(),
         Some(Command::Status) => handle.status().to_json(),
         Some(Command::Start) => {
             handle.start();
@@ -41,8 +44,9 @@ pub fn answer<C: SharedClock>(handle: &WorkerHandle<C>, command: &str) -> String
             },
         }
         .to_json(),
-        None => error_reply("unknown command; use status, start, stop or stall"),
-    }
+        None => error_reply("unknown command; use status, start, stop, stall or metrics"),
+    };
+    format!("{json}\n")
 }
 
 fn serve_one<C: SharedClock>(handle: &WorkerHandle<C>, stream: UnixStream) -> io::Result<()> {
@@ -51,11 +55,11 @@ fn serve_one<C: SharedClock>(handle: &WorkerHandle<C>, stream: UnixStream) -> io
     let mut line = String::new();
     BufReader::new((&stream).take(MAX_COMMAND_BYTES as u64 + 1)).read_line(&mut line)?;
     let reply = if line.len() > MAX_COMMAND_BYTES {
-        error_reply("command too long")
+        format!("{}\n", error_reply("command too long"))
     } else {
         answer(handle, &line)
     };
-    (&stream).write_all(format!("{reply}\n").as_bytes())
+    (&stream).write_all(reply.as_bytes())
 }
 
 /// Serves the socket on a background thread until the process exits.

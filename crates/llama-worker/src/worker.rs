@@ -17,6 +17,7 @@ use std::time::Duration;
 use crate::clock::SharedClock;
 use crate::config::{CommandSpec, Config, ConfigError, Timings};
 use crate::cpu;
+use crate::metrics::Metrics;
 use crate::models::{self, ModelState, ModelsVerdict, MAX_MODELS_BODY, MODELS_PATH};
 use crate::policy::{
     Action, FailReason, Policy, Readiness, Refusal, RestartCause, StallVerdict, State,
@@ -41,6 +42,17 @@ struct Inner {
     last_model_exit: Option<ModelExit>,
     /// How the server last exited on its own (`exit status: 1`, `signal: 11 (SIGSEGV)`, …).
     last_server_exit: Option<String>,
+    /// The counters (`metrics` on the socket, `metrics_file`).
+    metrics: Metrics,
+}
+
+impl Inner {
+    /// Brings the counters up to the policy as it is at `now`.
+    fn observe(&mut self, now: Duration) {
+        let p = &self.policy;
+        let (state, total, cause) = (p.state(), p.total_restarts(), p.last_cause());
+        self.metrics.handle_policy(now, state, total, cause);
+    }
 }
 
 #[derive(Debug)]
@@ -179,6 +191,16 @@ impl<C: SharedClock> WorkerHandle<C> {
         )
     }
 
+    /// The counters in the Prometheus text format, ending with `# EOF\n` (see
+    /// [`crate::metrics`]).
+    pub fn metrics(&self) -> String {
+        let now = self.clock.now();
+        let mut g = self.shared.lock();
+        g.observe(now);
+        let inflight = g.inflight.len();
+        g.metrics.encode(now, inflight)
+    }
+
     /// Starts from stopped or failed (the restart count goes back to zero); otherwise nothing.
     /// Kills wait out the grace period again after a [`WorkerHandle::kill_now`].
     pub fn start(&self) {
@@ -209,7 +231,11 @@ impl<C: SharedClock> WorkerHandle<C> {
     /// the server only if it, too, saw no progress (CPU time, stream bytes) for `stall_timeout`.
     pub fn report_stall(&self) -> StallVerdict {
         let now = self.clock.now();
-        let v = self.shared.lock().policy.report_stall(now);
+        let mut g = self.shared.lock();
+        let v = g.policy.report_stall(now);
+        g.metrics.handle_stall(v);
+        g.observe(now);
+        drop(g);
         self.shared.wake.notify_all();
         v
     }
@@ -287,6 +313,8 @@ pub struct Worker<C: SharedClock> {
     logged_restarts: u64,
     /// Killed children that had not exited by the end of the kill; reaped on later ticks.
     lingering: Vec<Lingering>,
+    /// When `metrics_file` is written next.
+    next_metrics_at: Duration,
 }
 
 impl<C: SharedClock> Worker<C> {
@@ -307,6 +335,7 @@ impl<C: SharedClock> Worker<C> {
                     last_readiness: None,
                     last_model_exit: None,
                     last_server_exit: None,
+                    metrics: Metrics::new(clock.now()),
                 }),
                 wake: Condvar::new(),
                 interrupt: AtomicBool::new(false),
@@ -324,6 +353,7 @@ impl<C: SharedClock> Worker<C> {
             logged_state: State::Stopped,
             logged_restarts: 0,
             lingering: Vec::new(),
+            next_metrics_at: Duration::ZERO,
         })
     }
 
@@ -381,8 +411,12 @@ impl<C: SharedClock> Worker<C> {
         self.probe_if_due();
         self.run_actions();
         self.log_state();
+        self.write_metrics_if_due();
         let g = self.shared.lock();
         let mut next = self.clock.now() + MAX_IDLE;
+        if self.config.metrics_file.is_some() {
+            next = next.min(self.next_metrics_at);
+        }
         if let Some(t) = g.policy.poll_timeout() {
             next = next.min(t);
         }
@@ -447,6 +481,7 @@ impl<C: SharedClock> Worker<C> {
                             g.pid = Some(p.pid());
                             g.pgid = Some(p.pgid());
                             g.spawns += 1;
+                            g.metrics.handle_spawned(now);
                             g.policy.handle_spawned(now);
                             self.process = Some(p);
                             self.next_readiness_at = now;
@@ -604,8 +639,26 @@ impl<C: SharedClock> Worker<C> {
         last
     }
 
+    /// Writes `metrics_file` when its interval is up. A failed write is logged and tried again
+    /// at the next interval; the worker keeps running.
+    fn write_metrics_if_due(&mut self) {
+        let Some(path) = &self.config.metrics_file else {
+            return;
+        };
+        let now = self.clock.now();
+        if now < self.next_metrics_at {
+            return;
+        }
+        self.next_metrics_at = now + self.timings.metrics_interval;
+        let text = self.handle().metrics();
+        if let Err(e) = crate::metrics::write_atomically(path, &text) {
+            eprintln!("llama-worker: metrics_file {}: {e}", path.display());
+        }
+    }
+
     fn log_state(&mut self) {
-        let g = self.shared.lock();
+        let mut g = self.shared.lock();
+        g.observe(self.clock.now());
         let total = g.policy.total_restarts();
         if total != self.logged_restarts {
             eprintln!(

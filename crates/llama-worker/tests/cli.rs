@@ -108,7 +108,7 @@ stop_grace_s = 1
     assert!(ask(&socket, "stall").starts_with("{\"stall\":\"not_stalled\",\"since_progress_s\":"));
     assert_eq!(
         llama_worker::client::query(&socket, "bogus").unwrap(),
-        "{\"error\":\"unknown command; use status, start, stop or stall\"}"
+        "{\"error\":\"unknown command; use status, start, stop, stall or metrics\"}"
     );
     let end = Instant::now() + Duration::from_secs(5);
     while !std::fs::read_to_string(&log)
@@ -162,6 +162,96 @@ fn sigterm(pid: u32) -> bool {
         .status()
         .unwrap()
         .success()
+}
+
+#[test]
+fn help_of_every_command_names_its_flags() {
+    let cases: &[(&[&str], &[&str])] = &[
+        (
+            &["--help"],
+            &[
+                "run",
+                "status",
+                "start",
+                "stop",
+                "stall",
+                "metrics",
+                "check-config",
+                "--version",
+            ],
+        ),
+        (
+            &["run", "--help"],
+            &[
+                "--config <FILE>",
+                "--port <PORT>",
+                "--socket <PATH>",
+                "--exit-on-failed",
+            ],
+        ),
+        (
+            &["status", "--help"],
+            &["--socket <PATH>", "--config <FILE>"],
+        ),
+        (
+            &["start", "--help"],
+            &["--socket <PATH>", "--config <FILE>"],
+        ),
+        (&["stop", "--help"], &["--socket <PATH>", "--config <FILE>"]),
+        (
+            &["stall", "--help"],
+            &["--socket <PATH>", "--config <FILE>"],
+        ),
+        (
+            &["check-config", "--help"],
+            &["--config <FILE>", "--port <PORT>"],
+        ),
+    ];
+    for (args, names) in cases {
+        let out = Command::new(BIN).args(*args).output().unwrap();
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {out:?}");
+        let text = String::from_utf8(out.stdout).unwrap();
+        for name in *names {
+            assert!(
+                text.contains(name),
+                "{args:?} does not name {name}:\n{text}"
+            );
+        }
+    }
+}
+
+#[test]
+fn usage_errors_exit_2_with_one_line_naming_them() {
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["dance"],
+            "llama-worker: unknown command `dance` (see --help)\n",
+        ),
+        (
+            &["status", "--port", "1"],
+            "llama-worker: unknown argument `--port` (see --help)\n",
+        ),
+        (&["run", "--port"], "llama-worker: --port needs a value\n"),
+        (
+            &["run", "--socket", "a", "--socket", "b"],
+            "llama-worker: --socket given more than once\n",
+        ),
+        (
+            &["run", "--port", "1"],
+            "llama-worker: --config FILE is required\n",
+        ),
+    ];
+    for (args, want) in cases {
+        let out = Command::new(BIN).args(*args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {out:?}");
+        assert_eq!(String::from_utf8(out.stderr).unwrap(), *want, "{args:?}");
+    }
+    // No command at all: the usage on stderr.
+    let out = Command::new(BIN).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8(out.stderr)
+        .unwrap()
+        .contains("Usage: llama-worker <COMMAND>"));
 }
 
 #[test]
@@ -737,5 +827,115 @@ fn a_model_that_cannot_load_makes_the_worker_failed_with_its_reason() {
     assert!(took < Duration::from_secs(5), "{took:?}");
     assert!(sigterm(child.0.id()));
     assert!(exit_within(&mut child, Duration::from_secs(10)).0.success());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Parses the Prometheus text the way a scraper needs it: every sample line `name value` with
+/// a number, ending with `# EOF`. Returns the value of `name`.
+fn sample(text: &str, name: &str) -> Option<f64> {
+    assert!(text.ends_with("# EOF\n"), "cut short: {text:?}");
+    let mut found = None;
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let (key, value) = line.rsplit_once(' ').expect(line);
+        let v: f64 = value.parse().expect(line);
+        if key == name {
+            found = Some(v);
+        }
+    }
+    found
+}
+
+#[test]
+fn metrics_on_the_socket_end_to_end() {
+    let ep = Endpoint::start(Mode::Ok);
+    let dir = temp_dir("metrics");
+    let socket = dir.join("worker.sock");
+    let config = write_config(&dir, &socket, "sleep 300", "");
+    let child = spawn_run(&config, &ep);
+    wait_status(&socket, "ready");
+    let out = Command::new(BIN)
+        .args(["metrics", "--socket"])
+        .arg(&socket)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(
+        sample(&text, "llama_worker_state{state=\"ready\"}"),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(&text, "llama_worker_state{state=\"stopped\"}"),
+        Some(0.0)
+    );
+    assert_eq!(sample(&text, "llama_worker_spawns_total"), Some(1.0));
+    assert_eq!(
+        sample(&text, "llama_worker_spawn_to_ready_seconds_count"),
+        Some(1.0)
+    );
+    assert_eq!(sample(&text, "llama_worker_inflight_requests"), Some(0.0));
+    assert_eq!(
+        sample(&text, "llama_worker_restarts_total{cause=\"model_exited\"}"),
+        Some(0.0)
+    );
+    // A stall report is counted by its verdict, and the library client reads the same text.
+    assert!(ask(&socket, "stall").starts_with("{\"stall\":\"not_stalled\""));
+    let text = worker_proto::metrics(&socket, Duration::from_secs(5)).unwrap();
+    assert_eq!(
+        sample(
+            &text,
+            "llama_worker_stall_verdicts_total{verdict=\"not_stalled\"}"
+        ),
+        Some(1.0)
+    );
+    drop(child); // the worker must not write into the folder while it is removed
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn metrics_file_is_rewritten_atomically_at_the_interval() {
+    let ep = Endpoint::start(Mode::Ok);
+    let dir = temp_dir("metrics-file");
+    let socket = dir.join("worker.sock");
+    let prom = dir.join("worker.prom");
+    let config = write_config(
+        &dir,
+        &socket,
+        "sleep 300",
+        &format!("metrics_file = {prom:?}\nmetrics_interval_s = 0.1\n"),
+    );
+    let child = spawn_run(&config, &ep);
+    wait_status(&socket, "ready");
+    // A reader that parses the file as fast as it can while the worker rewrites it: every read
+    // must be a whole file. While ready, ready_seconds_total grows, so each write differs.
+    let reader = {
+        let prom = prom.clone();
+        thread::spawn(move || {
+            let mut reads = 0u32;
+            let mut versions = std::collections::BTreeSet::new();
+            let end = Instant::now() + Duration::from_millis(1500);
+            while Instant::now() < end {
+                let text = std::fs::read_to_string(&prom).unwrap();
+                let ready = sample(&text, "llama_worker_ready_seconds_total").unwrap();
+                versions.insert(ready.to_bits());
+                reads += 1;
+            }
+            (reads, versions.len())
+        })
+    };
+    let (reads, versions) = reader.join().unwrap();
+    assert!(reads > 100, "{reads} reads");
+    // 1.5 s at 0.1 s: about 15 writes; a loaded machine may delay some ticks.
+    assert!((5..=20).contains(&versions), "{versions} versions in 1.5 s");
+    let leftovers: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .filter(|n| n.to_string_lossy().ends_with(".tmp"))
+        .collect();
+    assert!(
+        leftovers.is_empty() || leftovers.len() == 1,
+        "{leftovers:?}"
+    );
+    drop(child); // the worker must not write into the folder while it is removed
     std::fs::remove_dir_all(&dir).unwrap();
 }

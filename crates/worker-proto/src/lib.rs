@@ -7,7 +7,13 @@
 //! closes. `status`, `start` and `stop` answer the status object (its `state` is a [`State`],
 //! its `last_cause` a [`RestartCause`], by their wire names); `stall` answers a
 //! [`StallAnswer`]; anything else answers `{"error": "..."}` ([`error_reply`]). The client
-//! ([`call`], [`status`], [`report_stall`]) has a deadline on every step.
+//! ([`call`], [`status`], [`report_stall`], [`metrics`]) has a deadline on every step.
+//!
+//! `metrics` is the one command whose answer is not one JSON line: it is the worker's
+//! counters in the Prometheus text format (OpenMetrics 1.0 text), many lines, the last one
+//! [`METRICS_END`] (`# EOF\n`); then the daemon closes. A client reads to the end of the stream
+//! (at most [`MAX_METRICS_BYTES`]) and an answer that does not end with [`METRICS_END`] was cut
+//! short.
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
@@ -25,6 +31,12 @@ pub const MAX_COMMAND_BYTES: usize = 64;
 /// Longest answer line a client reads.
 pub const MAX_ANSWER_BYTES: u64 = 64 * 1024;
 
+/// Longest `metrics` answer a client reads.
+pub const MAX_METRICS_BYTES: u64 = 64 * 1024;
+
+/// The last line of a `metrics` answer, as in OpenMetrics.
+pub const METRICS_END: &str = "# EOF\n";
+
 /// A command line.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Command {
@@ -36,15 +48,18 @@ pub enum Command {
     Stop,
     /// A request saw no progress: restart if the worker saw none either.
     Stall,
+    /// The counters in the Prometheus text format, ending with [`METRICS_END`].
+    Metrics,
 }
 
 impl Command {
     /// Every command, in the order the usage text names them.
-    pub const ALL: [Command; 4] = [
+    pub const ALL: [Command; 5] = [
         Command::Status,
         Command::Start,
         Command::Stop,
         Command::Stall,
+        Command::Metrics,
     ];
 
     /// The wire name.
@@ -54,6 +69,7 @@ impl Command {
             Command::Start => "start",
             Command::Stop => "stop",
             Command::Stall => "stall",
+            Command::Metrics => "metrics",
         }
     }
 
@@ -316,6 +332,26 @@ pub fn call_line(socket: &Path, line: &str, timeout: Duration) -> Result<String,
     Ok(answer.trim_end().to_owned())
 }
 
+/// Reads the worker's counters: the text up to and with its [`METRICS_END`] line. An answer
+/// longer than [`MAX_METRICS_BYTES`] or without that line is a [`WorkerError::BadAnswer`].
+pub fn metrics(socket: &Path, timeout: Duration) -> Result<String, WorkerError> {
+    let mut s = UnixStream::connect(socket).map_err(WorkerError::Io)?;
+    s.set_read_timeout(Some(timeout)).map_err(WorkerError::Io)?;
+    s.set_write_timeout(Some(timeout))
+        .map_err(WorkerError::Io)?;
+    s.write_all(format!("{}\n", Command::Metrics.as_str()).as_bytes())
+        .map_err(WorkerError::Io)?;
+    let mut text = String::new();
+    s.take(MAX_METRICS_BYTES)
+        .read_to_string(&mut text)
+        .map_err(WorkerError::Io)?;
+    if text.ends_with(METRICS_END) {
+        Ok(text)
+    } else {
+        Err(bad(&text))
+    }
+}
+
 /// Reads the worker's status.
 pub fn status(socket: &Path, timeout: Duration) -> Result<WorkerStatus, WorkerError> {
     WorkerStatus::parse(&call(socket, Command::Status, timeout)?)
@@ -336,6 +372,7 @@ mod tests {
             assert_eq!(Command::parse(&format!(" {}\n", c.as_str())), Some(c));
         }
         assert_eq!(Command::parse("restart"), None);
+        assert_eq!(Command::parse("metrics\n"), Some(Command::Metrics));
         for s in State::ALL {
             assert_eq!(State::parse(s.as_str()), Some(s));
         }
