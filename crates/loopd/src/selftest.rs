@@ -167,7 +167,7 @@ pub fn tool_call_parses(client: &Client, slot: u32) -> Check {
             "expected a {TOOL_NAME} call with JSON object arguments and finish_reason tool_calls; \
              got [{}] finish_reason {}",
             got_calls.join(", "),
-            finish_name(done.finish_reason)
+            done.finish_reason.as_str()
         ),
     }
 }
@@ -238,15 +238,6 @@ pub fn assistant_of(c: &Completion) -> ChatMessage {
         content: c.content.clone(),
         reasoning_content: c.reasoning_content.clone(),
         tool_calls: c.tool_calls.clone(),
-    }
-}
-
-/// `stop`, `tool_calls` or `length`, as the server spells them.
-pub fn finish_name(f: FinishReason) -> &'static str {
-    match f {
-        FinishReason::Stop => "stop",
-        FinishReason::ToolCalls => "tool_calls",
-        FinishReason::Length => "length",
     }
 }
 
