@@ -9,8 +9,6 @@ use std::time::Instant;
 
 use loopd::llama::{ChatEvent, Completion};
 
-use loopd::selftest::finish_name;
-
 const DIM: &str = "\x1b[2m";
 const RESET: &str = "\x1b[0m";
 const BAR_WIDTH: u64 = 30;
@@ -121,7 +119,7 @@ impl<W: Write> Watcher<W> {
         };
         let _ = self.notice(&format!(
             "finish: {}; prompt {} tokens ({} from cache), generated {} ({} reasoning){speed}{capped}",
-            finish_name(done.finish_reason),
+            done.finish_reason.as_str(),
             t.prompt_n.saturating_add(t.cache_n),
             t.cache_n,
             t.predicted_n,

@@ -174,6 +174,12 @@ impl std::fmt::Debug for Response {
 }
 
 impl Response {
+    /// [`Response::new`] with the deadline `timeout` from now: the clock is read here, in the
+    /// socket layer, so its callers never read it.
+    pub fn within(stream: UnixStream, timeout: Duration, cancel: &Cancel) -> Response {
+        Response::new(stream, Instant::now() + timeout, cancel)
+    }
+
     /// Reads the response to a request already written on `stream`, all of it by `deadline`,
     /// unless `cancel` is set first (it is looked at every [`CANCEL_TICK`]).
     pub fn new(stream: UnixStream, deadline: Instant, cancel: &Cancel) -> Response {

@@ -37,7 +37,7 @@ pub mod http;
 mod sse;
 
 pub use config::{Config, ConfigError};
-pub use llama::{ChatEvent, ChatRequest, Client, InferError};
+pub use llama::{ChatEvent, ChatOptions, ChatRequest, Client, InferError};
 pub mod llama;
 pub mod runner;
 pub mod selftest;

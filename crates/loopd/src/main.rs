@@ -10,7 +10,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use loopd::http::SendError;
-use loopd::llama::{Cancel, ChatMessage, ChatRequest, Client};
+use loopd::llama::{Cancel, ChatMessage, ChatOptions, ChatRequest, Client};
 use loopd::runner::{builtin_tools, Outcome, ResultError, RunRequest, Runner, StandardBios};
 use loopd::selftest;
 use loopd::Config;
@@ -257,10 +257,10 @@ fn run_ask(a: AskArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let req = ChatRequest {
+    let req = ChatRequest::user(a.slot, a.prompt).with_options(ChatOptions {
         thinking: a.thinking,
-        ..ChatRequest::user(a.slot, a.prompt)
-    };
+        ..ChatOptions::default()
+    });
     let stdout = std::io::stdout();
     let terminal = stdout.is_terminal();
     let mut watcher = ask::Watcher::new(stdout.lock(), terminal);
@@ -307,7 +307,10 @@ fn run_agent(a: RunArgs) -> ExitCode {
     let req = RunRequest {
         messages: vec![ChatMessage::User { content: a.prompt }],
         budget: a.budget,
-        thinking: a.thinking,
+        options: ChatOptions {
+            thinking: a.thinking,
+            ..ChatOptions::default()
+        },
         ..RunRequest::default()
     };
     let stdout = std::io::stdout();

@@ -5,7 +5,6 @@
 use std::io::Write;
 
 use loopd::runner::{CallSource, Outcome, RunEvent, RunResult};
-use loopd::selftest::finish_name;
 
 use crate::ask::Watcher;
 
@@ -66,7 +65,7 @@ impl<W: Write> RunWatcher<W> {
     pub fn finish(&mut self, r: &RunResult) {
         for (i, g) in r.generations.iter().enumerate() {
             let t = g.timings.unwrap_or_default();
-            let finish = g.finish_reason.map_or("failed", finish_name);
+            let finish = g.finish_reason.map_or("failed", |f| f.as_str());
             let _ = self.inner.notice(&format!(
                 "generation {}: budget left {}, prompt {} tokens ({} from cache), generated {}, \
                  {finish}, {:.1} s",
@@ -81,7 +80,7 @@ impl<W: Write> RunWatcher<W> {
         let end = match &r.outcome {
             Outcome::Completed { finish_reason } => format!(
                 "completed ({}) after {} tool calls; {} of {} tool iterations left",
-                finish_name(*finish_reason),
+                finish_reason.as_str(),
                 r.tool_calls.len(),
                 r.budget_left,
                 r.budget

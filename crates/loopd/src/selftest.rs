@@ -15,8 +15,8 @@ use llama_proto::hash::sha256;
 
 use crate::config::Sampling;
 use crate::llama::{
-    cache_outcome, CacheOutcome, ChatEvent, ChatMessage, ChatRequest, Client, Completion,
-    FinishReason, ToolCall, ToolSchema, CACHE_LOSS_TOLERANCE,
+    cache_outcome, CacheOutcome, ChatEvent, ChatMessage, ChatOptions, ChatRequest, Client,
+    Completion, FinishReason, ToolCall, ToolSchema, CACHE_LOSS_TOLERANCE,
 };
 
 /// The tool of check 2.
@@ -110,29 +110,34 @@ pub fn tool_request(slot: u32) -> ChatRequest {
         }],
     };
     let user = |q: &str| ChatMessage::User { content: q.into() };
-    ChatRequest {
-        slot,
-        messages: vec![
-            ChatMessage::System {
-                content: "You answer every question by calling a tool.".into(),
-            },
-            user("What is the weather in Rome?"),
-            example("call_1", "Rome"),
-            user("What is the weather in Oslo?"),
-            example("call_2", "Oslo"),
-            user("What is the weather in Paris?"),
-        ],
-        tools: vec![ToolSchema {
-            name: TOOL_NAME.into(),
-            description: "Get the current weather for a city.".into(),
-            parameters: serde_json::json!({
-                "type": "object",
-                "properties": {"city": {"type": "string", "description": "The city name"}},
-                "required": ["city"],
-            }),
-        }],
+    let messages = vec![
+        ChatMessage::System {
+            content: "You answer every question by calling a tool.".into(),
+        },
+        user("What is the weather in Rome?"),
+        example("call_1", "Rome"),
+        user("What is the weather in Oslo?"),
+        example("call_2", "Oslo"),
+        user("What is the weather in Paris?"),
+    ];
+    let mut req = ChatRequest::new(slot, messages).with_options(pinned(TOOL_MAX_TOKENS));
+    req.tools = vec![ToolSchema {
+        name: TOOL_NAME.into(),
+        description: "Get the current weather for a city.".into(),
+        parameters: serde_json::json!({
+            "type": "object",
+            "properties": {"city": {"type": "string", "description": "The city name"}},
+            "required": ["city"],
+        }),
+    }];
+    req
+}
+
+/// No thinking, at most `max_tokens`, and [`SAMPLING`], so that an answer does not vary.
+fn pinned(max_tokens: u64) -> ChatOptions {
+    ChatOptions {
         thinking: false,
-        max_tokens: Some(TOOL_MAX_TOKENS),
+        max_tokens: Some(max_tokens),
         sampling: Some(SAMPLING),
     }
 }
@@ -162,7 +167,7 @@ pub fn tool_call_parses(client: &Client, slot: u32) -> Check {
             "expected a {TOOL_NAME} call with JSON object arguments and finish_reason tool_calls; \
              got [{}] finish_reason {}",
             got_calls.join(", "),
-            finish_name(done.finish_reason)
+            done.finish_reason.as_str()
         ),
     }
 }
@@ -178,21 +183,15 @@ watch changes every four hours; the crew are tired and want short answers.";
 
 /// The first turn of check 3.
 pub fn cache_request(slot: u32) -> ChatRequest {
-    ChatRequest {
-        slot,
-        messages: vec![
-            ChatMessage::System {
-                content: CACHE_SYSTEM_PROMPT.into(),
-            },
-            ChatMessage::User {
-                content: "Name a colour.".into(),
-            },
-        ],
-        tools: Vec::new(),
-        thinking: false,
-        max_tokens: Some(CACHE_MAX_TOKENS),
-        sampling: Some(SAMPLING),
-    }
+    let messages = vec![
+        ChatMessage::System {
+            content: CACHE_SYSTEM_PROMPT.into(),
+        },
+        ChatMessage::User {
+            content: "Name a colour.".into(),
+        },
+    ];
+    ChatRequest::new(slot, messages).with_options(pinned(CACHE_MAX_TOKENS))
 }
 
 /// Check 3: a two-turn exchange on `slot`; turn 2 must reuse turn 1's prompt and answer. A
@@ -242,15 +241,6 @@ pub fn assistant_of(c: &Completion) -> ChatMessage {
     }
 }
 
-/// `stop`, `tool_calls` or `length`, as the server spells them.
-pub fn finish_name(f: FinishReason) -> &'static str {
-    match f {
-        FinishReason::Stop => "stop",
-        FinishReason::ToolCalls => "tool_calls",
-        FinishReason::Length => "length",
-    }
-}
-
 fn fail(name: &'static str, detail: String) -> Check {
     Check {
         name,
@@ -281,7 +271,7 @@ mod tests {
     fn the_tool_request_ends_with_the_question_and_offers_one_tool() {
         let r = tool_request(1);
         assert_eq!(r.slot, 1);
-        assert!(!r.thinking);
+        assert!(!r.options.thinking);
         assert_eq!(r.tools.len(), 1);
         assert_eq!(r.tools[0].name, TOOL_NAME);
         assert_eq!(

@@ -38,10 +38,9 @@ fn config(socket: &Path) -> Config {
 }
 
 fn ask(text: &str, thinking: bool) -> ChatRequest {
-    ChatRequest {
-        thinking,
-        ..ChatRequest::user(0, text)
-    }
+    let mut req = ChatRequest::user(0, text);
+    req.options.thinking = thinking;
+    req
 }
 
 #[test]

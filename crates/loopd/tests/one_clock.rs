@@ -16,11 +16,6 @@ const DRIVERS: &[(&str, &str)] = &[
         "loopd/src/llama/gate.rs",
         "a condition-variable wait for the slot",
     ),
-    ("loopd/src/llama/info.rs", "info-call socket deadlines"),
-    (
-        "loopd/src/llama/chat.rs",
-        "the control call's socket deadline",
-    ),
     (
         "loopd/src/runner/mod.rs",
         "wait_result's condition-variable wait",

@@ -137,10 +137,8 @@ fn a_thinking_answer_capped_early() {
     c.limits.thinking_cap = 4;
     c.limits.max_tokens = 160;
     let client = Client::new(c);
-    let req = ChatRequest {
-        thinking: true,
-        ..ChatRequest::user(1, "Explain why the sky is blue.")
-    };
+    let mut req = ChatRequest::user(1, "Explain why the sky is blue.");
+    req.options.thinking = true;
     let (r, events) = chat(&client, &req);
     let done = r.unwrap();
     let capped = events

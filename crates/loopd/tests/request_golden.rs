@@ -6,7 +6,9 @@ use std::path::PathBuf;
 
 use loopd::config::{Config, Sampling};
 
-use loopd::llama::{render_request as render, ChatMessage, ChatRequest, ToolCall, ToolSchema};
+use loopd::llama::{
+    render_request as render, ChatMessage, ChatOptions, ChatRequest, ToolCall, ToolSchema,
+};
 
 fn golden(name: &str, config: &Config, req: &ChatRequest) {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -146,7 +148,7 @@ fn tools() {
 #[test]
 fn thinking_on() {
     let mut r = req(vec![user("Why is the sky blue?")]);
-    r.thinking = true;
+    r.options.thinking = true;
     r.slot = 1;
     golden("thinking_on", &config(), &r);
 }
@@ -172,6 +174,26 @@ fn sampling_and_limits() {
         seed: Some(42),
     };
     golden("sampling", &c, &req(vec![user("hi")]));
+}
+
+/// The request's own options ([`ChatOptions`]) over the config's: its `max_tokens` below the
+/// backstop and its sampling in place of `[sampling]`. A new option is a field of
+/// `ChatOptions`, a line in the serializer and a line here.
+#[test]
+fn request_options() {
+    let mut c = config();
+    c.limits.max_tokens = 512;
+    c.sampling.temperature = Some(0.6);
+    let r = req(vec![user("hi")]).with_options(ChatOptions {
+        thinking: true,
+        max_tokens: Some(48),
+        sampling: Some(Sampling {
+            temperature: Some(0.0),
+            seed: Some(7),
+            ..Sampling::default()
+        }),
+    });
+    golden("request_options", &c, &r);
 }
 
 #[test]

@@ -1,5 +1,9 @@
-//! The request runner against the fake server (and a fake llama-worker status socket): every
-//! scenario of seed 003's appendix L. Limits are tens of milliseconds, so nothing waits long.
+//! Smoke tests of the request runner through real sockets (a fake server and a fake
+//! llama-worker status socket) on the wall clock: the slot table, admission, results handed
+//! out once, cancel, and each way a request ends, end to end through the drive thread. Every
+//! timing and every decision to the millisecond is tested on fake time in `tests/agent.rs`
+//! and `tests/agent_scenarios.rs`; nothing here bounds how long a request took, except `wait`'s
+//! 10 s for a request that would otherwise never end.
 
 mod support;
 mod worker_fake;
@@ -133,16 +137,11 @@ impl Tool for Signal {
     }
 }
 
-/// A BIOS that records every context it was asked for, with a budget note.
-#[derive(Default)]
-struct RecordingBios(Mutex<Vec<(u32, u32)>>);
+/// A fixed BIOS with a budget note, as `StandardBios` but short.
+struct NotedBios;
 
-impl BiosProvider for RecordingBios {
+impl BiosProvider for NotedBios {
     fn bios(&self, ctx: &BiosContext<'_>) -> String {
-        self.0
-            .lock()
-            .unwrap()
-            .push((ctx.budget_left, ctx.iterations));
         format!("BIOS: {} tool iterations", ctx.budget)
     }
 
@@ -154,7 +153,6 @@ impl BiosProvider for RecordingBios {
 struct Setup {
     runner: Runner,
     log: Arc<Mutex<Vec<String>>>,
-    bios: Arc<RecordingBios>,
 }
 
 fn setup(config: Config, slots: u32) -> Setup {
@@ -164,9 +162,13 @@ fn setup(config: Config, slots: u32) -> Setup {
     tools.register(Arc::new(Fail)).unwrap();
     tools.register(Arc::new(Sleep)).unwrap();
     tools.register(Arc::new(Signal)).unwrap();
-    let bios = Arc::new(RecordingBios::default());
-    let runner = Runner::new(Arc::new(Client::new(config)), tools, bios.clone(), slots);
-    Setup { runner, log, bios }
+    let runner = Runner::new(
+        Arc::new(Client::new(config)),
+        tools,
+        Arc::new(NotedBios),
+        slots,
+    );
+    Setup { runner, log }
 }
 
 fn ask(text: &str) -> RunRequest {
@@ -270,40 +272,6 @@ fn a_batch_of_three_calls_is_one_iteration_run_in_order() {
         ]
     );
     assert_released(&s.runner);
-}
-
-#[test]
-fn bios_first_then_the_caller_system_then_the_conversation_the_bios_fixed_the_budget_in_a_note() {
-    let server = FakeServer::start(vec![(
-        CHAT,
-        vec![
-            calls(&[("c1", "echo", "{}")]),
-            calls(&[("c2", "echo", "{}")]),
-            answer("ok"),
-        ],
-    )]);
-    let s = setup(config(&server, None), 1);
-    let mut req = ask("hello");
-    req.system = Some("You are terse.".into());
-    let r = run(&s, req);
-    assert!(r.outcome.fail_reason().is_none(), "{:?}", r.outcome);
-    assert_eq!(*s.bios.0.lock().unwrap(), [(3, 0)], "written once");
-    for n in 0..3 {
-        let m = sent(&server, n);
-        assert_eq!(
-            m[0],
-            json!({"role": "system", "content": "BIOS: 3 tool iterations"})
-        );
-        assert_eq!(m[1], json!({"role": "system", "content": "You are terse."}));
-        assert_eq!(m[2], json!({"role": "user", "content": "hello"}));
-    }
-    let last = sent(&server, 2);
-    assert_eq!(last.len(), 7, "BIOS, system, user, 2 x (call, result)");
-    // Each iteration's result ends with the note; earlier requests are prefixes of later
-    // ones, so the server's cache keeps all of them.
-    assert_eq!(last[4]["content"], "echo {}\n\n2 left");
-    assert_eq!(last[6]["content"], "echo {}\n\n1 left");
-    assert_eq!(sent(&server, 1)[..5], last[..5]);
 }
 
 #[test]
@@ -426,15 +394,12 @@ fn any_failing_call_fails_the_request_with_tool_execution_error() {
             ])],
         )]);
         let s = setup(config(&server, None), 1);
-        let start = Instant::now();
+        // `sleep` sleeps 5 s: the request ends at its 200 ms deadline, not the tool's end
+        // (`wait` would give up after 10 s on a slot held for good).
         let r = run(&s, ask("go"));
         let (reason, detail) = failed(&r);
         assert_eq!(reason, FailReason::ToolExecutionError, "{name}");
         assert!(detail.starts_with(want), "{name}: {detail}");
-        assert!(
-            start.elapsed() < Duration::from_secs(2),
-            "{name}: the timeout holds"
-        );
         // Calls run in order and stop at the first failure; what ran is kept.
         assert_eq!(*s.log.lock().unwrap(), [r#"{"first":true}"#], "{name}");
         assert_eq!(r.tool_calls.len(), 2, "{name}");
@@ -469,12 +434,7 @@ fn a_call_written_as_text_runs_as_a_call() {
     }
     let mut tools = ToolRegistry::new();
     tools.register(Arc::new(Weather(log.clone()))).unwrap();
-    let runner = Runner::new(
-        Arc::new(Client::new(config)),
-        tools,
-        Arc::new(RecordingBios::default()),
-        1,
-    );
+    let runner = Runner::new(Arc::new(Client::new(config)), tools, Arc::new(NotedBios), 1);
     let id = runner.submit(ask("Weather in Paris?")).unwrap();
     let r = wait(&runner, id);
     assert!(r.outcome.fail_reason().is_none(), "{:?}", r.outcome);
@@ -492,77 +452,6 @@ fn a_call_written_as_text_runs_as_a_call() {
     );
 }
 
-#[test]
-fn text_calls_that_do_not_parse_or_name_no_tool_are_tool_parse_errors() {
-    let cases = [
-        (
-            "Sure.\n<tool_call>\n{\"name\": \"echo\", \"arguments\": {\"a\": }\n</tool_call>",
-            "tool_call JSON is malformed",
-        ),
-        (
-            "<tool_call>{\"name\": \"rm_rf\", \"arguments\": {}}</tool_call>",
-            "names no tool: `rm_rf`",
-        ),
-        (
-            "<tool_call>{\"name\": \"echo\"}</tool_call>",
-            "has no \"arguments\"",
-        ),
-        (
-            "<tool_call>{\"name\": \"echo\", \"arguments\": {}}",
-            "no </tool_call>",
-        ),
-    ];
-    for (text, want) in cases {
-        let server = FakeServer::start(vec![(CHAT, vec![answer(text)])]);
-        let s = setup(config(&server, None), 1);
-        let r = run(&s, ask("go"));
-        let (reason, detail) = failed(&r);
-        assert_eq!(reason, FailReason::ToolParseError, "{text}");
-        assert!(detail.contains(want), "{text}: {detail}");
-        assert_eq!(r.content.as_deref(), Some(text), "the output is kept");
-        assert!(s.log.lock().unwrap().is_empty());
-        assert_released(&s.runner);
-    }
-}
-
-#[test]
-fn an_exit_tool_written_as_text_is_recorded_and_generation_continues() {
-    let text =
-        "Half way.\n<tool_call>{\"name\": \"signal\", \"arguments\": {\"p\": 50}}</tool_call>\
-                \n<tool_call>{\"name\": \"echo\", \"arguments\": {\"k\": 1}}</tool_call>";
-    let server = FakeServer::start(vec![(CHAT, vec![answer(text), answer("All done.")])]);
-    let s = setup(config(&server, None), 1);
-    let r = run(&s, ask("go"));
-    assert!(r.outcome.fail_reason().is_none(), "{:?}", r.outcome);
-    assert_eq!(r.exits.len(), 1);
-    assert_eq!(
-        (
-            r.exits[0].call.name.as_str(),
-            r.exits[0].call.arguments.as_str()
-        ),
-        ("signal", "{\"p\": 50}")
-    );
-    assert_eq!(r.exits[0].source, CallSource::Text);
-    assert_eq!(*s.log.lock().unwrap(), [r#"{"k":1}"#]);
-    assert_eq!(r.budget_left, 2);
-    assert_eq!(r.content.as_deref(), Some("All done."));
-    // The prose stays in the assistant message; the calls become calls.
-    let m = sent(&server, 1);
-    assert_eq!(m[2]["content"], "Half way.");
-    assert_eq!(m[2]["tool_calls"].as_array().unwrap().len(), 1);
-    // An exit call alone in text ends nothing early and costs nothing.
-    let server = FakeServer::start(vec![(
-        CHAT,
-        vec![answer(
-            "<tool_call>{\"name\": \"signal\", \"arguments\": {}}</tool_call>",
-        )],
-    )]);
-    let s = setup(config(&server, None), 1);
-    let r = run(&s, ask("go"));
-    assert!(r.outcome.fail_reason().is_none(), "{:?}", r.outcome);
-    assert_eq!((r.exits.len(), r.budget_left), (1, 3));
-}
-
 /// A stream of `line` written `times` times, then silence (the server would go on for ever).
 fn looping(line: &str, times: usize) -> Reply {
     let mut pieces = vec![content("Let me think.\n")];
@@ -576,14 +465,8 @@ fn a_39_character_line_repeated_closes_the_stream_with_loop_detected() {
     assert_eq!(line.len() + 1, 39);
     let server = FakeServer::start(vec![(CHAT, vec![looping(line, 40)])]);
     let s = setup(config(&server, None), 1);
-    let start = Instant::now();
+    // The server never finishes: only the runner closing the stream ends the request.
     let r = run(&s, ask("go"));
-    // The server never finishes: only the client closing the stream ends it this soon.
-    assert!(
-        start.elapsed() < Duration::from_secs(2),
-        "{:?}",
-        start.elapsed()
-    );
     let (reason, detail) = failed(&r);
     assert_eq!(reason, FailReason::LoopDetected);
     assert!(
@@ -597,54 +480,6 @@ fn a_39_character_line_repeated_closes_the_stream_with_loop_detected() {
 }
 
 #[test]
-fn loop_tiers_short_lines_need_more_repeats_than_long_ones() {
-    // (line, repeats written, fires): short < 16 bytes needs 24, long >= 64 needs 5.
-    let long = "This is a rather long sentence that the model keeps on writing out.";
-    assert!(long.len() >= 64);
-    let cases = [
-        ("Yes.", 23, false),
-        ("Yes.", 24, true),
-        (long, 4, false),
-        (long, 5, true),
-    ];
-    for (line, times, fires) in cases {
-        let mut pieces = vec![];
-        pieces.extend((0..times).map(|_| content(&format!("{line}\n"))));
-        pieces.push(content("The end."));
-        pieces.push(chunk(json!({}), Some("stop"), 0));
-        pieces.push(done());
-        let server = FakeServer::start(vec![(CHAT, vec![Reply::sse(pieces)])]);
-        let s = setup(config(&server, None), 1);
-        let r = run(&s, ask("go"));
-        assert_eq!(
-            r.outcome.fail_reason() == Some(&FailReason::LoopDetected),
-            fires,
-            "{line:?} x{times}: {:?}",
-            r.outcome
-        );
-    }
-}
-
-#[test]
-fn benign_repetition_does_not_trigger_the_loop_detector() {
-    let code =
-        "fn main() {\n    if a {\n        if b {\n            f();\n        }\n    }\n}\n}\n}\n}\n";
-    let bullets = "- item\n".repeat(6) + "\n\n\n\n\n\n\n\n\n\n";
-    let few = "Checking the weather in the city now.\n".repeat(4);
-    for text in [code.to_string(), bullets, few] {
-        let server = FakeServer::start(vec![(CHAT, vec![answer(&text)])]);
-        let s = setup(config(&server, None), 1);
-        let r = run(&s, ask("go"));
-        assert!(
-            r.outcome.fail_reason().is_none(),
-            "{text:?}: {:?}",
-            r.outcome
-        );
-        assert_eq!(r.content.as_deref(), Some(text.as_str()));
-    }
-}
-
-#[test]
 fn no_slot_available_at_once_when_every_slot_is_busy_and_no_queue() {
     let server = FakeServer::start(vec![(
         CHAT,
@@ -653,12 +488,8 @@ fn no_slot_available_at_once_when_every_slot_is_busy_and_no_queue() {
     let s = setup(config(&server, None), 2);
     let a = s.runner.submit(ask("a")).unwrap();
     let b = s.runner.submit(ask("b")).unwrap();
-    let start = Instant::now();
+    // Both streams are silent for good: a queue would block here, never return.
     assert_eq!(s.runner.submit(ask("c")), Err(SubmitError::NoSlotAvailable));
-    assert!(
-        start.elapsed() < Duration::from_millis(50),
-        "refused at once"
-    );
     assert_eq!(
         SubmitError::NoSlotAvailable.to_string(),
         "NO_SLOT_AVAILABLE"
@@ -739,7 +570,7 @@ fn a_result_is_handed_out_once_then_not_found() {
 }
 
 #[test]
-fn cancel_ends_a_silent_stream_within_one_poll_with_its_partial_output() {
+fn cancel_ends_a_silent_stream_with_its_partial_output() {
     let server = FakeServer::start(vec![(
         CHAT,
         vec![Reply::sse(vec![content("Hello, "), content("wor")]).ending(End::Silence)],
@@ -754,15 +585,10 @@ fn cancel_ends_a_silent_stream_within_one_poll_with_its_partial_output() {
     let id = s.runner.submit_observed(ask("x"), Some(observer)).unwrap();
     assert_eq!(rx.recv_timeout(Duration::from_secs(5)).unwrap(), "Hello, ");
     assert_eq!(rx.recv_timeout(Duration::from_secs(5)).unwrap(), "wor");
-    let start = Instant::now();
+    // The stream is silent for good: only the cancel ends the request (its timing to the
+    // millisecond is tests/agent.rs's).
     s.runner.cancel(id).unwrap();
     let r = wait(&s.runner, id);
-    // poll_ms is 20: a cancel is seen within one poll, with some room for a loaded machine.
-    assert!(
-        start.elapsed() < Duration::from_millis(500),
-        "{:?}",
-        start.elapsed()
-    );
     assert_eq!(
         failed(&r),
         (FailReason::Cancelled, "cancelled by the caller")
@@ -793,10 +619,8 @@ fn cancel_while_a_tool_runs_ends_the_request() {
     });
     let id = s.runner.submit_observed(ask("x"), Some(observer)).unwrap();
     rx.recv_timeout(Duration::from_secs(5)).unwrap();
-    let start = Instant::now();
     s.runner.cancel(id).unwrap();
     let r = wait(&s.runner, id);
-    assert!(start.elapsed() < Duration::from_millis(500));
     assert_eq!(failed(&r).0, FailReason::Cancelled);
     assert_released(&s.runner);
 }
@@ -815,13 +639,7 @@ fn slow_headers_past_the_stall_limit_end_in_a_restart_and_worker_restarted() {
         ..Script::default()
     });
     let s = setup(config(&server, Some(&worker)), 1);
-    let start = Instant::now();
     let r = run(&s, ask("x"));
-    assert!(
-        start.elapsed() < Duration::from_secs(2),
-        "{:?}",
-        start.elapsed()
-    );
     let (reason, detail) = failed(&r);
     assert_eq!(reason, FailReason::WorkerRestarted);
     assert!(detail.contains("runner.stall_ms"), "{detail}");
@@ -829,32 +647,6 @@ fn slow_headers_past_the_stall_limit_end_in_a_restart_and_worker_restarted() {
     assert_eq!(worker.stalls(), 1);
     assert_eq!(r.content, None);
     assert_released(&s.runner);
-}
-
-#[test]
-fn a_long_silent_prefill_with_cpu_progress_is_not_a_stall() {
-    // Nothing for 700 ms (the slot busy with the prompt); the worker sees CPU time rise.
-    let server = FakeServer::start(vec![
-        (
-            CHAT,
-            vec![answer("worth the wait").first_after(Duration::from_millis(700))],
-        ),
-        (SLOTS, vec![Reply::json(200, &slots_json(Some(0)))]),
-    ]);
-    let worker = FakeWorker::start(Script::default());
-    let s = setup(config(&server, Some(&worker)), 1);
-    let r = run(&s, ask("x"));
-    assert!(r.outcome.fail_reason().is_none(), "{:?}", r.outcome);
-    assert_eq!(r.content.as_deref(), Some("worth the wait"));
-    // stall_ms is 150: the silence was reported a few times, each answered not stalled.
-    assert!(r.stalls.len() >= 2, "{:?}", r.stalls);
-    assert!(r.stalls.iter().all(|a| matches!(
-        a,
-        StallAnswer::NotStalled {
-            since_progress_ms: 250
-        }
-    )));
-    assert_eq!(worker.stalls(), r.stalls.len());
 }
 
 #[test]
@@ -982,27 +774,4 @@ fn a_panicking_observer_fails_its_request_and_frees_the_slot() {
     assert_released(&s.runner);
     let r = run(&s, ask("y"));
     assert!(r.outcome.fail_reason().is_none(), "{:?}", r.outcome);
-}
-
-#[test]
-fn the_recorded_smollm2_loop_is_detected_with_its_output_kept() {
-    // The real server's stream of the model repeating one sentence (fixtures/looping.sse),
-    // then silence where the server would have gone on to max_tokens.
-    let events = events_of(&fixture("looping.sse"));
-    let server = FakeServer::start(vec![(CHAT, vec![Reply::sse(events).ending(End::Silence)])]);
-    let s = setup(config(&server, None), 1);
-    let start = Instant::now();
-    let r = run(&s, ask("go"));
-    assert!(
-        start.elapsed() < Duration::from_secs(3),
-        "{:?}",
-        start.elapsed()
-    );
-    let (reason, detail) = failed(&r);
-    assert_eq!(reason, FailReason::LoopDetected, "{detail}");
-    assert!(
-        r.content.is_some_and(|c| !c.is_empty()),
-        "the output is kept"
-    );
-    assert_released(&s.runner);
 }

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use llama_harness::{LocalServer, Proxy};
 use loopd::config::Config;
-use loopd::llama::{CacheOutcome, Cancel, ChatMessage, Client, ToolCall};
+use loopd::llama::{CacheOutcome, Cancel, ChatMessage, ChatOptions, Client, ToolCall};
 use loopd::runner::{
     BiosProvider, Outcome, RunRequest, RunResult, Runner, StandardBios, Tool, ToolError,
     ToolRegistry,
@@ -90,9 +90,11 @@ fn run(
         system: Some("You answer every question by calling a tool.".into()),
         messages: conversation(),
         budget: Some(2),
-        thinking: false,
-        max_tokens: Some(48),
-        sampling: Some(SAMPLING),
+        options: ChatOptions {
+            thinking: false,
+            max_tokens: Some(48),
+            sampling: Some(SAMPLING),
+        },
     };
     let id = runner
         .submit(req)

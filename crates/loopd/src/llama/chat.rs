@@ -15,7 +15,7 @@
 
 use std::io::{self, Read};
 use std::os::unix::net::UnixStream;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde::Deserialize;
 
@@ -196,7 +196,6 @@ pub(crate) fn end_reasoning(config: &Config, id: &str, cancel: &Cancel) -> bool 
         success: bool,
     }
     let body = request::render_reasoning_end(&config.model, id);
-    let deadline = Instant::now() + Duration::from_millis(config.limits.call_ms);
-    info::call_json::<Ack>(config, "POST", CONTROL_PATH, Some(&body), deadline, cancel)
+    info::call_json::<Ack>(config, "POST", CONTROL_PATH, Some(&body), cancel)
         .is_ok_and(|ack| ack.success)
 }

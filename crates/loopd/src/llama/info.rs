@@ -4,7 +4,7 @@
 //! Each call is one connection, connected and sent within `limits.connect_ms` and answered,
 //! body and all, within `limits.call_ms` (`TimedOut` otherwise, naming the key).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde::Deserialize;
 
@@ -73,14 +73,13 @@ pub fn query_escape(s: &str) -> String {
 }
 
 /// One call: `method path [body]` (a GET names the model as `?model=`), connected and sent
-/// within `connect_ms`, and answered whole by `deadline` unless `cancel` is set first; a 200
-/// answer's JSON body is decoded as `T`.
+/// within `connect_ms`, and answered whole within `call_ms` unless `cancel` is set first; a
+/// 200 answer's JSON body is decoded as `T`. The socket layer (`http`) keeps the deadline.
 pub fn call_json<T: for<'de> Deserialize<'de>>(
     config: &Config,
     method: &str,
     path: &'static str,
     body: Option<&[u8]>,
-    deadline: Instant,
     cancel: &Cancel,
 ) -> Result<T, InferError> {
     let target = if method == "GET" {
@@ -88,11 +87,11 @@ pub fn call_json<T: for<'de> Deserialize<'de>>(
     } else {
         path.to_owned()
     };
-    let left = deadline.saturating_duration_since(Instant::now());
-    let connect = Duration::from_millis(config.limits.connect_ms).min(left);
+    let call = Duration::from_millis(config.limits.call_ms);
+    let connect = Duration::from_millis(config.limits.connect_ms).min(call);
     let stream = http::request(&config.socket, method, &target, body, connect, cancel)
         .map_err(|e| InferError::from_send(&config.socket, e))?;
-    let mut resp = Response::new(stream, deadline, cancel);
+    let mut resp = Response::within(stream, call, cancel);
     let status = resp.head().map_err(read_error)?;
     if status != 200 {
         return Err(match resp.error_body(ERROR_BODY_CAP) {
@@ -126,25 +125,13 @@ fn read_error(e: ReadError) -> InferError {
 
 /// `GET /slots?model=..`, answered whole within `call_ms` unless `cancel` is set first.
 pub fn slots(config: &Config, cancel: &Cancel) -> Result<Vec<SlotState>, InferError> {
-    let deadline = Instant::now() + Duration::from_millis(config.limits.call_ms);
-    call_json(config, "GET", "/slots", None, deadline, cancel)
+    call_json(config, "GET", "/slots", None, cancel)
 }
 
 impl Client {
-    fn call_deadline(&self) -> Instant {
-        Instant::now() + Duration::from_millis(self.config.limits.call_ms)
-    }
-
     /// `GET /props?model=..`: the chat template, slot count and per-slot context.
     pub fn props(&self) -> Result<Props, InferError> {
-        let raw: RawProps = call_json(
-            &self.config,
-            "GET",
-            "/props",
-            None,
-            self.call_deadline(),
-            &Cancel::new(),
-        )?;
+        let raw: RawProps = call_json(&self.config, "GET", "/props", None, &Cancel::new())?;
         Ok(Props {
             chat_template: raw.chat_template,
             total_slots: raw.total_slots,
@@ -166,7 +153,6 @@ impl Client {
             "POST",
             "/tokenize",
             Some(&body),
-            self.call_deadline(),
             &Cancel::new(),
         )?;
         Ok(raw.tokens)

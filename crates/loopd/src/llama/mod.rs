@@ -43,15 +43,13 @@ pub use request::render as render_request;
 pub use retry::{is_retryable, Decision, RetrySchedule};
 pub use timers::{CapAction, FirstByteWait, SlotSeen, ThinkingCap};
 
-/// One chat request: the messages, the tools and the slot it is pinned to.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ChatRequest {
-    /// The server slot (`id_slot`) this request runs on and queues for.
-    pub slot: u32,
-    /// The conversation so far.
-    pub messages: Vec<ChatMessage>,
-    /// The tools the model may call; fixed for the epoch; may be empty.
-    pub tools: Vec<ToolSchema>,
+/// How the model is to answer one request: the per-request settings of the chat body.
+///
+/// The runner's [`RunRequest`](crate::runner::RunRequest) carries the same struct and hands
+/// it on unchanged to every generation, so a new setting is a field here, a line in the
+/// serializer (`llama/request.rs`) and a golden file, and nothing else.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ChatOptions {
     /// Whether the model thinks before answering.
     pub thinking: bool,
     /// `max_tokens` for this request, when lower than the config's backstop
@@ -62,17 +60,29 @@ pub struct ChatRequest {
     pub sampling: Option<Sampling>,
 }
 
+/// One chat request: the messages, the tools and the slot it is pinned to, and how the model
+/// is to answer ([`ChatOptions`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChatRequest {
+    /// The server slot (`id_slot`) this request runs on and queues for.
+    pub slot: u32,
+    /// The conversation so far.
+    pub messages: Vec<ChatMessage>,
+    /// The tools the model may call; fixed for the epoch; may be empty.
+    pub tools: Vec<ToolSchema>,
+    /// Thinking, `max_tokens`, sampling.
+    pub options: ChatOptions,
+}
+
 impl ChatRequest {
-    /// `messages` on `slot`, with no tools, no thinking, and the config's `max_tokens` and
-    /// sampling; set the other fields on the result (or with `..`) to change them.
+    /// `messages` on `slot`, with no tools and the default [`ChatOptions`] (no thinking, the
+    /// config's `max_tokens` and sampling); set the other fields on the result to change them.
     pub fn new(slot: u32, messages: Vec<ChatMessage>) -> Self {
         Self {
             slot,
             messages,
             tools: Vec::new(),
-            thinking: false,
-            max_tokens: None,
-            sampling: None,
+            options: ChatOptions::default(),
         }
     }
 
@@ -84,6 +94,11 @@ impl ChatRequest {
                 content: content.into(),
             }],
         )
+    }
+
+    /// The same request with `options`.
+    pub fn with_options(self, options: ChatOptions) -> Self {
+        Self { options, ..self }
     }
 }
 

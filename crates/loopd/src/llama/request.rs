@@ -77,6 +77,7 @@ struct Body<'a> {
 impl Serialize for Body<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let (c, r) = (self.config, self.req);
+        let o = &r.options;
         let mut m = s.serialize_map(None)?;
         m.serialize_entry("model", &c.model)?;
         m.serialize_entry("id_slot", &r.slot)?;
@@ -89,12 +90,12 @@ impl Serialize for Body<'_> {
         m.serialize_entry("return_progress", &true)?;
         m.serialize_entry("timings_per_token", &true)?;
         m.serialize_entry("reasoning_control", &true)?;
-        let max_tokens = r
+        let max_tokens = o
             .max_tokens
             .map_or(c.limits.max_tokens, |n| n.min(c.limits.max_tokens));
         m.serialize_entry("max_tokens", &max_tokens)?;
-        sampling(&mut m, r.sampling.as_ref().unwrap_or(&c.sampling))?;
-        m.serialize_entry("chat_template_kwargs", &EnableThinking(r.thinking))?;
+        sampling(&mut m, o.sampling.as_ref().unwrap_or(&c.sampling))?;
+        m.serialize_entry("chat_template_kwargs", &EnableThinking(o.thinking))?;
         m.end()
     }
 }

@@ -551,9 +551,7 @@ impl<'b> AgentRequest<'b> {
             slot: self.slot,
             messages,
             tools: self.schemas.clone(),
-            thinking: self.req.thinking,
-            max_tokens: self.req.max_tokens,
-            sampling: self.req.sampling,
+            options: self.req.options.clone(),
         };
         self.actions.push_back(Action::Event(RunEvent::Generation {
             number,

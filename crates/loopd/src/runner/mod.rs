@@ -35,8 +35,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::config::Sampling;
-use crate::llama::{Cancel, ChatMessage, Client};
+use crate::llama::{Cancel, ChatMessage, ChatOptions, Client};
 
 pub use crate::config::{LoopThresholds, RunnerConfig};
 pub use agent::{Action, AgentRequest, Setup};
@@ -67,12 +66,9 @@ pub struct RunRequest {
     pub messages: Vec<ChatMessage>,
     /// Tool iterations allowed; `None` takes `runner.budget`.
     pub budget: Option<u32>,
-    /// Whether the model thinks before answering.
-    pub thinking: bool,
-    /// `max_tokens` per generation, below the config's backstop.
-    pub max_tokens: Option<u64>,
-    /// Sampling in place of the config's.
-    pub sampling: Option<Sampling>,
+    /// How the model answers (thinking, `max_tokens`, sampling), sent unchanged with every
+    /// generation: the chat request's own struct, not a copy of its fields.
+    pub options: ChatOptions,
 }
 
 /// Why `submit` refused a request; none of them uses a slot.
