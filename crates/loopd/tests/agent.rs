@@ -4,41 +4,19 @@
 //! millisecond. No socket, no thread, no clock: `tests/runner.rs` keeps the wall-clock
 //! smoke tests through real sockets.
 
+mod scripted;
+
 use std::sync::Arc;
 use std::time::Duration;
 
 use loopd::config::{Config, RunnerConfig};
-use loopd::llama::{Buffers, Cancel, ChatMessage, InferError, Silence, SlotSeen};
+use loopd::llama::{Buffers, ChatMessage, InferError, Silence, SlotSeen};
 use loopd::runner::{
     Action, AgentRequest, BiosContext, BiosProvider, FailReason, Outcome, RequestId, RunEvent,
-    RunRequest, RunResult, Setup, StallAnswer, Tool, ToolError, ToolRegistry, WorkerState,
-    WorkerStatus,
+    RunRequest, RunResult, Setup, StallAnswer, ToolRegistry, WorkerState, WorkerStatus,
 };
+use scripted::{ms, tool_call_deltas, Named};
 use serde_json::{json, Value};
-
-fn ms(v: u64) -> Duration {
-    Duration::from_millis(v)
-}
-
-struct Named(&'static str, bool);
-
-impl Tool for Named {
-    fn name(&self) -> &str {
-        self.0
-    }
-    fn description(&self) -> &str {
-        "a test tool"
-    }
-    fn parameters(&self) -> Value {
-        json!({"type": "object", "properties": {}})
-    }
-    fn is_exit(&self) -> bool {
-        self.1
-    }
-    fn run(&self, _: &Value, _: &Cancel) -> Result<String, ToolError> {
-        unreachable!("the machine never runs a tool; its driver does")
-    }
-}
 
 struct Fixed;
 
@@ -180,14 +158,7 @@ fn answer(text: &str) -> Vec<u8> {
 
 /// A whole response asking for `calls` (id, name, arguments).
 fn calls(list: &[(&str, &str, &str)], cache_n: u64) -> Vec<u8> {
-    let deltas: Vec<Value> = list
-        .iter()
-        .enumerate()
-        .map(|(i, (id, name, args))| {
-            json!({"index": i, "id": id, "type": "function",
-                   "function": {"name": name, "arguments": args}})
-        })
-        .collect();
+    let deltas = tool_call_deltas(list);
     [
         HEAD,
         &data(json!({ "tool_calls": deltas }), None, cache_n),

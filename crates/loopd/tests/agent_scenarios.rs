@@ -4,44 +4,21 @@
 //! answer) around one `AgentRequest`, jumping from one `poll_timeout` to the next. Every
 //! result is exact and the whole file runs in milliseconds.
 
+mod scripted;
+
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use llama_harness::fixture;
 use loopd::config::{Config, RunnerConfig};
-use loopd::llama::{Buffers, Cancel, ChatMessage, ChatRequest, SlotSeen};
+use loopd::llama::{Buffers, ChatMessage, ChatRequest, SlotSeen};
 use loopd::runner::{
     Action, AgentRequest, BiosContext, BiosProvider, CallSource, FailReason, Outcome, RequestId,
-    RunRequest, RunResult, Setup, StallAnswer, Tool, ToolError, ToolRegistry, WorkerState,
-    WorkerStatus,
+    RunRequest, RunResult, Setup, StallAnswer, ToolError, ToolRegistry, WorkerState, WorkerStatus,
 };
+use scripted::{ms, tool_call_deltas, Named};
 use serde_json::{json, Value};
-
-fn ms(v: u64) -> Duration {
-    Duration::from_millis(v)
-}
-
-/// A tool the script runs itself (the machine never runs one).
-struct Named(&'static str, bool);
-
-impl Tool for Named {
-    fn name(&self) -> &str {
-        self.0
-    }
-    fn description(&self) -> &str {
-        "a test tool"
-    }
-    fn parameters(&self) -> Value {
-        json!({"type": "object", "properties": {}})
-    }
-    fn is_exit(&self) -> bool {
-        self.1
-    }
-    fn run(&self, _: &Value, _: &Cancel) -> Result<String, ToolError> {
-        unreachable!("the script runs the tools")
-    }
-}
 
 /// A BIOS that records every context it was asked for, with a budget note.
 #[derive(Default)]
@@ -135,14 +112,7 @@ fn answer(text: &str) -> Reply {
 }
 
 fn calls(list: &[(&str, &str, &str)]) -> Reply {
-    let deltas: Vec<Value> = list
-        .iter()
-        .enumerate()
-        .map(|(i, (id, name, args))| {
-            json!({"index": i, "id": id, "type": "function",
-                   "function": {"name": name, "arguments": args}})
-        })
-        .collect();
+    let deltas = tool_call_deltas(list);
     let mut bytes = HEAD.to_vec();
     bytes.extend(data(json!({ "tool_calls": deltas }), None));
     bytes.extend(data(json!({}), Some("tool_calls")));

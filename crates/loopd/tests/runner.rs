@@ -8,6 +8,8 @@
 mod support;
 mod worker_fake;
 
+mod scripted;
+
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -18,6 +20,7 @@ use loopd::runner::{
     BiosContext, BiosProvider, CallSource, FailReason, Outcome, RequestId, ResultError, RunEvent,
     RunRequest, RunResult, Runner, StallAnswer, SubmitError, Tool, ToolError, ToolRegistry,
 };
+use scripted::tool_call_deltas;
 use serde_json::{json, Value};
 use support::{
     done, events_of, json_answer as answer, json_chunk as chunk, json_content as content,
@@ -46,14 +49,7 @@ fn config(server: &FakeServer, worker: Option<&FakeWorker>) -> Config {
 
 /// One assistant message calling `(id, name, arguments)` in order.
 fn calls(list: &[(&str, &str, &str)]) -> Reply {
-    let deltas: Vec<Value> = list
-        .iter()
-        .enumerate()
-        .map(|(i, (id, name, args))| {
-            json!({"index": i, "id": id, "type": "function",
-                   "function": {"name": name, "arguments": args}})
-        })
-        .collect();
+    let deltas = tool_call_deltas(list);
     Reply::sse(vec![
         chunk(json!({ "tool_calls": deltas }), None, 0),
         chunk(json!({}), Some("tool_calls"), 0),
