@@ -558,3 +558,50 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
+
+/// What one timed read of a response stream brought ([`read_within`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamRead {
+    /// This many bytes, at the start of the buffer.
+    Bytes(usize),
+    /// The server closed the stream, or reset it (the server going away, like a close).
+    Eof,
+    /// Nothing within the wait.
+    TimedOut,
+    /// A signal interrupted the read; try again.
+    Interrupted,
+}
+
+/// One read of `stream` into `buf`, waiting at most about `wait`: the read timeout set last is
+/// kept in `timeout` and set again only when it must shrink or would wake far too early (a
+/// timeout a little under the one wanted only wakes the caller early, whose machine ignores a
+/// timer that is not due). While a stream flows the wait is the same each time and the system
+/// call is saved. The drivers of `ChatExchange` and `AgentRequest` both read this way.
+pub fn read_within(
+    stream: &mut UnixStream,
+    buf: &mut [u8],
+    wait: Duration,
+    timeout: &mut Option<Duration>,
+) -> StreamRead {
+    use std::io::Read as _;
+    let set = match *timeout {
+        Some(t) if t <= wait && t >= wait / 2 => Ok(()),
+        _ => stream
+            .set_read_timeout(Some(wait))
+            .map(|()| *timeout = Some(wait)),
+    };
+    match set.and_then(|()| stream.read(buf)) {
+        Ok(0) => StreamRead::Eof,
+        Ok(n) => StreamRead::Bytes(n),
+        Err(e)
+            if matches!(
+                e.kind(),
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+            ) =>
+        {
+            StreamRead::TimedOut
+        }
+        Err(e) if e.kind() == io::ErrorKind::Interrupted => StreamRead::Interrupted,
+        Err(_) => StreamRead::Eof,
+    }
+}

@@ -13,7 +13,6 @@
 //!
 //! Everything runs on the caller's thread.
 
-use std::io::{self, Read};
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
@@ -116,31 +115,11 @@ impl Client {
                 .poll_timeout()
                 .map_or(poll, |at| at.saturating_sub(now))
                 .clamp(Duration::from_millis(1), poll);
-            // A timeout a little under the one wanted only wakes the loop early, and the
-            // exchange ignores a timer that is not due; so it is set again only when it must
-            // shrink or would wake far too early. While a stream flows the wait is poll_ms each
-            // time and the system call is saved.
-            let set = match timeout {
-                Some(t) if t <= wait && t >= wait / 2 => Ok(()),
-                _ => stream
-                    .set_read_timeout(Some(wait))
-                    .map(|()| timeout = Some(wait)),
-            };
-            let read = set.and_then(|()| stream.read(&mut buf[..]));
-            match read {
-                Ok(0) => x.handle_eof(self.clock.now()),
-                Ok(n) => (pos, len) = (0, n),
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                    ) =>
-                {
-                    x.handle_timeout(self.clock.now())
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                // A reset mid-response is the server going away, like a close.
-                Err(_) => x.handle_eof(self.clock.now()),
+            match http::read_within(&mut stream, &mut buf[..], wait, &mut timeout) {
+                http::StreamRead::Bytes(n) => (pos, len) = (0, n),
+                http::StreamRead::Eof => x.handle_eof(self.clock.now()),
+                http::StreamRead::TimedOut => x.handle_timeout(self.clock.now()),
+                http::StreamRead::Interrupted => {}
             }
         }
         drop(stream);

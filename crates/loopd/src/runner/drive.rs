@@ -6,12 +6,11 @@
 //! is seen within one poll interval. A tool that ignores its cancel token keeps only its own
 //! thread: the machine has given up on it at its deadline and the request goes on.
 
-use std::io::{self, Read};
 use std::os::unix::net::UnixStream;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::time::Duration;
 
-use crate::http::READ_CHUNK;
+use crate::http::{self, READ_CHUNK};
 use crate::llama::{end_reasoning, poll_slot, send, Buffers, Cancel};
 
 use super::agent::{Action, AgentRequest, Setup};
@@ -147,28 +146,11 @@ pub(super) fn drive(
                 pos += m.handle_bytes(now, &buf[pos..len]);
                 continue;
             }
-            // A timeout a little under the one wanted only wakes the loop early; so it is set
-            // again only when it must shrink or would wake far too early.
-            let set = match timeout {
-                Some(t) if t <= wait && t >= wait / 2 => Ok(()),
-                _ => s
-                    .set_read_timeout(Some(wait))
-                    .map(|()| timeout = Some(wait)),
-            };
-            match set.and_then(|()| s.read(&mut buf[..])) {
-                Ok(0) => m.handle_eof(clock.now()),
-                Ok(n) => (pos, len) = (0, n),
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                    ) =>
-                {
-                    m.handle_timeout(clock.now())
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                // A reset mid-response is the server going away, like a close.
-                Err(_) => m.handle_eof(clock.now()),
+            match http::read_within(s, &mut buf[..], wait, &mut timeout) {
+                http::StreamRead::Bytes(n) => (pos, len) = (0, n),
+                http::StreamRead::Eof => m.handle_eof(clock.now()),
+                http::StreamRead::TimedOut => m.handle_timeout(clock.now()),
+                http::StreamRead::Interrupted => {}
             }
         } else if let Some(t) = &tool {
             match t.result.recv_timeout(wait) {
