@@ -60,9 +60,10 @@ fn call(
     }
 }
 
-/// Prints a result: the answer, then one line of outcome.
-fn print_result(r: &Value) {
-    if let Some(c) = r["content"].as_str() {
+/// Prints a result: the answer (unless it was streamed already), the calls, then one line of
+/// outcome.
+fn print_result(r: &Value, streamed: bool) {
+    if let (false, Some(c)) = (streamed, r["content"].as_str()) {
         println!("{c}");
     }
     for t in r["tool_calls"].as_array().into_iter().flatten() {
@@ -164,7 +165,7 @@ fn follow(verb: &str, socket: &std::path::Path, cmd: Value) -> ExitCode {
             Some(r) => fail(verb, r),
             None => {
                 println!();
-                print_result(&v["result"]);
+                print_result(&v["result"], true);
                 // Followed to the end: fetch it so the daemon need not keep it.
                 let id = v["result"]["id"].clone();
                 let _ = client::call(socket, &json!({"cmd": "result", "id": id}), REPLY_TIMEOUT);
@@ -232,7 +233,7 @@ pub fn result(a: ResultArgs) -> ExitCode {
             exit_of(&v["result"])
         }
         Ok(v) => {
-            print_result(&v["result"]);
+            print_result(&v["result"], false);
             exit_of(&v["result"])
         }
         Err(c) => c,
