@@ -450,3 +450,161 @@ fn serve_refuses_to_start_when_the_server_never_loads() {
     );
     assert!(!socket.exists());
 }
+
+fn proc_count(what: &str) -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(what))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+fn fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+/// 1,000 requests over the socket: completions, tool calls, cancels, refusals, results
+/// fetched late and never. Afterwards no slot, record, thread or descriptor is left over, and
+/// the resident set is about where it was after the first 200. Run alone:
+/// `cargo test -p loopd --test daemon soak -- --ignored --nocapture`.
+#[test]
+#[ignore = "a soak: about a minute; run by name"]
+fn soak_of_a_thousand_requests_leaks_nothing() {
+    let tool_then_answer = |id: &str| {
+        Reply::sse(vec![
+            json_chunk(
+                json!({"tool_calls": [{"index": 0, "id": id, "type": "function",
+                    "function": {"name": "arithmetic",
+                                 "arguments": "{\"operation\":\"add\",\"numbers\":[2,3]}"}}]}),
+                None,
+                0,
+            ),
+            json_chunk(json!({}), Some("tool_calls"), 0),
+            done(),
+        ])
+    };
+    let mut script = Vec::new();
+    for i in 0..50 {
+        script.push(json_answer("plain"));
+        script.push(tool_then_answer(&format!("c{i}")));
+        script.push(json_answer("after the tool"));
+        script.push(slow_answer(20, Duration::from_millis(5)));
+    }
+    let server = FakeServer::start(vec![(CHAT, script)]);
+    let d = Running::start(
+        &server,
+        2,
+        Arc::new(SystemClock::new()),
+        Duration::from_secs(600),
+    );
+    let (threads0, fds0) = (proc_count("Threads:"), fds());
+    let (mut rss_at_200, mut recorded_at_200) = (0, 0);
+    // The fake server lives in this process and keeps every request it got.
+    let recorded = |s: &FakeServer| -> u64 {
+        s.requests()
+            .iter()
+            .map(|r| r.body.len() as u64)
+            .sum::<u64>()
+            / 1024
+    };
+    let (mut done_n, mut refused, mut cancelled, mut never) = (0, 0, 0, Vec::new());
+    let mut late = Vec::new();
+    let started = Instant::now();
+    for i in 0..1_000u32 {
+        let r = d.call(submit(&format!("q{i}")));
+        let Some(id) = r["id"].as_u64() else {
+            assert_eq!(error_of(&r), "NO_SLOT_AVAILABLE", "{r}");
+            refused += 1;
+            continue;
+        };
+        match i % 10 {
+            // Fetched late, after the next submit.
+            0..=2 => late.push(id),
+            // Never fetched.
+            3 => never.push(id),
+            // Cancelled at once.
+            4 => {
+                let c = d.call(json!({"cmd": "cancel", "id": id}));
+                assert_eq!(c["ok"], true, "{c}");
+                cancelled += 1;
+                late.push(id);
+            }
+            _ => {
+                let w = d.call(json!({"cmd": "wait", "id": id, "timeout_ms": 30_000}));
+                assert_eq!(w["ok"], true, "{w}");
+                done_n += 1;
+            }
+        }
+        while late.len() > 4 {
+            let id = late.remove(0);
+            let w = d.call(json!({"cmd": "wait", "id": id, "timeout_ms": 30_000}));
+            assert_eq!(w["ok"], true, "{w}");
+            done_n += 1;
+        }
+        if i == 199 {
+            rss_at_200 = proc_count("VmRSS:");
+            recorded_at_200 = recorded(&server);
+        }
+    }
+    for id in late.drain(..) {
+        let w = d.call(json!({"cmd": "wait", "id": id, "timeout_ms": 30_000}));
+        assert_eq!(w["ok"], true, "{w}");
+        done_n += 1;
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let s = d.call(json!({"cmd": "status"}))["status"].clone();
+        if s["busy"] == 0 && s["running"].as_array().unwrap().is_empty() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "still running: {s}");
+        thread::sleep(Duration::from_millis(20));
+    }
+    // Those never fetched are kept, except the oldest ones past max_results (100 here).
+    let mut evicted = 0;
+    for id in &never {
+        let r = d.call(json!({"cmd": "result", "id": id}));
+        if r["ok"] != true {
+            assert_eq!(error_of(&r), "NOT_FOUND");
+            evicted += 1;
+        }
+    }
+    let text = d.call(json!({"cmd": "metrics"}))["metrics"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    if evicted > 0 {
+        let line = format!("loopd_results_evicted_total{{reason=\"over_cap\"}} {evicted}");
+        assert!(text.lines().any(|l| l == line), "no `{line}` in {text}");
+    }
+    assert_eq!(d.call(json!({"cmd": "status"}))["status"]["kept"], 0);
+    // Waiter and connection threads end on their own; give them a moment to be reaped.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while proc_count("Threads:") > threads0 || fds() > fds0 {
+        assert!(
+            Instant::now() < deadline,
+            "threads {} (started with {threads0}), fds {} (started with {fds0})",
+            proc_count("Threads:"),
+            fds()
+        );
+        thread::sleep(Duration::from_millis(50));
+    }
+    let rss_end = proc_count("VmRSS:");
+    eprintln!(
+        "soak: 1000 submits in {:?}: {done_n} fetched ({cancelled} cancelled), {refused} refused, \
+         {} never fetched until the end; threads {threads0} -> {}, fds {fds0} -> {}, \
+         RSS {rss_at_200} kB after 200 -> {rss_end} kB after 1000",
+        started.elapsed(),
+        never.len(),
+        proc_count("Threads:"),
+        fds()
+    );
+    let grown_records = recorded(&server) - recorded_at_200;
+    eprintln!("soak: the fake server's recorded bodies grew by {grown_records} kB meanwhile");
+    assert!(
+        rss_end < rss_at_200 + 2 * grown_records + 8 * 1024,
+        "RSS grew from {rss_at_200} kB to {rss_end} kB"
+    );
+}
