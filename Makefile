@@ -10,7 +10,7 @@ NOSTD_CRATES := -p sse-nostd -p http-nostd -p llama-proto
 DEVICE_TARGET := thumbv7em-none-eabihf
 FUZZ_SECONDS ?= 60
 
-.PHONY: help check hermetic test selftest ask run verify-device verify-local fuzz bench socat serve fixtures soak llama fmt-check clippy unit no-std embedded
+.PHONY: help check hermetic test selftest ask run up verify-device verify-local fuzz bench socat serve fixtures soak llama fmt-check clippy unit no-std embedded
 
 ## help: this list of targets
 help:
@@ -60,6 +60,11 @@ embedded:
 llama:
 	scripts/llama-server.sh all >/dev/null
 
+## up: the whole local stack in the foreground: llama-worker, inferproxy and `loopd serve`
+## (FOLDER=dir for read_file); prints the client commands; Ctrl-C stops all three
+up:
+	scripts/local-stack.sh up $(if $(FOLDER),--folder $(FOLDER))
+
 ## serve: run the local llama-server router in the foreground
 serve: llama
 	scripts/serve.sh
@@ -81,8 +86,8 @@ selftest:
 ask:
 	scripts/local-stack.sh ask $(if $(THINKING),--thinking) "$(or $(PROMPT),Why is the sky blue?)"
 
-## run: one agent request through the request runner with the built-in tools, shown live
-## (PROMPT="...", BUDGET=N, THINKING=1, FOLDER=dir for read_file)
+## run: one agent request with the built-in tools, submitted through `loopd serve` on the same
+## stack and shown live (PROMPT="...", BUDGET=N, THINKING=1, FOLDER=dir for read_file)
 run:
 	scripts/local-stack.sh run $(if $(BUDGET),--budget $(BUDGET)) $(if $(THINKING),--thinking) \
 	  $(if $(FOLDER),--folder $(FOLDER)) "$(or $(PROMPT),What is 17 times 23? Use a tool.)"

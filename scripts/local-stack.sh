@@ -4,7 +4,9 @@
 #
 #   scripts/local-stack.sh selftest                       (make selftest)
 #   scripts/local-stack.sh ask [--thinking] "<prompt>"    (make ask PROMPT="...")
-#   scripts/local-stack.sh run [--budget N] [--thinking] [--folder DIR] "<prompt>"   (make run)
+#   scripts/local-stack.sh run [--budget N] [--thinking] [--folder DIR] "<prompt>"   (make run:
+#                                                         submitted through `loopd serve`)
+#   scripts/local-stack.sh up [--folder DIR]              (make up: the three daemons until Ctrl-C)
 #   scripts/local-stack.sh verify                         (make verify-device against the local router)
 #
 # Builds what is missing (llama-server and the model, cached; the workspace binaries), writes a
@@ -77,7 +79,43 @@ total_slots = 2
 
 [runner]
 worker_socket = "$run/worker.sock"
+
+[daemon]
+socket = "$run/loopd.sock"
 TOML
+
+# `loopd serve` in the background (its --folder taken from the arguments); waits for its
+# socket, which appears only after the model loaded and the self-test passed.
+start_loopd() {
+  local folder=()
+  local a prev=
+  for a in "$@"; do
+    [ "$prev" = --folder ] && folder=(--folder "$a")
+    prev=$a
+  done
+  "$bin/loopd" serve --config "$run/loopd.toml" "${folder[@]}" 2>"$run/loopd.log" &
+  loopd_pid=$!
+  pids+=($loopd_pid)
+  for _ in $(seq 3000); do
+    [ -S "$run/loopd.sock" ] && return 0
+    kill -0 "$loopd_pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  echo "local-stack: loopd serve did not open its socket; its log:" >&2
+  sed 's/^/  | /' "$run/loopd.log" >&2
+  exit 1
+}
+
+# `loopd run` arguments without --folder DIR (the daemon has it).
+without_folder() {
+  run_args=()
+  while [ $# -gt 0 ]; do
+    case $1 in
+      --folder) shift 2 ;;
+      *) run_args+=("$1"); shift ;;
+    esac
+  done
+}
 
 case $cmd in
   selftest)
@@ -90,10 +128,24 @@ To watch one request through the same path (llama-worker, llama-server, inferpro
 MSG
     ;;
   ask) "$bin/loopd" ask --config "$run/loopd.toml" "$@" ;;
-  run) "$bin/loopd" run --config "$run/loopd.toml" "$@" ;;
+  run)
+    start_loopd "$@"
+    without_folder "$@"
+    "$bin/loopd" run --config "$run/loopd.toml" --daemon "${run_args[@]}"
+    ;;
+  up)
+    start_loopd "$@"
+    cat <<MSG
+local-stack: llama-worker, inferproxy and loopd serve are up (Ctrl-C stops all three):
+  $bin/loopd status --socket $run/loopd.sock
+  $bin/loopd submit --socket $run/loopd.sock --budget 2 "What is 17 times 23? Use the arithmetic tool."
+  $bin/loopd result --socket $run/loopd.sock --wait 120 req-1
+MSG
+    wait "$loopd_pid"
+    ;;
   verify)
     UPSTREAM=127.0.0.1:$port MODEL=smollm2 LOOPD_CONFIG=$run/loopd.toml INFERPROXY_BIN=$bin/inferproxy \
       "$root/scripts/verify-device.sh"
     ;;
-  *) echo "local-stack: unknown command $cmd (selftest, ask, run, verify)" >&2; exit 2 ;;
+  *) echo "local-stack: unknown command $cmd (selftest, ask, run, up, verify)" >&2; exit 2 ;;
 esac

@@ -35,6 +35,21 @@ pub struct Config {
     /// The request runner: tool budget, tool timeout, worker socket, stalls, loop detector.
     #[serde(default)]
     pub runner: RunnerConfig,
+    /// `loopd serve`: its client socket and metrics file.
+    #[serde(default)]
+    pub daemon: Daemon,
+}
+
+/// `[daemon]`: where `loopd serve` listens and writes its metrics.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Daemon {
+    /// The client socket of `loopd serve` (mode 0600); `loopd submit|result|cancel|status`
+    /// and `loopd run --daemon` connect to it. Required by `loopd serve`.
+    pub socket: Option<PathBuf>,
+    /// A file the daemon writes its metrics to (atomically, every second) for
+    /// node_exporter's textfile collector; none by default.
+    pub metrics_file: Option<PathBuf>,
 }
 
 /// The limits of section 4, in milliseconds or tokens.
@@ -177,6 +192,7 @@ impl Config {
             sampling: Sampling::default(),
             expect: None,
             runner: RunnerConfig::default(),
+            daemon: Daemon::default(),
         }
     }
 

@@ -32,6 +32,7 @@
 mod cancel;
 pub mod clock;
 pub mod config;
+pub mod daemon;
 mod heap;
 pub mod http;
 mod sse;

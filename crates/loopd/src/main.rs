@@ -1,162 +1,49 @@
-//! The `loopd` command: the startup self-test, a way to watch one request, and one agent
-//! request through the request runner.
+//! The `loopd` command: the startup self-test, a way to watch one request, one agent request
+//! through the request runner, the daemon `loopd serve` and its clients.
 
 mod ask;
+mod cli;
+mod remote;
 mod run;
+mod serve;
 
 use std::io::IsTerminal;
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use clap::Parser;
 use loopd::http::SendError;
 use loopd::llama::{Cancel, ChatMessage, ChatOptions, ChatRequest, Client};
 use loopd::runner::{builtin_tools, Outcome, ResultError, RunRequest, Runner, StandardBios};
 use loopd::selftest;
 use loopd::Config;
 
-const USAGE: &str = "\
-usage: loopd selftest --config <path> [--slot N]
-       loopd ask --config <path> [--thinking] [--slot N] \"<prompt>\"
-       loopd run --config <path> [--budget N] [--thinking] [--folder DIR] \"<prompt>\"
-       loopd --help | --version
-
-selftest  runs the three startup checks against the server the config names: /props matches
-          the [expect] section, a tool call parses, and turn 2 of a conversation hits the cache.
-          Exit status 0 only when all three pass.
-ask       sends one request through the whole client (slot gate, timers, thinking cap, retry)
-          and shows it as it runs: prompt progress, reasoning, answer, tool calls, notices.
-run       runs one agent request through the request runner with the built-in tools
-          (current_time, arithmetic, read_file under --folder, and the exit tool finish)
-          and shows each generation live: the tool iterations left, the calls with their
-          arguments, their results, the answer; then tokens and cache use per generation.
-          Exit status 0 only when the request completed.
-
---config  the loopd config.toml (socket, model, limits, [expect])
---slot    the server slot to run on (default 0, the main slot)
---thinking  let the model think before answering (ask and run)
---budget  tool iterations the request may use (run; default runner.budget, 8)
---folder  the folder read_file may read under (run; without it there is no read_file)";
-
-/// What the command line asked for.
-#[derive(Debug, PartialEq)]
-enum Command {
-    Help,
-    Version,
-    Selftest { config: PathBuf, slot: u32 },
-    Ask(AskArgs),
-    Run(RunArgs),
-}
-
-#[derive(Debug, PartialEq)]
-struct RunArgs {
-    config: PathBuf,
-    budget: Option<u32>,
-    thinking: bool,
-    folder: Option<PathBuf>,
-    prompt: String,
-}
-
-#[derive(Debug, PartialEq)]
-struct AskArgs {
-    config: PathBuf,
-    slot: u32,
-    thinking: bool,
-    prompt: String,
-}
-
-fn parse(args: &[String]) -> Result<Command, String> {
-    let Some((verb, rest)) = args.split_first() else {
-        return Err("missing command (selftest, ask or run)".into());
-    };
-    let (mut config, mut slot, mut thinking, mut prompt) = (None, 0u32, false, None);
-    let (mut budget, mut folder) = (None, None);
-    let mut it = rest.iter();
-    match verb.as_str() {
-        "-h" | "--help" | "help" => return Ok(Command::Help),
-        "-V" | "--version" => return Ok(Command::Version),
-        "selftest" | "ask" | "run" => {}
-        other => return Err(format!("unknown command `{other}`")),
-    }
-    while let Some(arg) = it.next() {
-        match arg.as_str() {
-            "--config" => {
-                let v = it.next().ok_or("--config needs a path")?;
-                config = Some(PathBuf::from(v));
-            }
-            "--slot" if verb == "run" => return Err("unknown option `--slot`".into()),
-            "--slot" => {
-                let v = it.next().ok_or("--slot needs a number")?;
-                slot = v
-                    .parse()
-                    .map_err(|_| format!("--slot: `{v}` is not a slot number"))?;
-            }
-            "--budget" if verb == "run" => {
-                let v = it.next().ok_or("--budget needs a number")?;
-                budget = Some(
-                    v.parse()
-                        .map_err(|_| format!("--budget: `{v}` is not a number of iterations"))?,
-                );
-            }
-            "--folder" if verb == "run" => {
-                let v = it.next().ok_or("--folder needs a path")?;
-                folder = Some(PathBuf::from(v));
-            }
-            "--thinking" if verb == "ask" || verb == "run" => thinking = true,
-            "-h" | "--help" => return Ok(Command::Help),
-            flag if flag.starts_with("--") => return Err(format!("unknown option `{flag}`")),
-            text if verb != "selftest" && prompt.is_none() => prompt = Some(text.to_string()),
-            extra => return Err(format!("unexpected argument `{extra}`")),
-        }
-    }
-    let config = config.ok_or("--config <path> is required")?;
-    if verb == "selftest" {
-        return Ok(Command::Selftest { config, slot });
-    }
-    let prompt = prompt.ok_or(format!("{verb} needs a prompt"))?;
-    if verb == "run" {
-        return Ok(Command::Run(RunArgs {
-            config,
-            budget,
-            thinking,
-            folder,
-            prompt,
-        }));
-    }
-    Ok(Command::Ask(AskArgs {
-        config,
-        slot,
-        thinking,
-        prompt,
-    }))
-}
+use cli::{AskArgs, Cli, Cmd, RunArgs};
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    match parse(&args) {
-        Ok(Command::Help) => {
-            println!("{USAGE}");
-            ExitCode::SUCCESS
-        }
-        Ok(Command::Version) => {
-            println!("loopd {}", env!("CARGO_PKG_VERSION"));
-            ExitCode::SUCCESS
-        }
-        Ok(Command::Selftest { config, slot }) => run_selftest(&config, slot),
-        Ok(Command::Ask(a)) => run_ask(a),
-        Ok(Command::Run(a)) => run_agent(a),
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
         Err(e) => {
-            eprintln!(
-                "loopd: {e}\n{}",
-                USAGE.lines().take(4).collect::<Vec<_>>().join("\n")
-            );
-            ExitCode::from(2)
+            // Help and version go to stdout with status 0; usage errors to stderr with 2.
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
         }
+    };
+    match cli.command {
+        Cmd::Selftest { config, slot } => run_selftest(&config, slot),
+        Cmd::Ask(a) => run_ask(a),
+        Cmd::Run(a) if a.daemon => remote::run(a),
+        Cmd::Run(a) => run_agent(a),
+        Cmd::Serve { config, folder } => serve::serve(&config, folder.as_deref()),
+        Cmd::Submit(a) => remote::submit(a),
+        Cmd::Result(a) => remote::result(a),
+        Cmd::Cancel(a) => remote::cancel(a),
+        Cmd::Status(a) => remote::status(a),
     }
 }
 
 /// Loads the config and checks that its socket answers, or says in one line why not.
-fn client_for(path: &std::path::Path) -> Result<Client, String> {
+pub(crate) fn client_for(path: &std::path::Path) -> Result<Client, String> {
     let config = Config::load(path).map_err(|e| format!("bad config: {e}"))?;
     let deadline = Instant::now() + Duration::from_millis(config.limits.connect_ms);
     let reached = loopd::http::connect(&config.socket, deadline, &Cancel::new());
@@ -177,7 +64,7 @@ fn client_for(path: &std::path::Path) -> Result<Client, String> {
 /// Waits for `/props` while the server loads the model, up to the config's load wait. Stops
 /// at once, with the worker's reason, when llama-worker (`runner.worker_socket`) says it is
 /// `failed` or `stopped`: waiting longer would not help.
-fn wait_for_server(client: &Client) -> Result<(), String> {
+pub(crate) fn wait_for_server(client: &Client) -> Result<(), String> {
     let cfg = client.config();
     let limits = cfg.limits;
     let deadline = Instant::now() + Duration::from_millis(limits.load_wait_ms);
@@ -339,108 +226,5 @@ fn run_agent(a: RunArgs) -> ExitCode {
     match result.outcome {
         Outcome::Completed { .. } => ExitCode::SUCCESS,
         Outcome::Failed { .. } => ExitCode::FAILURE,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn args(s: &[&str]) -> Vec<String> {
-        s.iter().map(|a| a.to_string()).collect()
-    }
-
-    #[test]
-    fn selftest_and_ask_parse_with_their_options() {
-        assert_eq!(
-            parse(&args(&["selftest", "--config", "c.toml"])),
-            Ok(Command::Selftest {
-                config: "c.toml".into(),
-                slot: 0
-            })
-        );
-        assert_eq!(
-            parse(&args(&[
-                "ask",
-                "--thinking",
-                "--config",
-                "c",
-                "--slot",
-                "1",
-                "hi there"
-            ])),
-            Ok(Command::Ask(AskArgs {
-                config: "c".into(),
-                slot: 1,
-                thinking: true,
-                prompt: "hi there".into()
-            }))
-        );
-        assert_eq!(
-            parse(&args(&[
-                "run",
-                "--config",
-                "c",
-                "--budget",
-                "3",
-                "--thinking",
-                "--folder",
-                "d",
-                "p"
-            ])),
-            Ok(Command::Run(RunArgs {
-                config: "c".into(),
-                budget: Some(3),
-                thinking: true,
-                folder: Some("d".into()),
-                prompt: "p".into()
-            }))
-        );
-        assert_eq!(
-            parse(&args(&["run", "--config", "c", "--budget", "-1", "p"])),
-            Err("--budget: `-1` is not a number of iterations".into())
-        );
-        assert_eq!(
-            parse(&args(&["run", "--config", "c"])),
-            Err("run needs a prompt".into())
-        );
-        assert_eq!(
-            parse(&args(&["ask", "--config", "c", "--budget", "1", "p"])),
-            Err("unknown option `--budget`".into())
-        );
-        assert_eq!(parse(&args(&["--version"])), Ok(Command::Version));
-        assert_eq!(parse(&args(&["ask", "--help"])), Ok(Command::Help));
-    }
-
-    #[test]
-    fn bad_arguments_are_named() {
-        assert_eq!(
-            parse(&[]),
-            Err("missing command (selftest, ask or run)".into())
-        );
-        assert_eq!(
-            parse(&args(&["serve"])),
-            Err("unknown command `serve`".into())
-        );
-        assert_eq!(
-            parse(&args(&["selftest"])),
-            Err("--config <path> is required".into())
-        );
-        assert_eq!(
-            parse(&args(&["selftest", "--config", "c", "--thinking"])),
-            Err("unknown option `--thinking`".into())
-        );
-        assert_eq!(
-            parse(&args(&["ask", "--config", "c", "--slot", "x", "p"])),
-            Err("--slot: `x` is not a slot number".into())
-        );
-        assert_eq!(
-            parse(&args(&["ask", "--config", "c"])),
-            Err("ask needs a prompt".into())
-        );
-        assert_eq!(
-            parse(&args(&["ask", "--config", "c", "a", "b"])),
-            Err("unexpected argument `b`".into())
-        );
     }
 }

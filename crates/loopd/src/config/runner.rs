@@ -28,6 +28,10 @@ pub struct RunnerConfig {
     pub stall_ms: u64,
     /// The loop detector's thresholds.
     pub loop_detector: LoopThresholds,
+    /// `loopd serve`: how long an unfetched result is kept (3,600 s); then `NOT_FOUND`.
+    pub result_ttl_s: u64,
+    /// `loopd serve`: results kept at most (1,024); past it the oldest is dropped.
+    pub max_results: usize,
 }
 
 impl Default for RunnerConfig {
@@ -41,6 +45,8 @@ impl Default for RunnerConfig {
             worker_timeout_ms: 2_000,
             stall_ms: 60_000,
             loop_detector: LoopThresholds::default(),
+            result_ttl_s: 3_600,
+            max_results: 1_024,
         }
     }
 }
@@ -57,9 +63,16 @@ impl RunnerConfig {
             ("worker_poll_ms", self.worker_poll_ms),
             ("worker_timeout_ms", self.worker_timeout_ms),
             ("stall_ms", self.stall_ms),
+            ("result_ttl_s", self.result_ttl_s),
+            ("max_results", self.max_results as u64),
         ];
         if let Some((key, _)) = ms.iter().find(|(_, v)| *v == 0) {
-            return Err(("runner", key, "must be at least 1 ms"));
+            let unit = match *key {
+                "result_ttl_s" => "must be at least 1 s",
+                "max_results" => "must be at least 1",
+                _ => "must be at least 1 ms",
+            };
+            return Err(("runner", key, unit));
         }
         let table = "runner.loop_detector";
         match self.loop_detector.check() {

@@ -1,0 +1,242 @@
+//! The command line of `loopd`, parsed with clap (derive); `loopd <command> --help` prints
+//! each command's options.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+/// loopd: the agent daemon and its commands.
+#[derive(Debug, Parser)]
+#[command(name = "loopd", version, about, long_about = None)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Cmd,
+}
+
+/// The commands.
+#[derive(Debug, Subcommand)]
+pub enum Cmd {
+    /// Run the three startup checks against the server the config names: /props matches the
+    /// [expect] section, a tool call parses, and turn 2 of a conversation hits the cache.
+    /// Exit status 0 only when all three pass.
+    Selftest {
+        /// The loopd config.toml (socket, model, limits, [expect]).
+        #[arg(long)]
+        config: PathBuf,
+        /// The server slot to run on (0 is the main slot).
+        #[arg(long, default_value_t = 0)]
+        slot: u32,
+    },
+    /// Send one request through the whole client (slot gate, timers, thinking cap, retry) and
+    /// show it as it runs: prompt progress, reasoning, answer, tool calls, notices.
+    Ask(AskArgs),
+    /// Run one agent request with the built-in tools (current_time, arithmetic, read_file
+    /// under --folder, the exit tool finish) and show each generation live; with --daemon,
+    /// through a running `loopd serve`. Exit status 0 only when the request completed.
+    Run(RunArgs),
+    /// The agent daemon: waits for the model, runs the self-test and refuses to start unless
+    /// it passes, then serves agent requests on [daemon] socket (docs/loopd.md) with one slot
+    /// table for every client, until SIGTERM or SIGINT (a second one exits at once).
+    Serve {
+        /// The loopd config.toml; [daemon] socket is required.
+        #[arg(long)]
+        config: PathBuf,
+        /// The folder read_file may read under (without it there is no read_file).
+        #[arg(long)]
+        folder: Option<PathBuf>,
+    },
+    /// Submit an agent request to `loopd serve`; prints its id (with --follow, its events and
+    /// result).
+    Submit(SubmitArgs),
+    /// Fetch (once) the result of a request from `loopd serve`.
+    Result(ResultArgs),
+    /// Cancel a running request on `loopd serve`.
+    Cancel(IdArgs),
+    /// Print `loopd serve`'s status (slots, running, kept results), or its metrics.
+    Status(StatusArgs),
+}
+
+/// `loopd ask`.
+#[derive(Debug, Args, PartialEq)]
+pub struct AskArgs {
+    /// The loopd config.toml.
+    #[arg(long)]
+    pub config: PathBuf,
+    /// The server slot to run on.
+    #[arg(long, default_value_t = 0)]
+    pub slot: u32,
+    /// Let the model think before answering.
+    #[arg(long)]
+    pub thinking: bool,
+    /// What to ask.
+    pub prompt: String,
+}
+
+/// `loopd run`.
+#[derive(Debug, Args, PartialEq)]
+pub struct RunArgs {
+    /// The loopd config.toml.
+    #[arg(long)]
+    pub config: PathBuf,
+    /// Tool iterations the request may use (default runner.budget).
+    #[arg(long)]
+    pub budget: Option<u32>,
+    /// Let the model think before answering.
+    #[arg(long)]
+    pub thinking: bool,
+    /// The folder read_file may read under (in-process only; a daemon has its own).
+    #[arg(long, conflicts_with = "daemon")]
+    pub folder: Option<PathBuf>,
+    /// Submit through the `loopd serve` at the config's [daemon] socket instead of running
+    /// a runner in this process.
+    #[arg(long)]
+    pub daemon: bool,
+    /// The user's message.
+    pub prompt: String,
+}
+
+/// Where the daemon is: its socket, or the config that names it.
+#[derive(Debug, Args, PartialEq)]
+pub struct DaemonAddr {
+    /// The loopd config.toml whose [daemon] socket to use.
+    #[arg(long, required_unless_present = "socket")]
+    pub config: Option<PathBuf>,
+    /// The daemon's socket.
+    #[arg(long)]
+    pub socket: Option<PathBuf>,
+}
+
+/// `loopd submit`.
+#[derive(Debug, Args, PartialEq)]
+pub struct SubmitArgs {
+    #[command(flatten)]
+    pub addr: DaemonAddr,
+    /// Tool iterations the request may use (default runner.budget).
+    #[arg(long)]
+    pub budget: Option<u32>,
+    /// Let the model think before answering.
+    #[arg(long)]
+    pub thinking: bool,
+    /// A system message, sent after the BIOS.
+    #[arg(long)]
+    pub system: Option<String>,
+    /// A tool the request needs (repeatable); the daemon refuses names it does not offer.
+    #[arg(long = "tool")]
+    pub tools: Vec<String>,
+    /// Stay connected: print the events and the result as they come.
+    #[arg(long)]
+    pub follow: bool,
+    /// The user's message.
+    pub prompt: String,
+}
+
+/// `loopd result`.
+#[derive(Debug, Args, PartialEq)]
+pub struct ResultArgs {
+    #[command(flatten)]
+    pub addr: DaemonAddr,
+    /// Wait up to this many seconds for the request to end (0: answer at once).
+    #[arg(long, default_value_t = 0)]
+    pub wait: u64,
+    /// Print the result as the daemon's JSON line.
+    #[arg(long)]
+    pub json: bool,
+    /// The request's id (`7` or `req-7`).
+    #[arg(value_parser = parse_id)]
+    pub id: u64,
+}
+
+/// `loopd cancel`.
+#[derive(Debug, Args, PartialEq)]
+pub struct IdArgs {
+    #[command(flatten)]
+    pub addr: DaemonAddr,
+    /// The request's id (`7` or `req-7`).
+    #[arg(value_parser = parse_id)]
+    pub id: u64,
+}
+
+/// `loopd status`.
+#[derive(Debug, Args, PartialEq)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    pub addr: DaemonAddr,
+    /// Print the metrics (Prometheus text format) instead.
+    #[arg(long)]
+    pub metrics: bool,
+}
+
+/// `7` or `req-7`.
+fn parse_id(s: &str) -> Result<u64, String> {
+    s.strip_prefix("req-")
+        .unwrap_or(s)
+        .parse()
+        .map_err(|_| format!("`{s}` is not a request id (7 or req-7)"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Cmd, String> {
+        let argv = std::iter::once("loopd").chain(args.iter().copied());
+        Cli::try_parse_from(argv)
+            .map(|c| c.command)
+            .map_err(|e| e.kind().to_string())
+    }
+
+    #[test]
+    fn commands_parse_with_their_options() {
+        <Cli as clap::CommandFactory>::command().debug_assert();
+        assert!(matches!(
+            parse(&["selftest", "--config", "c.toml"]),
+            Ok(Cmd::Selftest { slot: 0, .. })
+        ));
+        let Ok(Cmd::Run(r)) = parse(&[
+            "run",
+            "--config",
+            "c",
+            "--budget",
+            "3",
+            "--thinking",
+            "--folder",
+            "d",
+            "p",
+        ]) else {
+            panic!()
+        };
+        assert_eq!(
+            (r.budget, r.thinking, r.prompt.as_str()),
+            (Some(3), true, "p")
+        );
+        let Ok(Cmd::Result(r)) = parse(&["result", "--socket", "s", "req-7"]) else {
+            panic!()
+        };
+        assert_eq!(r.id, 7);
+        let Ok(Cmd::Submit(s)) = parse(&[
+            "submit",
+            "--config",
+            "c",
+            "--tool",
+            "arithmetic",
+            "--tool",
+            "finish",
+            "hi",
+        ]) else {
+            panic!()
+        };
+        assert_eq!(s.tools, ["arithmetic", "finish"]);
+    }
+
+    #[test]
+    fn bad_arguments_are_refused() {
+        assert!(parse(&[]).is_err());
+        assert!(parse(&["selftest"]).is_err());
+        assert!(parse(&["run", "--config", "c", "--budget", "-1", "p"]).is_err());
+        assert!(parse(&["ask", "--config", "c", "--budget", "1", "p"]).is_err());
+        assert!(parse(&["result", "--socket", "s", "x7"]).is_err());
+        assert!(parse(&["cancel", "7"]).is_err());
+        assert!(parse(&["run", "--config", "c", "--daemon", "--folder", "d", "p"]).is_err());
+    }
+}

@@ -1,0 +1,477 @@
+//! The client protocol of `loopd serve` ([docs/loopd.md](../../../docs/loopd.md)): one JSON
+//! line in, JSON lines out, one command per connection. This module parses a command line
+//! into a [`Command`] or a typed [`ProtoError`], and writes results and events as JSON; it does
+//! no IO.
+
+use std::fmt;
+
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::llama::{ChatEvent, ChatMessage, ChatOptions};
+use crate::runner::{CallSource, Outcome, RunEvent, RunRequest, RunResult, StallAnswer};
+
+/// Longest command line, newline included: a bigger one is refused with `LINE_TOO_LONG`.
+pub const MAX_LINE_BYTES: usize = 1 << 20;
+/// Longest `wait` a client may ask for; a longer `timeout_ms` is cut to this.
+pub const MAX_WAIT_MS: u64 = 600_000;
+
+/// What a client may ask.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Command {
+    /// Start an agent request; with `follow`, stream its events on this connection.
+    Submit {
+        /// The request.
+        request: RunRequest,
+        /// The tools the client asked for (names of the daemon's set).
+        tools: Option<Vec<String>>,
+        /// Stream events then the result on this connection.
+        follow: bool,
+    },
+    /// Fetch a finished result (once).
+    Result {
+        /// The request.
+        id: u64,
+    },
+    /// Wait up to `timeout_ms` for a result, then as `Result`.
+    Wait {
+        /// The request.
+        id: u64,
+        /// How long to wait, at most [`MAX_WAIT_MS`].
+        timeout_ms: u64,
+    },
+    /// End a running request as `cancelled`.
+    Cancel {
+        /// The request.
+        id: u64,
+    },
+    /// Stream a running request's events from now on, then its result (not fetched).
+    Follow {
+        /// The request.
+        id: u64,
+    },
+    /// Slots, running requests, kept results, worker link.
+    Status,
+    /// The daemon's counters in the Prometheus text format.
+    Metrics,
+}
+
+/// Why a command was refused before or while it ran; its code is on the wire.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ProtoError {
+    /// The line is longer than [`MAX_LINE_BYTES`].
+    LineTooLong,
+    /// The line is not JSON (the parser's message).
+    BadJson(String),
+    /// `cmd` is missing or names no command.
+    UnknownCommand(String),
+    /// A field is missing, of the wrong type, or unknown (serde's message).
+    BadRequest(String),
+    /// `tools` names a tool the daemon does not offer.
+    UnknownTool(String),
+    /// A runner refusal (`NO_SLOT_AVAILABLE`, `WORKER_NOT_READY`, ...), with its detail.
+    Refused(&'static str, String),
+    /// No such request, or its result was fetched or evicted.
+    NotFound,
+    /// The request is still running.
+    Pending,
+    /// The daemon is shutting down and takes no new request.
+    ShuttingDown,
+    /// Too many connections are open at once.
+    TooManyConnections,
+    /// The client sent no whole line before the read deadline.
+    ReadTimeout,
+}
+
+impl ProtoError {
+    /// The code on the wire.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            ProtoError::LineTooLong => "LINE_TOO_LONG",
+            ProtoError::BadJson(_) => "BAD_JSON",
+            ProtoError::UnknownCommand(_) => "UNKNOWN_COMMAND",
+            ProtoError::BadRequest(_) => "BAD_REQUEST",
+            ProtoError::UnknownTool(_) => "UNKNOWN_TOOL",
+            ProtoError::Refused(code, _) => code,
+            ProtoError::NotFound => "NOT_FOUND",
+            ProtoError::Pending => "PENDING",
+            ProtoError::ShuttingDown => "SHUTTING_DOWN",
+            ProtoError::TooManyConnections => "TOO_MANY_CONNECTIONS",
+            ProtoError::ReadTimeout => "READ_TIMEOUT",
+        }
+    }
+
+    /// The error line: `{"ok":false,"error":CODE,"detail":...}`.
+    pub fn to_line(&self) -> String {
+        json!({"ok": false, "error": self.as_str(), "detail": self.to_string()}).to_string()
+    }
+}
+
+impl fmt::Display for ProtoError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ProtoError::LineTooLong => {
+                write!(f, "the command line is longer than {MAX_LINE_BYTES} bytes")
+            }
+            ProtoError::BadJson(e) => write!(f, "the line is not JSON: {e}"),
+            ProtoError::UnknownCommand(c) => write!(
+                f,
+                "unknown command {c}; use submit, result, wait, cancel, follow, status or metrics"
+            ),
+            ProtoError::BadRequest(e) => write!(f, "bad request: {e}"),
+            ProtoError::UnknownTool(t) => write!(f, "the daemon offers no tool `{t}`"),
+            ProtoError::Refused(_, d) => f.write_str(d),
+            ProtoError::NotFound => {
+                f.write_str("no such request, or its result was already fetched or has expired")
+            }
+            ProtoError::Pending => f.write_str("the request is still running"),
+            ProtoError::ShuttingDown => f.write_str("the daemon is shutting down"),
+            ProtoError::TooManyConnections => f.write_str("too many connections; try again"),
+            ProtoError::ReadTimeout => f.write_str("no whole command line before the deadline"),
+        }
+    }
+}
+
+impl std::error::Error for ProtoError {}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WireMessage {
+    role: String,
+    content: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WireSubmit {
+    #[allow(dead_code)]
+    cmd: String,
+    messages: Vec<WireMessage>,
+    #[serde(default)]
+    system: Option<String>,
+    #[serde(default)]
+    budget: Option<u32>,
+    #[serde(default)]
+    thinking: bool,
+    #[serde(default)]
+    max_tokens: Option<u64>,
+    #[serde(default)]
+    tools: Option<Vec<String>>,
+    #[serde(default)]
+    follow: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WireId {
+    #[allow(dead_code)]
+    cmd: String,
+    id: u64,
+    #[serde(default)]
+    timeout_ms: Option<u64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WireBare {
+    #[allow(dead_code)]
+    cmd: String,
+}
+
+fn typed<T: for<'de> Deserialize<'de>>(v: Value) -> Result<T, ProtoError> {
+    serde_json::from_value(v).map_err(|e| ProtoError::BadRequest(e.to_string()))
+}
+
+/// Parses one command line (without its newline).
+pub fn parse(line: &[u8]) -> Result<Command, ProtoError> {
+    if line.len() > MAX_LINE_BYTES {
+        return Err(ProtoError::LineTooLong);
+    }
+    let v: Value = serde_json::from_slice(line).map_err(|e| ProtoError::BadJson(e.to_string()))?;
+    let cmd = match v.get("cmd") {
+        Some(Value::String(s)) => s.clone(),
+        Some(other) => return Err(ProtoError::UnknownCommand(other.to_string())),
+        None if v.is_object() => return Err(ProtoError::UnknownCommand("(no `cmd`)".into())),
+        None => {
+            return Err(ProtoError::BadRequest(
+                "the line is not a JSON object".into(),
+            ))
+        }
+    };
+    match cmd.as_str() {
+        "submit" => {
+            let w: WireSubmit = typed(v)?;
+            let mut messages = Vec::with_capacity(w.messages.len());
+            for m in w.messages {
+                messages.push(match m.role.as_str() {
+                    "user" => ChatMessage::User { content: m.content },
+                    "system" => ChatMessage::System { content: m.content },
+                    "assistant" => ChatMessage::Assistant {
+                        content: Some(m.content),
+                        reasoning_content: None,
+                        tool_calls: Vec::new(),
+                    },
+                    other => {
+                        return Err(ProtoError::BadRequest(format!(
+                            "role `{other}`: use user, system or assistant"
+                        )))
+                    }
+                });
+            }
+            if !messages
+                .iter()
+                .any(|m| matches!(m, ChatMessage::User { .. }))
+            {
+                return Err(ProtoError::BadRequest(
+                    "messages: at least one user message is needed".into(),
+                ));
+            }
+            Ok(Command::Submit {
+                request: RunRequest {
+                    system: w.system,
+                    messages,
+                    budget: w.budget,
+                    options: ChatOptions {
+                        thinking: w.thinking,
+                        max_tokens: w.max_tokens,
+                        ..ChatOptions::default()
+                    },
+                },
+                tools: w.tools,
+                follow: w.follow,
+            })
+        }
+        "result" | "cancel" | "follow" => {
+            let w: WireId = typed(v)?;
+            if w.timeout_ms.is_some() {
+                return Err(ProtoError::BadRequest(format!(
+                    "unknown field `timeout_ms` for {cmd}"
+                )));
+            }
+            Ok(match cmd.as_str() {
+                "result" => Command::Result { id: w.id },
+                "cancel" => Command::Cancel { id: w.id },
+                _ => Command::Follow { id: w.id },
+            })
+        }
+        "wait" => {
+            let w: WireId = typed(v)?;
+            Ok(Command::Wait {
+                id: w.id,
+                timeout_ms: w.timeout_ms.unwrap_or(MAX_WAIT_MS).min(MAX_WAIT_MS),
+            })
+        }
+        "status" | "metrics" => {
+            let _: WireBare = typed(v)?;
+            Ok(if cmd == "status" {
+                Command::Status
+            } else {
+                Command::Metrics
+            })
+        }
+        other => Err(ProtoError::UnknownCommand(format!("`{other}`"))),
+    }
+}
+
+fn source(s: CallSource) -> &'static str {
+    match s {
+        CallSource::Native => "native",
+        CallSource::Text => "text",
+    }
+}
+
+fn stall(a: &StallAnswer) -> Value {
+    match a {
+        StallAnswer::Restarting => json!({"answer": "restarting"}),
+        StallAnswer::NotReady => json!({"answer": "not_ready"}),
+        StallAnswer::NotStalled { since_progress_ms } => {
+            json!({"answer": "not_stalled", "since_progress_ms": since_progress_ms})
+        }
+    }
+}
+
+/// A result as JSON (the `result` of a `result`, `wait` or `follow` reply).
+pub fn result_json(r: &RunResult) -> Value {
+    let (outcome, finish, reason, detail) = match &r.outcome {
+        Outcome::Completed { finish_reason } => {
+            ("completed", Some(finish_reason.as_str()), None, None)
+        }
+        Outcome::Failed { reason, detail } => {
+            ("failed", None, Some(reason.as_str()), Some(detail.as_str()))
+        }
+    };
+    let tool_calls: Vec<Value> = r
+        .tool_calls
+        .iter()
+        .map(|t| {
+            let (ok, text) = match &t.result {
+                Ok(s) => (true, s),
+                Err(e) => (false, e),
+            };
+            json!({"iteration": t.iteration, "id": t.call.id, "name": t.call.name,
+                   "arguments": t.call.arguments, "source": source(t.source),
+                   "ok": ok, "result": text})
+        })
+        .collect();
+    let exits: Vec<Value> = r
+        .exits
+        .iter()
+        .map(|e| {
+            json!({"generation": e.generation, "name": e.call.name,
+                   "arguments": e.call.arguments, "source": source(e.source)})
+        })
+        .collect();
+    let generations: Vec<Value> = r
+        .generations
+        .iter()
+        .map(|g| {
+            let t = g.timings.unwrap_or_default();
+            json!({"budget_left": g.budget_left, "cache_n": t.cache_n, "prompt_n": t.prompt_n,
+                   "predicted_n": t.predicted_n, "reasoning_tokens": g.reasoning_tokens,
+                   "finish_reason": g.finish_reason.map(|f| f.as_str()),
+                   "elapsed_ms": u64::try_from(g.elapsed.as_millis()).unwrap_or(u64::MAX)})
+        })
+        .collect();
+    json!({
+        "id": r.id.0, "outcome": outcome, "finish_reason": finish, "fail_reason": reason,
+        "detail": detail, "content": r.content, "reasoning_content": r.reasoning_content,
+        "tool_calls": tool_calls, "exits": exits, "generations": generations,
+        "budget": r.budget, "budget_left": r.budget_left,
+        "stalls": r.stalls.iter().map(stall).collect::<Vec<_>>(),
+    })
+}
+
+/// An event as JSON (`{"event": ...}` on a `follow` stream); `None` for the client's
+/// internal ones that say nothing to a watcher.
+pub fn event_json(e: &RunEvent) -> Option<Value> {
+    Some(match e {
+        RunEvent::Generation {
+            number,
+            budget_left,
+        } => json!({"event": "generation", "number": number, "budget_left": budget_left}),
+        RunEvent::Chat(c) => match c {
+            ChatEvent::Content(t) => json!({"event": "content", "text": t}),
+            ChatEvent::Reasoning(t) => json!({"event": "reasoning", "text": t}),
+            ChatEvent::Waiting { slot_busy } => json!({"event": "waiting", "slot_busy": slot_busy}),
+            ChatEvent::Progress {
+                total,
+                cache,
+                processed,
+            } => {
+                json!({"event": "progress", "total": total, "cache": cache, "processed": processed})
+            }
+            ChatEvent::Retrying {
+                attempt,
+                after_ms,
+                error,
+            } => {
+                json!({"event": "retrying", "attempt": attempt, "after_ms": after_ms, "error": error})
+            }
+            ChatEvent::ThinkingCapped { tokens } => {
+                json!({"event": "thinking_capped", "tokens": tokens})
+            }
+            _ => return None,
+        },
+        RunEvent::ToolStarted { call, source: s } => json!({"event": "tool_started",
+            "id": call.id, "name": call.name, "arguments": call.arguments, "source": source(*s)}),
+        RunEvent::ToolFinished { id, result } => match result {
+            Ok(t) => json!({"event": "tool_finished", "id": id, "ok": true, "result": t}),
+            Err(e) => json!({"event": "tool_finished", "id": id, "ok": false, "result": e}),
+        },
+        RunEvent::Exit(x) => json!({"event": "exit", "name": x.call.name,
+            "arguments": x.call.arguments, "source": source(x.source)}),
+        RunEvent::Iteration {
+            number,
+            budget_left,
+        } => json!({"event": "iteration", "number": number, "budget_left": budget_left}),
+        RunEvent::Stall(a) => {
+            let mut v = stall(a);
+            v["event"] = json!("stall");
+            v
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn code(line: &str) -> &'static str {
+        parse(line.as_bytes()).unwrap_err().as_str()
+    }
+
+    #[test]
+    fn every_command_parses() {
+        let c = parse(
+            br#"{"cmd":"submit","messages":[{"role":"user","content":"hi"}],"budget":2,"thinking":true,"tools":["arithmetic"],"follow":true}"#,
+        )
+        .unwrap();
+        let Command::Submit {
+            request,
+            tools,
+            follow,
+        } = c
+        else {
+            panic!("{c:?}")
+        };
+        assert_eq!(request.budget, Some(2));
+        assert!(request.options.thinking && follow);
+        assert_eq!(tools, Some(vec!["arithmetic".to_string()]));
+        assert_eq!(
+            parse(br#"{"cmd":"result","id":3}"#),
+            Ok(Command::Result { id: 3 })
+        );
+        assert_eq!(
+            parse(br#"{"cmd":"wait","id":3,"timeout_ms":99999999}"#),
+            Ok(Command::Wait {
+                id: 3,
+                timeout_ms: MAX_WAIT_MS
+            })
+        );
+        assert_eq!(
+            parse(br#"{"cmd":"cancel","id":1}"#),
+            Ok(Command::Cancel { id: 1 })
+        );
+        assert_eq!(
+            parse(br#"{"cmd":"follow","id":1}"#),
+            Ok(Command::Follow { id: 1 })
+        );
+        assert_eq!(parse(br#"{"cmd":"status"}"#), Ok(Command::Status));
+        assert_eq!(parse(br#"{"cmd":"metrics"}"#), Ok(Command::Metrics));
+    }
+
+    #[test]
+    fn bad_lines_get_their_own_codes() {
+        assert_eq!(code("not json"), "BAD_JSON");
+        assert_eq!(code(r#"{"cmd":"explode"}"#), "UNKNOWN_COMMAND");
+        assert_eq!(code(r#"{"id":1}"#), "UNKNOWN_COMMAND");
+        assert_eq!(code(r#"{"cmd":7}"#), "UNKNOWN_COMMAND");
+        assert_eq!(code("[1,2]"), "BAD_REQUEST");
+        assert_eq!(code(r#"{"cmd":"result"}"#), "BAD_REQUEST");
+        assert_eq!(code(r#"{"cmd":"result","id":-1}"#), "BAD_REQUEST");
+        assert_eq!(code(r#"{"cmd":"status","x":1}"#), "BAD_REQUEST");
+        assert_eq!(code(r#"{"cmd":"submit","messages":[]}"#), "BAD_REQUEST");
+        assert_eq!(
+            code(r#"{"cmd":"submit","messages":[{"role":"tool","content":"x"}]}"#),
+            "BAD_REQUEST"
+        );
+        assert_eq!(
+            code(r#"{"cmd":"result","id":1,"timeout_ms":5}"#),
+            "BAD_REQUEST"
+        );
+        let long = vec![b' '; MAX_LINE_BYTES + 1];
+        assert_eq!(parse(&long), Err(ProtoError::LineTooLong));
+        let mut at_cap = br#"{"cmd":"status"}"#.to_vec();
+        at_cap.resize(MAX_LINE_BYTES, b' ');
+        assert_eq!(parse(&at_cap), Ok(Command::Status));
+    }
+
+    #[test]
+    fn an_error_line_names_its_code_and_detail() {
+        assert_eq!(
+            ProtoError::NotFound.to_line(),
+            r#"{"ok":false,"error":"NOT_FOUND","detail":"no such request, or its result was already fetched or has expired"}"#
+        );
+    }
+}

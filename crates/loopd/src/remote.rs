@@ -1,0 +1,281 @@
+//! `loopd submit|result|cancel|status` and `loopd run --daemon`: clients of `loopd serve`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use loopd::daemon::client;
+use loopd::Config;
+use serde_json::{json, Value};
+
+use crate::cli::{DaemonAddr, IdArgs, ResultArgs, RunArgs, StatusArgs, SubmitArgs};
+
+/// How long one reply line may take (a `wait` adds its own timeout).
+const REPLY_TIMEOUT: Duration = Duration::from_secs(30);
+
+fn socket_of(config: Option<&PathBuf>, socket: Option<&PathBuf>) -> Result<PathBuf, String> {
+    if let Some(s) = socket {
+        return Ok(s.clone());
+    }
+    let path = config.ok_or("--config or --socket is required")?;
+    let cfg = Config::load(path).map_err(|e| format!("bad config: {e}"))?;
+    cfg.daemon
+        .socket
+        .ok_or_else(|| format!("{}: no [daemon] socket", path.display()))
+}
+
+fn addr(a: &DaemonAddr) -> Result<PathBuf, String> {
+    socket_of(a.config.as_ref(), a.socket.as_ref())
+}
+
+fn fail(verb: &str, e: impl std::fmt::Display) -> ExitCode {
+    eprintln!("loopd {verb}: {e}");
+    ExitCode::FAILURE
+}
+
+/// The daemon's error reply as `CODE: detail`, or `None` for an `ok` reply.
+fn refusal(v: &Value) -> Option<String> {
+    if v.get("ok") == Some(&Value::Bool(true)) {
+        return None;
+    }
+    Some(format!(
+        "{}: {}",
+        v["error"].as_str().unwrap_or("?"),
+        v["detail"].as_str().unwrap_or("")
+    ))
+}
+
+fn call(
+    verb: &str,
+    socket: &std::path::Path,
+    cmd: Value,
+    timeout: Duration,
+) -> Result<Value, ExitCode> {
+    match client::call(socket, &cmd, timeout) {
+        Ok(v) => match refusal(&v) {
+            None => Ok(v),
+            Some(r) => Err(fail(verb, r)),
+        },
+        Err(e) => Err(fail(verb, e)),
+    }
+}
+
+/// Prints a result: the answer (unless it was streamed already), the calls, then one line of
+/// outcome.
+fn print_result(r: &Value, streamed: bool) {
+    if let (false, Some(c)) = (streamed, r["content"].as_str()) {
+        println!("{c}");
+    }
+    for t in r["tool_calls"].as_array().into_iter().flatten() {
+        println!(
+            "tool {}({}) -> {}{}",
+            t["name"].as_str().unwrap_or("?"),
+            t["arguments"].as_str().unwrap_or(""),
+            if t["ok"] == json!(true) {
+                ""
+            } else {
+                "error: "
+            },
+            t["result"].as_str().unwrap_or("")
+        );
+    }
+    let end = match r["outcome"].as_str() {
+        Some("completed") => format!(
+            "completed ({}) after {} tool calls; {} of {} tool iterations left",
+            r["finish_reason"].as_str().unwrap_or("?"),
+            r["tool_calls"].as_array().map_or(0, Vec::len),
+            r["budget_left"],
+            r["budget"]
+        ),
+        _ => format!(
+            "failed: {}: {}",
+            r["fail_reason"].as_str().unwrap_or("?"),
+            r["detail"].as_str().unwrap_or("")
+        ),
+    };
+    println!("req-{}: {end}", r["id"]);
+}
+
+fn exit_of(r: &Value) -> ExitCode {
+    if r["outcome"] == json!("completed") {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+/// Prints one streamed event in the words `loopd run` uses.
+fn print_event(e: &Value) {
+    use std::io::Write;
+    let s = |k: &str| e[k].as_str().unwrap_or("").to_owned();
+    match e["event"].as_str().unwrap_or("") {
+        "content" => {
+            print!("{}", s("text"));
+            let _ = std::io::stdout().flush();
+        }
+        "generation" => println!(
+            "\n== generation {}: {} tool iterations left",
+            e["number"], e["budget_left"]
+        ),
+        "tool_started" => println!("\n-> {}({})", s("name"), s("arguments")),
+        "tool_finished" if e["ok"] == json!(true) => println!("<- {}", s("result")),
+        "tool_finished" => println!("<- error: {}", s("result")),
+        "exit" => println!("\nexit signal: {}({})", s("name"), s("arguments")),
+        "iteration" => println!(
+            "iteration {} done: {} tool iterations left",
+            e["number"], e["budget_left"]
+        ),
+        "retrying" => println!("\nretrying (attempt {}): {}", e["attempt"], s("error")),
+        _ => {}
+    }
+}
+
+fn submit_cmd(
+    prompt: &str,
+    budget: Option<u32>,
+    thinking: bool,
+    system: Option<&str>,
+    tools: &[String],
+    follow: bool,
+) -> Value {
+    let mut cmd = json!({"cmd": "submit", "messages": [{"role": "user", "content": prompt}],
+                         "thinking": thinking, "follow": follow});
+    if let Some(b) = budget {
+        cmd["budget"] = json!(b);
+    }
+    if let Some(s) = system {
+        cmd["system"] = json!(s);
+    }
+    if !tools.is_empty() {
+        cmd["tools"] = json!(tools);
+    }
+    cmd
+}
+
+fn follow(verb: &str, socket: &std::path::Path, cmd: Value) -> ExitCode {
+    let mut on_reply = |v: &Value| eprintln!("loopd {verb}: submitted as req-{}", v["id"]);
+    match client::follow(
+        socket,
+        &cmd,
+        Duration::from_secs(3_600),
+        &mut on_reply,
+        &mut print_event,
+    ) {
+        Ok(v) => match refusal(&v) {
+            Some(r) => fail(verb, r),
+            None => {
+                println!();
+                print_result(&v["result"], true);
+                // Followed to the end: fetch it so the daemon need not keep it.
+                let id = v["result"]["id"].clone();
+                let _ = client::call(socket, &json!({"cmd": "result", "id": id}), REPLY_TIMEOUT);
+                exit_of(&v["result"])
+            }
+        },
+        Err(e) => fail(verb, e),
+    }
+}
+
+/// `loopd submit`.
+pub fn submit(a: SubmitArgs) -> ExitCode {
+    let socket = match addr(&a.addr) {
+        Ok(s) => s,
+        Err(e) => return fail("submit", e),
+    };
+    let cmd = submit_cmd(
+        &a.prompt,
+        a.budget,
+        a.thinking,
+        a.system.as_deref(),
+        &a.tools,
+        a.follow,
+    );
+    if a.follow {
+        return follow("submit", &socket, cmd);
+    }
+    match call("submit", &socket, cmd, REPLY_TIMEOUT) {
+        Ok(v) => {
+            println!("req-{}", v["id"]);
+            ExitCode::SUCCESS
+        }
+        Err(c) => c,
+    }
+}
+
+/// `loopd run --daemon`.
+pub fn run(a: RunArgs) -> ExitCode {
+    let socket = match socket_of(Some(&a.config), None) {
+        Ok(s) => s,
+        Err(e) => return fail("run", e),
+    };
+    follow(
+        "run",
+        &socket,
+        submit_cmd(&a.prompt, a.budget, a.thinking, None, &[], true),
+    )
+}
+
+/// `loopd result`.
+pub fn result(a: ResultArgs) -> ExitCode {
+    let socket = match addr(&a.addr) {
+        Ok(s) => s,
+        Err(e) => return fail("result", e),
+    };
+    let cmd = if a.wait > 0 {
+        json!({"cmd": "wait", "id": a.id, "timeout_ms": a.wait.saturating_mul(1000)})
+    } else {
+        json!({"cmd": "result", "id": a.id})
+    };
+    let timeout = REPLY_TIMEOUT + Duration::from_secs(a.wait);
+    match call("result", &socket, cmd, timeout) {
+        Ok(v) if a.json => {
+            println!("{v}");
+            exit_of(&v["result"])
+        }
+        Ok(v) => {
+            print_result(&v["result"], false);
+            exit_of(&v["result"])
+        }
+        Err(c) => c,
+    }
+}
+
+/// `loopd cancel`.
+pub fn cancel(a: IdArgs) -> ExitCode {
+    let socket = match addr(&a.addr) {
+        Ok(s) => s,
+        Err(e) => return fail("cancel", e),
+    };
+    match call(
+        "cancel",
+        &socket,
+        json!({"cmd": "cancel", "id": a.id}),
+        REPLY_TIMEOUT,
+    ) {
+        Ok(v) => {
+            println!("req-{}: {}", a.id, v["state"].as_str().unwrap_or("?"));
+            ExitCode::SUCCESS
+        }
+        Err(c) => c,
+    }
+}
+
+/// `loopd status`.
+pub fn status(a: StatusArgs) -> ExitCode {
+    let socket = match addr(&a.addr) {
+        Ok(s) => s,
+        Err(e) => return fail("status", e),
+    };
+    let cmd = json!({"cmd": if a.metrics { "metrics" } else { "status" }});
+    match call("status", &socket, cmd, REPLY_TIMEOUT) {
+        Ok(v) if a.metrics => {
+            print!("{}", v["metrics"].as_str().unwrap_or(""));
+            ExitCode::SUCCESS
+        }
+        Ok(v) => {
+            println!("{}", v["status"]);
+            ExitCode::SUCCESS
+        }
+        Err(c) => c,
+    }
+}

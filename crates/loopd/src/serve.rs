@@ -1,0 +1,130 @@
+//! `loopd serve`: the start-up (load wait, self-test, socket, READY=1) and the signals around
+//! the library's [`Daemon`].
+
+use std::path::Path;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clock::SystemClock;
+use loopd::daemon::{Daemon, Settings};
+use loopd::runner::{builtin_tools, Runner, StandardBios};
+use loopd::selftest;
+use signal_hook::consts::{SIGINT, SIGTERM};
+use signal_hook::iterator::Signals;
+
+fn fail(e: String) -> ExitCode {
+    eprintln!("loopd serve: {e}");
+    ExitCode::FAILURE
+}
+
+/// Runs the daemon until a stop signal; exit status 1 when it refused to start.
+pub fn serve(config: &Path, folder: Option<&Path>) -> ExitCode {
+    let client = match crate::client_for(config) {
+        Ok(c) => c,
+        Err(e) => return fail(e),
+    };
+    let Some(socket) = client.config().daemon.socket.clone() else {
+        return fail(format!(
+            "{}: [daemon] socket is required by loopd serve",
+            config.display()
+        ));
+    };
+    let tools = match builtin_tools(folder) {
+        Ok(t) => t,
+        Err(e) => return fail(format!("--folder: {e}")),
+    };
+    if let Err(e) = crate::wait_for_server(&client) {
+        return fail(format!("refusing to start: {e}"));
+    }
+    let cfg = client.config().clone();
+    eprintln!(
+        "loopd serve: self-test on socket {}, model {}, slot 0",
+        cfg.socket.display(),
+        cfg.model
+    );
+    let checks = selftest::run(&client, 0, &mut |c| eprintln!("{c}"));
+    if let Some(bad) = checks.iter().find(|c| !c.passed) {
+        return fail(format!("refusing to start: the self-test failed: {bad}"));
+    }
+    let slots = match cfg.runner.slots {
+        0 => match client.props() {
+            Ok(p) => p.total_slots,
+            Err(e) => {
+                return fail(format!(
+                    "refusing to start: GET /props for total_slots: {e}"
+                ))
+            }
+        },
+        n => n,
+    };
+    let names: Vec<String> = tools.schemas().into_iter().map(|s| s.name).collect();
+    let runner = Runner::new(Arc::new(client), tools, Arc::new(StandardBios), slots);
+    let signals = match Signals::new([SIGTERM, SIGINT]) {
+        Ok(s) => s,
+        Err(e) => return fail(format!("cannot install signal handlers: {e}")),
+    };
+    let bound = match socket_file::bind(&socket) {
+        Ok(b) => b,
+        Err(e) => return fail(format!("socket {}: {e}", socket.display())),
+    };
+    let listener = match bound.listener.try_clone() {
+        Ok(l) => l,
+        Err(e) => {
+            bound.remove_file();
+            return fail(format!("socket {}: {e}", socket.display()));
+        }
+    };
+    let settings = Settings {
+        result_ttl: Duration::from_secs(cfg.runner.result_ttl_s),
+        max_results: cfg.runner.max_results,
+        tools: names,
+        metrics_file: cfg.daemon.metrics_file.clone(),
+        metrics_every: Duration::from_secs(1),
+        // A cancel takes effect within one poll interval of the request's driver.
+        shutdown_wait: Duration::from_millis(cfg.limits.poll_ms.saturating_mul(2) + 1_000),
+    };
+    let daemon = Daemon::new(runner, Arc::new(SystemClock::new()), settings);
+    let d = daemon.clone();
+    let mut signals = signals;
+    let watcher = std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            for sig in signals.forever() {
+                let name = if sig == SIGTERM { "SIGTERM" } else { "SIGINT" };
+                if d.stopping() {
+                    eprintln!("loopd serve: {name} again: exiting now");
+                    std::process::exit(130);
+                }
+                eprintln!(
+                    "loopd serve: {name}: stopping (cancelling what runs; another signal exits at once)"
+                );
+                d.stop();
+            }
+        });
+    if let Err(e) = watcher {
+        bound.remove_file();
+        return fail(format!("cannot start the signal thread: {e}"));
+    }
+    let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);
+    eprintln!(
+        "loopd serve: ready on {} ({slots} slots, worker socket {})",
+        socket.display(),
+        cfg.runner
+            .worker_socket
+            .as_deref()
+            .map_or("none: not linked to llama-worker".into(), |p| p
+                .display()
+                .to_string())
+    );
+    let served = daemon.serve(listener);
+    bound.remove_file();
+    let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
+    match served {
+        Ok(()) => {
+            eprintln!("loopd serve: stopped");
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(format!("socket {}: {e}", socket.display())),
+    }
+}

@@ -1,0 +1,610 @@
+//! `loopd serve`'s daemon against the fake server: one slot table for every client, results
+//! kept until fetched (TTL on a fake clock), cancel and shutdown with partial output, and
+//! hostile clients on the socket, each answered with a typed error while others are served.
+//! The start-up refusals run the real binary.
+
+mod support;
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use clock::{Clock, FakeClock, SystemClock};
+use loopd::config::Config;
+use loopd::daemon::client;
+use loopd::daemon::protocol::MAX_LINE_BYTES;
+use loopd::daemon::{Daemon, Settings, READ_DEADLINE};
+use loopd::llama::Client;
+use loopd::runner::{builtin_tools, Runner, StandardBios};
+use serde_json::{json, Value};
+use support::{done, json_answer, json_chunk, json_content, FakeServer, Reply};
+
+const CHAT: &str = "/v1/chat/completions";
+
+fn config(server: &FakeServer) -> Config {
+    let mut c = Config::new(server.socket(), "smollm2");
+    c.limits.poll_ms = 20;
+    c.limits.busy_wait_ms = 5_000;
+    c.limits.load_wait_ms = 2_000;
+    c.limits.idle_grace_ms = 5_000;
+    c.limits.liveness_ms = 5_000;
+    c.retry.attempts = 1;
+    c.retry.delays_ms = Vec::new();
+    c.runner.budget = 3;
+    c
+}
+
+struct Running {
+    daemon: Arc<Daemon>,
+    socket: PathBuf,
+    thread: Option<JoinHandle<()>>,
+    _dir: PathBuf,
+}
+
+impl Running {
+    fn start(server: &FakeServer, slots: u32, clock: Arc<dyn Clock>, ttl: Duration) -> Running {
+        let dir = server.socket().parent().unwrap().to_owned();
+        let socket = dir.join("loopd.sock");
+        let tools = builtin_tools(None).unwrap();
+        let names = tools.schemas().into_iter().map(|s| s.name).collect();
+        let runner = Runner::new(
+            Arc::new(Client::new(config(server))),
+            tools,
+            Arc::new(StandardBios),
+            slots,
+        );
+        let settings = Settings {
+            result_ttl: ttl,
+            max_results: 100,
+            tools: names,
+            metrics_file: Some(dir.join("loopd.prom")),
+            metrics_every: Duration::from_millis(100),
+            shutdown_wait: Duration::from_secs(5),
+        };
+        let daemon = Daemon::new(runner, clock, settings);
+        let bound = socket_file::bind(&socket).unwrap();
+        let d = daemon.clone();
+        let thread = thread::spawn(move || {
+            d.serve(bound.listener.try_clone().unwrap()).unwrap();
+            bound.remove_file();
+        });
+        Running {
+            daemon,
+            socket,
+            thread: Some(thread),
+            _dir: dir,
+        }
+    }
+
+    fn call(&self, cmd: Value) -> Value {
+        client::call(&self.socket, &cmd, Duration::from_secs(30)).unwrap()
+    }
+
+    fn stop(&mut self) {
+        self.daemon.stop();
+        if let Some(t) = self.thread.take() {
+            t.join().unwrap();
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn submit(prompt: &str) -> Value {
+    json!({"cmd": "submit", "messages": [{"role": "user", "content": prompt}]})
+}
+
+/// An answer whose pieces come `every` apart: `n` of them.
+fn slow_answer(n: usize, every: Duration) -> Reply {
+    let mut pieces: Vec<Vec<u8>> = (0..n).map(|i| json_content(&format!("w{i} "))).collect();
+    pieces.push(json_chunk(json!({}), Some("stop"), 5));
+    pieces.push(done());
+    Reply::sse(pieces).each_after(every)
+}
+
+fn error_of(v: &Value) -> &str {
+    v["error"]
+        .as_str()
+        .unwrap_or_else(|| panic!("not an error reply: {v}"))
+}
+
+#[test]
+fn three_clients_on_two_slots_the_third_is_refused_and_no_slot_is_shared() {
+    let server = FakeServer::start(vec![(
+        CHAT,
+        vec![slow_answer(4, Duration::from_millis(150))],
+    )]);
+    let d = Running::start(
+        &server,
+        2,
+        Arc::new(SystemClock::new()),
+        Duration::from_secs(60),
+    );
+    let socket = d.socket.clone();
+    let replies: Vec<Value> = (0..3)
+        .map(|i| {
+            let s = socket.clone();
+            thread::spawn(move || {
+                client::call(&s, &submit(&format!("q{i}")), Duration::from_secs(30)).unwrap()
+            })
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|h| h.join().unwrap())
+        .collect();
+    let ids: Vec<u64> = replies.iter().filter_map(|r| r["id"].as_u64()).collect();
+    let refused: Vec<&Value> = replies.iter().filter(|r| r["ok"] == json!(false)).collect();
+    assert_eq!(ids.len(), 2, "{replies:?}");
+    assert_eq!(refused.len(), 1, "{replies:?}");
+    assert_eq!(error_of(refused[0]), "NO_SLOT_AVAILABLE");
+    assert_eq!(
+        refused[0]["detail"],
+        "every slot is busy (2 of 2); there is no queue"
+    );
+    for id in &ids {
+        let r = d.call(json!({"cmd": "wait", "id": id, "timeout_ms": 20_000}));
+        assert_eq!(r["result"]["outcome"], "completed", "{r}");
+        assert_eq!(r["result"]["content"], "w0 w1 w2 w3 ");
+    }
+    let mut slots: Vec<u64> = server
+        .requests_to(CHAT)
+        .iter()
+        .map(|r| {
+            serde_json::from_slice::<Value>(&r.body).unwrap()["id_slot"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect();
+    slots.sort();
+    assert_eq!(slots, [0, 1], "the two live requests ran on distinct slots");
+    let status = d.call(json!({"cmd": "status"}));
+    assert_eq!(status["status"]["busy"], 0);
+    assert_eq!(status["status"]["kept"], 0);
+    let metrics = d.call(json!({"cmd": "metrics"}));
+    let text = metrics["metrics"].as_str().unwrap();
+    assert!(
+        text.contains("loopd_requests_total{outcome=\"refused\",reason=\"NO_SLOT_AVAILABLE\"} 1"),
+        "{text}"
+    );
+    assert!(text.contains("loopd_requests_total{outcome=\"completed\",reason=\"\"} 2"));
+}
+
+#[test]
+fn a_result_is_fetched_once_and_expires_at_its_ttl_on_the_fake_clock() {
+    let server = FakeServer::start(vec![(CHAT, vec![json_answer("Hello.")])]);
+    let clock = FakeClock::new();
+    let d = Running::start(&server, 1, Arc::new(clock.clone()), Duration::from_secs(10));
+    let a = d.call(submit("a"))["id"].as_u64().unwrap();
+    let r = d.call(json!({"cmd": "wait", "id": a, "timeout_ms": 20_000}));
+    assert_eq!(r["result"]["content"], "Hello.");
+    assert_eq!(
+        error_of(&d.call(json!({"cmd": "result", "id": a}))),
+        "NOT_FOUND"
+    );
+    let b = d.call(submit("b"))["id"].as_u64().unwrap();
+    // Let it finish without fetching it, then move the fake clock to its TTL.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while d.call(json!({"cmd": "status"}))["status"]["kept"] != 1 {
+        assert!(Instant::now() < deadline, "b never finished");
+        thread::sleep(Duration::from_millis(20));
+    }
+    clock.advance(Duration::from_millis(9_999));
+    thread::sleep(Duration::from_millis(300));
+    assert_eq!(d.call(json!({"cmd": "cancel", "id": b}))["state"], "ended");
+    clock.advance(Duration::from_millis(1));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while d.call(json!({"cmd": "status"}))["status"]["kept"] != 0 {
+        assert!(Instant::now() < deadline, "b never expired");
+        thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(
+        error_of(&d.call(json!({"cmd": "result", "id": b}))),
+        "NOT_FOUND"
+    );
+    let text = d.call(json!({"cmd": "metrics"}))["metrics"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        text.contains("loopd_results_evicted_total{reason=\"expired\"} 1"),
+        "{text}"
+    );
+}
+
+#[test]
+fn follow_streams_events_and_cancel_ends_with_the_partial_output() {
+    let server = FakeServer::start(vec![(
+        CHAT,
+        vec![slow_answer(200, Duration::from_millis(50))],
+    )]);
+    let d = Running::start(
+        &server,
+        1,
+        Arc::new(SystemClock::new()),
+        Duration::from_secs(60),
+    );
+    let socket = d.socket.clone();
+    let follower = thread::spawn(move || {
+        let mut events = Vec::new();
+        let end = client::follow(
+            &socket,
+            &json!({"cmd": "submit", "messages": [{"role": "user", "content": "go"}], "follow": true}),
+            Duration::from_secs(30),
+            &mut |_| {},
+            &mut |e| events.push(e.clone()),
+        )
+        .unwrap();
+        (events, end)
+    });
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let id = loop {
+        let s = d.call(json!({"cmd": "status"}));
+        if let Some(id) = s["status"]["running"][0].as_u64() {
+            break id;
+        }
+        assert!(Instant::now() < deadline, "never running: {s}");
+        thread::sleep(Duration::from_millis(20));
+    };
+    thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        d.call(json!({"cmd": "cancel", "id": id}))["state"],
+        "cancelling"
+    );
+    let (events, end) = follower.join().unwrap();
+    assert_eq!(events[0]["event"], "generation");
+    assert!(events.iter().any(|e| e["event"] == "content"), "{events:?}");
+    let r = &end["result"];
+    assert_eq!(r["outcome"], "failed");
+    assert_eq!(r["fail_reason"], "cancelled");
+    let partial = r["content"].as_str().unwrap();
+    assert!(partial.starts_with("w0 "), "{r}");
+    // The follower's copy did not fetch it.
+    let fetched = d.call(json!({"cmd": "result", "id": id}));
+    assert_eq!(fetched["result"]["content"], partial);
+    assert_eq!(
+        error_of(&d.call(json!({"cmd": "follow", "id": id}))),
+        "NOT_FOUND"
+    );
+}
+
+#[test]
+fn shutdown_cancels_what_runs_and_tells_the_follower_with_partial_output() {
+    let server = FakeServer::start(vec![(
+        CHAT,
+        vec![slow_answer(200, Duration::from_millis(50))],
+    )]);
+    let mut d = Running::start(
+        &server,
+        2,
+        Arc::new(SystemClock::new()),
+        Duration::from_secs(60),
+    );
+    let id = d.call(submit("go"))["id"].as_u64().unwrap();
+    let socket = d.socket.clone();
+    let follower = thread::spawn(move || {
+        client::follow(
+            &socket,
+            &json!({"cmd": "follow", "id": id}),
+            Duration::from_secs(30),
+            &mut |_| {},
+            &mut |_| {},
+        )
+        .unwrap()
+    });
+    thread::sleep(Duration::from_millis(400));
+    d.stop();
+    let end = follower.join().unwrap();
+    assert_eq!(end["result"]["fail_reason"], "cancelled", "{end}");
+    assert!(end["result"]["content"]
+        .as_str()
+        .unwrap()
+        .starts_with("w0 "));
+    assert!(!d.socket.exists(), "the socket file is removed");
+    assert!(UnixStream::connect(&d.socket).is_err());
+}
+
+fn raw(socket: &Path, bytes: &[u8]) -> String {
+    let mut s = UnixStream::connect(socket).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    // The daemon may answer and close before the whole of an over-long line is written.
+    let _ = s.write_all(bytes);
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out
+}
+
+#[test]
+fn hostile_clients_get_typed_errors_and_the_others_are_served() {
+    let server = FakeServer::start(vec![(CHAT, vec![json_answer("ok")])]);
+    let d = Running::start(
+        &server,
+        2,
+        Arc::new(SystemClock::new()),
+        Duration::from_secs(60),
+    );
+    // A client that connects and sends nothing holds only its own thread, until the deadline.
+    let silent = UnixStream::connect(&d.socket).unwrap();
+    silent.set_read_timeout(Some(READ_DEADLINE * 4)).unwrap();
+    // A client that sends half a line and stops.
+    let mut half = UnixStream::connect(&d.socket).unwrap();
+    half.write_all(br#"{"cmd":"sta"#).unwrap();
+    half.set_read_timeout(Some(READ_DEADLINE * 4)).unwrap();
+    let cases: Vec<(Vec<u8>, &str)> = vec![
+        (b"not json\n".to_vec(), "BAD_JSON"),
+        (b"{\"cmd\":\"explode\"}\n".to_vec(), "UNKNOWN_COMMAND"),
+        (b"{\"cmd\":\"result\",\"id\":\"x\"}\n".to_vec(), "BAD_REQUEST"),
+        (b"{\"cmd\":\"result\",\"id\":99}\n".to_vec(), "NOT_FOUND"),
+        (b"{\"cmd\":\"cancel\",\"id\":99}\n".to_vec(), "NOT_FOUND"),
+        (
+            b"{\"cmd\":\"submit\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[\"rm_rf\"]}\n"
+                .to_vec(),
+            "UNKNOWN_TOOL",
+        ),
+        (vec![b'x'; MAX_LINE_BYTES + 10], "LINE_TOO_LONG"),
+        (b"\xff\xfe\n".to_vec(), "BAD_JSON"),
+    ];
+    for (bytes, code) in cases {
+        let out = raw(&d.socket, &bytes);
+        let v: Value = serde_json::from_str(out.trim_end()).unwrap_or_else(|_| panic!("{out}"));
+        assert_eq!(error_of(&v), code, "{out}");
+    }
+    // A line at the cap is still read (and is bad JSON only because of its padding).
+    let mut at_cap = br#"{"cmd":"status"}"#.to_vec();
+    at_cap.resize(MAX_LINE_BYTES - 1, b' ');
+    at_cap.push(b'\n');
+    let v: Value = serde_json::from_str(raw(&d.socket, &at_cap).trim_end()).unwrap();
+    assert_eq!(v["ok"], true, "{v}");
+    // Meanwhile everyone else is served.
+    let id = d.call(submit("hi"))["id"].as_u64().unwrap();
+    let r = d.call(json!({"cmd": "wait", "id": id, "timeout_ms": 20_000}));
+    assert_eq!(r["result"]["content"], "ok");
+    // The silent and the half-line clients are told at the deadline.
+    for mut s in [silent, half] {
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+        let v: Value = serde_json::from_str(out.trim_end()).unwrap_or_else(|_| panic!("{out}"));
+        assert_eq!(error_of(&v), "READ_TIMEOUT");
+    }
+    // A second daemon on the same socket is refused while this one listens.
+    assert_eq!(
+        socket_file::bind(&d.socket).unwrap_err(),
+        socket_file::ListenError::InUse
+    );
+    assert_eq!(d.call(json!({"cmd": "status"}))["status"]["connections"], 1);
+}
+
+fn serve_config(server: &FakeServer, extra: &str) -> (PathBuf, PathBuf) {
+    let dir = server.socket().parent().unwrap().to_owned();
+    let socket = dir.join("loopd.sock");
+    let config = dir.join("loopd.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "socket = {:?}\nmodel = \"smollm2\"\n[limits]\nload_wait_ms = 300\npoll_ms = 50\n\
+             [retry]\nattempts = 1\ndelays_ms = []\n[daemon]\nsocket = {:?}\n{extra}",
+            server.socket().display().to_string(),
+            socket.display().to_string(),
+        ),
+    )
+    .unwrap();
+    (config, socket)
+}
+
+#[test]
+fn serve_refuses_to_start_on_a_failing_self_test_and_never_opens_its_socket() {
+    let props = json!({"default_generation_settings": {"n_ctx": 4096}, "total_slots": 2,
+                       "chat_template": "{{ messages }}"});
+    let server = FakeServer::start(vec![
+        ("/props", vec![Reply::json(200, &props.to_string())]),
+        (CHAT, vec![json_answer("no tools here")]),
+    ]);
+    let wrong = "0".repeat(64);
+    let (config, socket) = serve_config(
+        &server,
+        &format!("[expect]\nchat_template_sha256 = \"{wrong}\"\nn_ctx = 4096\ntotal_slots = 2\n"),
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_loopd"))
+        .args(["serve", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let last = stderr.lines().last().unwrap();
+    assert!(
+        last.starts_with(&format!(
+            "loopd serve: refusing to start: the self-test failed: FAIL server    chat_template sha256 expected {wrong} got "
+        )),
+        "{stderr}"
+    );
+    assert!(!socket.exists());
+}
+
+#[test]
+fn serve_refuses_to_start_when_the_server_never_loads() {
+    let server = FakeServer::start(vec![(
+        "/props",
+        vec![Reply::json(503, r#"{"error":{"message":"Loading model"}}"#)],
+    )]);
+    let (config, socket) = serve_config(&server, "");
+    let out = Command::new(env!("CARGO_BIN_EXE_loopd"))
+        .args(["serve", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.lines().last().unwrap().starts_with(
+            "loopd serve: refusing to start: the server did not answer GET /props within 0 s"
+        ),
+        "{stderr}"
+    );
+    assert!(!socket.exists());
+}
+
+fn proc_count(what: &str) -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(what))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+fn fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+/// 1,000 requests over the socket: completions, tool calls, cancels, refusals, results
+/// fetched late and never. Afterwards no slot, record, thread or descriptor is left over, and
+/// the resident set is about where it was after the first 200. Run alone:
+/// `cargo test -p loopd --test daemon soak -- --ignored --nocapture`.
+#[test]
+#[ignore = "a soak: about a minute; run by name"]
+fn soak_of_a_thousand_requests_leaks_nothing() {
+    let tool_then_answer = |id: &str| {
+        Reply::sse(vec![
+            json_chunk(
+                json!({"tool_calls": [{"index": 0, "id": id, "type": "function",
+                    "function": {"name": "arithmetic",
+                                 "arguments": "{\"operation\":\"add\",\"numbers\":[2,3]}"}}]}),
+                None,
+                0,
+            ),
+            json_chunk(json!({}), Some("tool_calls"), 0),
+            done(),
+        ])
+    };
+    let mut script = Vec::new();
+    for i in 0..50 {
+        script.push(json_answer("plain"));
+        script.push(tool_then_answer(&format!("c{i}")));
+        script.push(json_answer("after the tool"));
+        script.push(slow_answer(20, Duration::from_millis(5)));
+    }
+    let server = FakeServer::start(vec![(CHAT, script)]);
+    let d = Running::start(
+        &server,
+        2,
+        Arc::new(SystemClock::new()),
+        Duration::from_secs(600),
+    );
+    let (threads0, fds0) = (proc_count("Threads:"), fds());
+    let (mut rss_at_200, mut recorded_at_200) = (0, 0);
+    // The fake server lives in this process and keeps every request it got.
+    let recorded = |s: &FakeServer| -> u64 {
+        s.requests()
+            .iter()
+            .map(|r| r.body.len() as u64)
+            .sum::<u64>()
+            / 1024
+    };
+    let (mut done_n, mut refused, mut cancelled, mut never) = (0, 0, 0, Vec::new());
+    let mut late = Vec::new();
+    let started = Instant::now();
+    for i in 0..1_000u32 {
+        let r = d.call(submit(&format!("q{i}")));
+        let Some(id) = r["id"].as_u64() else {
+            assert_eq!(error_of(&r), "NO_SLOT_AVAILABLE", "{r}");
+            refused += 1;
+            continue;
+        };
+        match i % 10 {
+            // Fetched late, after the next submit.
+            0..=2 => late.push(id),
+            // Never fetched.
+            3 => never.push(id),
+            // Cancelled at once.
+            4 => {
+                let c = d.call(json!({"cmd": "cancel", "id": id}));
+                assert_eq!(c["ok"], true, "{c}");
+                cancelled += 1;
+                late.push(id);
+            }
+            _ => {
+                let w = d.call(json!({"cmd": "wait", "id": id, "timeout_ms": 30_000}));
+                assert_eq!(w["ok"], true, "{w}");
+                done_n += 1;
+            }
+        }
+        while late.len() > 4 {
+            let id = late.remove(0);
+            let w = d.call(json!({"cmd": "wait", "id": id, "timeout_ms": 30_000}));
+            assert_eq!(w["ok"], true, "{w}");
+            done_n += 1;
+        }
+        if i == 199 {
+            rss_at_200 = proc_count("VmRSS:");
+            recorded_at_200 = recorded(&server);
+        }
+    }
+    for id in late.drain(..) {
+        let w = d.call(json!({"cmd": "wait", "id": id, "timeout_ms": 30_000}));
+        assert_eq!(w["ok"], true, "{w}");
+        done_n += 1;
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let s = d.call(json!({"cmd": "status"}))["status"].clone();
+        if s["busy"] == 0 && s["running"].as_array().unwrap().is_empty() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "still running: {s}");
+        thread::sleep(Duration::from_millis(20));
+    }
+    // Those never fetched are kept, except the oldest ones past max_results (100 here).
+    let mut evicted = 0;
+    for id in &never {
+        let r = d.call(json!({"cmd": "result", "id": id}));
+        if r["ok"] != true {
+            assert_eq!(error_of(&r), "NOT_FOUND");
+            evicted += 1;
+        }
+    }
+    let text = d.call(json!({"cmd": "metrics"}))["metrics"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    if evicted > 0 {
+        let line = format!("loopd_results_evicted_total{{reason=\"over_cap\"}} {evicted}");
+        assert!(text.lines().any(|l| l == line), "no `{line}` in {text}");
+    }
+    assert_eq!(d.call(json!({"cmd": "status"}))["status"]["kept"], 0);
+    // Waiter and connection threads end on their own; give them a moment to be reaped.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while proc_count("Threads:") > threads0 || fds() > fds0 {
+        assert!(
+            Instant::now() < deadline,
+            "threads {} (started with {threads0}), fds {} (started with {fds0})",
+            proc_count("Threads:"),
+            fds()
+        );
+        thread::sleep(Duration::from_millis(50));
+    }
+    let rss_end = proc_count("VmRSS:");
+    eprintln!(
+        "soak: 1000 submits in {:?}: {done_n} fetched ({cancelled} cancelled), {refused} refused, \
+         {} never fetched until the end; threads {threads0} -> {}, fds {fds0} -> {}, \
+         RSS {rss_at_200} kB after 200 -> {rss_end} kB after 1000",
+        started.elapsed(),
+        never.len(),
+        proc_count("Threads:"),
+        fds()
+    );
+    let grown_records = recorded(&server) - recorded_at_200;
+    eprintln!("soak: the fake server's recorded bodies grew by {grown_records} kB meanwhile");
+    assert!(
+        rss_end < rss_at_200 + 2 * grown_records + 8 * 1024,
+        "RSS grew from {rss_at_200} kB to {rss_end} kB"
+    );
+}
