@@ -408,7 +408,8 @@ impl<C: Clock> Worker<C> {
                 "llama-worker: RPC server {} exited: {}; restarting the unit",
                 lost.endpoint, lost.what
             );
-            self.kill_unit();
+            // The policy first: the state is `restarting` (and in-flight work told) before the
+            // kill, which may wait out the server's grace period; its KillGroup kills the unit.
             let mut g = self.shared.lock();
             g.rpc_lost = Some(RpcLoss {
                 at: now,
