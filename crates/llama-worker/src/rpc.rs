@@ -321,6 +321,15 @@ port = 50053
     }
 
     #[test]
+    fn the_rpc_example_config_parses() {
+        let c = Config::from_toml(include_str!("../llama-worker.rpc.example.toml")).unwrap();
+        let rpc = c.rpc.unwrap();
+        assert_eq!(rpc.remote, ["10.0.0.2:50052"]);
+        assert_eq!(rpc.local.len(), 2);
+        assert_eq!((rpc.local[0].port, rpc.local[1].port), (None, Some(50053)));
+    }
+
+    #[test]
     fn the_endpoint_limit_and_one_past() {
         let list = |n: usize| {
             (1..=n)
