@@ -566,7 +566,7 @@ impl<C: Clock> Worker<C> {
             }
             Err((what, e)) => {
                 eprintln!("llama-worker: cannot spawn {what}: {e}");
-                g.last_server_exit = None;
+                g.last_server_exit = Some(format!("could not spawn RPC server {what}: {e}"));
                 g.policy.handle_spawn_failed(now);
             }
         }

@@ -232,3 +232,47 @@ fn a_fixed_rpc_port_equal_to_the_server_port_is_refused() {
         Some(ConfigError::RpcDuplicatePort(50052))
     );
 }
+
+/// `check-config` shows what the worker would run: each local RPC server (a port chosen at
+/// each start as its placeholder), then the server with `--rpc` and `--cache-ram 0`.
+#[test]
+fn check_config_prints_the_rpc_servers_and_the_appended_server_arguments() {
+    let dir = scratch("check");
+    let config = dir.join("worker.toml");
+    std::fs::write(
+        &config,
+        "command = \"/bin/sh\"\nargs = [\"-c\", \"exit 0\"]\n[rpc]\nremote = [\"10.0.0.2:50052\"]\n\
+         [[rpc.local]]\ncommand = \"/bin/sh\"\nargs = [\"-p\", \"{rpc_port}\"]\n\
+         [[rpc.local]]\ncommand = \"/bin/sh\"\nargs = [\"-p\", \"{rpc_port}\"]\nport = 50053\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_llama-worker"))
+        .args(["check-config", "--port", "8099", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap(),
+        "rpc: /bin/sh -p {rpc_port}\nrpc: /bin/sh -p 50053\n/bin/sh -c exit 0 --rpc \
+         127.0.0.1:{rpc_port},127.0.0.1:50053,10.0.0.2:50052 --cache-ram 0\n"
+    );
+    // A local server whose command does not exist is refused, named.
+    std::fs::write(
+        &config,
+        "command = \"/bin/sh\"\n[[rpc.local]]\ncommand = \"/nonexistent/ggml-rpc-server\"\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_llama-worker"))
+        .args(["check-config", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("\"/nonexistent/ggml-rpc-server\" is not a file"),
+        "{out:?}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
