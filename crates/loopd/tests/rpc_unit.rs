@@ -47,18 +47,70 @@ struct Unit {
     dir: PathBuf,
 }
 
+/// Two `[[rpc.local]]` servers.
+fn two_local() -> String {
+    let entry = format!(
+        "[[rpc.local]]\ncommand = {:?}\nargs = [\"-H\", \"127.0.0.1\", \"-p\", \"{{rpc_port}}\", \"-t\", \"1\"]\n",
+        cached("rpc").display().to_string()
+    );
+    entry.repeat(2)
+}
+
+/// A `ggml-rpc-server` the test runs itself, standing in for one on another host: the worker
+/// only checks it. SIGKILLed when dropped.
+struct Remote {
+    child: Option<Child>,
+    port: u16,
+    log: PathBuf,
+}
+
+impl Remote {
+    fn new(dir: &Path) -> Remote {
+        Remote {
+            child: None,
+            port: free_port(),
+            log: dir.join("remote-rpc.log"),
+        }
+    }
+
+    fn start(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap();
+        self.child = Some(
+            Command::new(cached("rpc"))
+                .args(["-H", "127.0.0.1", "-p", &self.port.to_string(), "-t", "1"])
+                .stdin(Stdio::null())
+                .stdout(log.try_clone().unwrap())
+                .stderr(log)
+                .spawn()
+                .unwrap(),
+        );
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Remote {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
 impl Unit {
-    fn start() -> Unit {
-        let (server, rpc) = (cached("build"), cached("rpc"));
+    fn start(dir: PathBuf, rpc_toml: &str) -> Unit {
+        let server = cached("build");
         let model = cached("model").join(MODEL_FILE);
         let template = workspace_root().join("fixtures/templates/smollm2-tools-thinking.jinja");
-        let dir = temp_dir("rpc-unit");
         let socket = dir.join("worker.sock");
         let config = dir.join("worker.toml");
-        let rpc_entry = format!(
-            "[[rpc.local]]\ncommand = {:?}\nargs = [\"-H\", \"127.0.0.1\", \"-p\", \"{{rpc_port}}\", \"-t\", \"1\"]\n",
-            rpc.display().to_string()
-        );
         std::fs::write(
             &config,
             format!(
@@ -68,7 +120,7 @@ impl Unit {
                  \"--chat-template-file\", {template:?}]\n\
                  status_socket = {socket:?}\nlog_file = {log:?}\n\
                  startup_deadline_s = 60\nstartup_probe_interval_s = 0.2\nprobe_interval_s = 0.5\n\
-                 probe_timeout_s = 2\nrestart_backoff_s = 0.5\nstop_grace_s = 2\n{rpc_entry}{rpc_entry}",
+                 probe_timeout_s = 2\nrestart_backoff_s = 0.5\nstop_grace_s = 2\n{rpc_toml}",
                 server = server.display().to_string(),
                 model = model.display().to_string(),
                 template = template.display().to_string(),
@@ -185,6 +237,57 @@ fn runner(proxy: &Proxy, socket: &Path) -> Runner {
     )
 }
 
+/// Submits a long generation and runs `kill` after three pieces of content; returns the result,
+/// checked to be a failure with its partial output, and with `worker_reason` a
+/// `worker_restarted` / `server_died` one.
+fn cut_by_kill(
+    runner: &Runner,
+    worker_reason: bool,
+    kill: impl FnOnce() + Send + 'static,
+) -> loopd::runner::RunResult {
+    let killed = Arc::new(AtomicU32::new(0));
+    let k = killed.clone();
+    let mut kill = Some(kill);
+    let mut pieces = 0;
+    let observer = Box::new(move |e: &RunEvent| {
+        if let RunEvent::Chat(ChatEvent::Content(_)) = e {
+            pieces += 1;
+            if pieces == 3 {
+                if let Some(f) = kill.take() {
+                    f();
+                    k.store(1, Ordering::SeqCst);
+                }
+            }
+        }
+    });
+    let id = runner
+        .submit_observed(
+            request(
+                "Count from one to two hundred in words, one number per line.",
+                600,
+            ),
+            Some(observer),
+        )
+        .expect("admitted");
+    let r = runner
+        .wait_result(id, Duration::from_secs(120))
+        .expect("a result");
+    assert_eq!(killed.load(Ordering::SeqCst), 1, "the kill ran: {r:?}");
+    match &r.outcome {
+        Outcome::Failed { reason, detail } => assert!(
+            !worker_reason
+                || matches!(reason, FailReason::WorkerRestarted | FailReason::ServerDied),
+            "{reason:?}: {detail}"
+        ),
+        o => panic!("the request did not fail: {o:?}"),
+    }
+    assert!(
+        r.content.as_deref().is_some_and(|c| !c.is_empty()),
+        "the partial output is kept: {r:?}"
+    );
+    r
+}
+
 fn request(prompt: &str, max_tokens: u64) -> RunRequest {
     RunRequest {
         system: None,
@@ -200,7 +303,7 @@ fn request(prompt: &str, max_tokens: u64) -> RunRequest {
 
 #[test]
 fn killing_one_rpc_server_mid_generation_restarts_the_whole_unit() {
-    let unit = Unit::start();
+    let unit = Unit::start(temp_dir("rpc-unit"), &two_local());
     let first = unit.wait("the RPC unit ready", Duration::from_secs(120), ready);
     let rpc = first["rpc"].as_array().expect("rpc endpoints").clone();
     assert_eq!(rpc.len(), 2, "{first}");
@@ -221,46 +324,17 @@ fn killing_one_rpc_server_mid_generation_restarts_the_whole_unit() {
     assert!(r.content.as_deref().is_some_and(|c| !c.is_empty()), "{r:?}");
 
     // SIGKILL one RPC server once the generation has produced a few pieces of content.
-    let victim = rpc[1]["pid"].as_u64().expect("the RPC server's pid") as u32;
-    let killed = Arc::new(AtomicU32::new(0));
-    let k = killed.clone();
-    let mut pieces = 0;
-    let observer = Box::new(move |e: &RunEvent| {
-        if let RunEvent::Chat(ChatEvent::Content(_)) = e {
-            pieces += 1;
-            if pieces == 3 && k.load(Ordering::SeqCst) == 0 {
-                let ok = Command::new("kill")
-                    .args(["-KILL", &victim.to_string()])
-                    .status()
-                    .is_ok_and(|s| s.success());
-                k.store(if ok { 1 } else { 2 }, Ordering::SeqCst);
-            }
-        }
+    let victim = rpc[1]["pid"]
+        .as_u64()
+        .expect("the RPC server's pid")
+        .to_string();
+    cut_by_kill(&runner, true, move || {
+        let ok = Command::new("kill")
+            .args(["-KILL", &victim])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill -KILL {victim}");
     });
-    let id = runner
-        .submit_observed(
-            request(
-                "Count from one to two hundred in words, one number per line.",
-                600,
-            ),
-            Some(observer),
-        )
-        .expect("admitted");
-    let r = runner
-        .wait_result(id, Duration::from_secs(120))
-        .expect("a result");
-    assert_eq!(killed.load(Ordering::SeqCst), 1, "the kill ran: {r:?}");
-    match &r.outcome {
-        Outcome::Failed { reason, detail } => assert!(
-            matches!(reason, FailReason::WorkerRestarted | FailReason::ServerDied),
-            "{reason:?}: {detail}"
-        ),
-        o => panic!("the request did not fail: {o:?}"),
-    }
-    assert!(
-        r.content.as_deref().is_some_and(|c| !c.is_empty()),
-        "the partial output is kept: {r:?}"
-    );
 
     // The unit comes back: new RPC servers, a new server, ready; the loss named.
     let back = unit.wait(
@@ -298,5 +372,73 @@ fn killing_one_rpc_server_mid_generation_restarts_the_whole_unit() {
         .wait_result(id, Duration::from_secs(120))
         .expect("a result");
     assert!(matches!(r.outcome, Outcome::Completed { .. }), "{r:?}");
+    let _ = std::fs::remove_dir_all(&unit.dir);
+}
+
+/// A remote endpoint (a `ggml-rpc-server` the worker does not own) that refuses keeps the
+/// worker not ready with the endpoint in its reason and llama-server unspawned; once it
+/// listens, the unit becomes ready. Killed mid-generation, llama-server aborts, the worker
+/// restarts the unit, names the remote as lost and waits for it; back, the unit is ready.
+#[test]
+fn a_remote_rpc_server_is_waited_for_and_its_loss_named() {
+    let dir = temp_dir("rpc-remote");
+    let mut remote = Remote::new(&dir);
+    let endpoint = format!("127.0.0.1:{}", remote.port);
+    let unit = Unit::start(dir, &format!("[rpc]\nremote = [\"{endpoint}\"]\n"));
+    let waiting = unit.wait(
+        "the worker waiting for the remote endpoint",
+        Duration::from_secs(30),
+        |s| s["reason"].as_str().is_some_and(|r| r.contains(&endpoint)) && s["state"] == "starting",
+    );
+    assert_eq!(waiting["spawns"], 0, "llama-server not spawned: {waiting}");
+    let proxy = Proxy::start(([127, 0, 0, 1], unit.port).into());
+    let runner = runner(&proxy, &unit.socket);
+    assert_eq!(
+        runner
+            .submit(request("Say hello.", 8))
+            .err()
+            .map(|e| e.as_str()),
+        Some("WORKER_NOT_READY")
+    );
+
+    remote.start();
+    unit.wait(
+        "ready once the remote listens",
+        Duration::from_secs(120),
+        ready,
+    );
+    let r = runner
+        .wait_result(
+            runner.submit(request("Say hello.", 16)).expect("admitted"),
+            Duration::from_secs(120),
+        )
+        .expect("a result");
+    assert!(matches!(r.outcome, Outcome::Completed { .. }), "{r:?}");
+
+    // The remote host goes away mid-generation: llama-server aborts, the unit restarts.
+    let remote = Arc::new(std::sync::Mutex::new(remote));
+    let r2 = remote.clone();
+    // Any failure: the worker learns of the loss only when llama-server has died, and the
+    // runner reads the worker's status once when the stream breaks, possibly before the
+    // worker's next reap (within 0.1 s), so `stream_closed_early` is a possible reason here.
+    let r = cut_by_kill(&runner, false, move || r2.lock().unwrap().kill());
+    eprintln!("the request cut by the remote's loss: {:?}", r.outcome);
+    let lost = unit.wait(
+        "the remote named as lost, the worker waiting for it",
+        Duration::from_secs(60),
+        |s| {
+            s["state"] != "ready"
+                && s["rpc_lost"]["endpoint"]
+                    .as_str()
+                    .is_some_and(|e| e.starts_with(&endpoint))
+        },
+    );
+    assert_eq!(lost["last_cause"], "exited", "{lost}");
+    remote.lock().unwrap().start();
+    unit.wait(
+        "ready again once the remote is back",
+        Duration::from_secs(120),
+        |s| ready(s) && s["total_restarts"].as_u64() >= Some(1),
+    );
     let _ = std::fs::remove_dir_all(&unit.dir);
 }
