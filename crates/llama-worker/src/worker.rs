@@ -435,11 +435,14 @@ impl<C: Clock> Worker<C> {
                     }
                 };
                 self.shared.lock().last_server_exit = Some(what);
-                // Its children may outlive it in the group: clean them up too, and the rest of
-                // the unit (the server is spawned again only after its RPC servers).
+                // Its children may outlive it in the group: clean them up too.
+                self.kill();
+                self.shared.lock().policy.handle_exit(now);
+                // Then the rest of the unit (spawned again before the server) and which remote
+                // endpoint went away, after the state says restarting: the probe may take up to
+                // probe_timeout_s per endpoint.
                 self.kill_unit();
                 self.note_remote_loss(now);
-                self.shared.lock().policy.handle_exit(now);
             }
         }
         self.shared.lock().policy.handle_timeout(now);
