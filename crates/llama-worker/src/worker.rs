@@ -418,6 +418,13 @@ impl<C: Clock> Worker<C> {
                 age: None,
             });
             g.policy.handle_rpc_exit(now);
+            let unit_gone = !g.policy.child_alive();
+            drop(g);
+            if unit_gone {
+                // Not the policy's unit (it already counts it as killed): reap it here, so the
+                // same exit is not seen again on the next tick.
+                self.kill_unit();
+            }
         }
         if let Some(p) = &mut self.process {
             if let Some(exit) = p.try_exited() {
