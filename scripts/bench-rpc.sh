@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # make bench-rpc: the test model through llama.cpp's RPC backend against the same model run
 # locally, in one run: llama-bench local, through one loopback ggml-rpc-server holding every
-# layer (-ngl 99), and split over two. Same build, same threads (-t), same sizes. Prints one
-# markdown table (prompt and generation tokens per second, mean ± stddev over the repetitions)
-# and the ratios to local; docs/benchmarks/rpc.md says what bounds each figure.
+# layer (-ngl 99), and split over two. Same build, same threads (-t), same sizes. The setups
+# take turns, one repetition each per round (R rounds), so a busy neighbour slows all three
+# alike. Prints one markdown table (prompt and generation tokens per second, mean ± stddev over
+# the rounds) and the ratios to local; docs/benchmarks/rpc.md says what bounds each figure.
 #
 #   P=128 N=128 T=2 R=3 scripts/bench-rpc.sh
 set -euo pipefail
@@ -38,32 +39,35 @@ start_rpc() { # sets $endpoint (not a subshell: the pid must land in $pids)
   echo "bench-rpc: ggml-rpc-server on $port did not listen in 10 s" >&2
   exit 1
 }
-run() { # label, extra llama-bench args...
-  local label=$1
-  shift
-  "$bench" -m "$model" -p "$P" -n "$N" -t "$T" -r "$R" -o json "$@" >"$work/$label.json" 2>"$work/$label.err" ||
+run() { # label, round, extra llama-bench args...
+  local label=$1 round=$2
+  shift 2
+  "$bench" -m "$model" -p "$P" -n "$N" -t "$T" -r 1 -o json "$@" >"$work/$label-$round.json" 2>"$work/$label.err" ||
     { cat "$work/$label.err" >&2; exit 1; }
 }
 echo "bench-rpc: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg), -p $P -n $N -t $T -r $R" >&2
-run local
 start_rpc
-run rpc1 --rpc "$endpoint" -ngl 99
-kill "${pids[@]}"
-wait 2>/dev/null || true
-pids=()
+one=$endpoint
 start_rpc
 a=$endpoint
 start_rpc
-run rpc2 --rpc "$a,$endpoint" -ngl 99
+b=$endpoint
+for ((i = 1; i <= R; i++)); do
+  run local "$i"
+  run rpc1 "$i" --rpc "$one" -ngl 99
+  run rpc2 "$i" --rpc "$a,$b" -ngl 99
+done
 echo "bench-rpc: load average after $(cut -d' ' -f1-3 /proc/loadavg)" >&2
-python3 - "$work" "$P" "$N" <<'PY'
-import json, sys
-work, P, N = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-rows = {}
+python3 - "$work" "$P" "$N" "$R" <<'PY'
+import json, statistics, sys
+work, P, N, R = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+samples = {}
 for label in ["local", "rpc1", "rpc2"]:
-    for r in json.load(open(f"{work}/{label}.json")):
-        kind = "pp" if r["n_prompt"] > 0 and r["n_gen"] == 0 else "tg"
-        rows[(label, kind)] = (r["avg_ts"], r["stddev_ts"])
+    for i in range(1, R + 1):
+        for r in json.load(open(f"{work}/{label}-{i}.json")):
+            kind = "pp" if r["n_prompt"] > 0 and r["n_gen"] == 0 else "tg"
+            samples.setdefault((label, kind), []).append(r["avg_ts"])
+rows = {k: (statistics.mean(v), statistics.stdev(v) if len(v) > 1 else 0.0) for k, v in samples.items()}
 names = {"local": "local (CPU)", "rpc1": "1 loopback ggml-rpc-server, -ngl 99",
          "rpc2": "2 loopback ggml-rpc-servers, split, -ngl 99"}
 print(f"| setup | prompt pp{P} tok/s | generation tg{N} tok/s | pp / local | tg / local |")
