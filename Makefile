@@ -10,7 +10,7 @@ NOSTD_CRATES := -p sse-nostd -p http-nostd -p llama-proto
 DEVICE_TARGET := thumbv7em-none-eabihf
 FUZZ_SECONDS ?= 60
 
-.PHONY: help check hermetic test selftest ask run up verify-device verify-local fuzz bench socat serve fixtures soak llama fmt-check clippy unit no-std embedded
+.PHONY: help check hermetic test selftest ask run up verify-device verify-local fuzz bench bench-rpc socat serve fixtures soak llama fmt-check clippy unit no-std embedded
 
 ## help: this list of targets
 help:
@@ -113,6 +113,11 @@ fuzz:
 ## bench: every benchmark, each against its peer in the same run (figures go into docs/benchmarks.md)
 bench: socat
 	$(CARGO) bench --workspace
+
+## bench-rpc: the test model local vs through 1 and 2 loopback ggml-rpc-servers, same run
+## (llama-bench; P N T R override sizes, threads, repetitions; docs/benchmarks/rpc.md)
+bench-rpc: llama
+	scripts/bench-rpc.sh
 
 ## socat: install socat with apt when missing (the peer of inferproxy's benchmark)
 socat:

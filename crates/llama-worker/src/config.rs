@@ -14,6 +14,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::policy::PolicyConfig;
+use crate::rpc::{RpcConfig, WORKER_ARGS};
 
 /// The placeholder in `args` and `env` values that is replaced by the assigned port.
 pub const PORT_PLACEHOLDER: &str = "{port}";
@@ -74,6 +75,9 @@ pub struct Config {
     pub metrics_file: Option<PathBuf>,
     /// Between writes of `metrics_file` (default 15).
     pub metrics_interval_s: f64,
+    /// llama.cpp's RPC backend: the `ggml-rpc-server`s the model is split over, started or
+    /// checked by the worker as one unit with the server ([`crate::rpc`]). Unset: no RPC.
+    pub rpc: Option<RpcConfig>,
 }
 
 impl Default for Config {
@@ -100,6 +104,7 @@ impl Default for Config {
             stop_grace_s: 5.0,
             metrics_file: None,
             metrics_interval_s: 15.0,
+            rpc: None,
         }
     }
 }
@@ -133,6 +138,19 @@ pub enum ConfigError {
     CommandNotExecutable(PathBuf),
     /// The folder `log_file` would be created in does not exist.
     NoLogFolder(PathBuf),
+    /// `[rpc]` is there but names no local server and no remote endpoint.
+    RpcNoEndpoints,
+    /// `[rpc]` names more endpoints than [`crate::rpc::MAX_ENDPOINTS`] (this many).
+    RpcTooManyEndpoints(usize),
+    /// `[[rpc.local]]` entry number `.0` (from 1) has no `command`.
+    RpcNoCommand(usize),
+    /// This port is named twice in `[rpc]` (two local servers, or a local and a remote one on
+    /// 127.0.0.1, or a remote endpoint listed twice), or is the server's own port.
+    RpcDuplicatePort(u16),
+    /// This remote endpoint is not `ip:port` (a host name is refused: see [`crate::rpc`]).
+    RpcBadEndpoint(String),
+    /// `args` hold this flag, which the worker adds itself when `[rpc]` is set.
+    RpcArgConflict(&'static str),
 }
 
 impl fmt::Display for ConfigError {
@@ -166,6 +184,27 @@ impl fmt::Display for ConfigError {
                 f,
                 "config: the folder of `log_file` does not exist: {}",
                 d.display()
+            ),
+            Self::RpcNoEndpoints => f.write_str(
+                "config: [rpc] names no endpoint: add [[rpc.local]] servers or `remote` endpoints",
+            ),
+            Self::RpcTooManyEndpoints(n) => write!(
+                f,
+                "config: [rpc] names {n} endpoints, more than {}",
+                crate::rpc::MAX_ENDPOINTS
+            ),
+            Self::RpcNoCommand(i) => write!(
+                f,
+                "config: [[rpc.local]] entry {i} has no `command` (the ggml-rpc-server to start)"
+            ),
+            Self::RpcDuplicatePort(p) => write!(f, "config: RPC port {p} is named twice in [rpc]"),
+            Self::RpcBadEndpoint(e) => write!(
+                f,
+                "config: RPC endpoint {e:?} in `rpc.remote` is not ip:port (IPv6: [ip]:port)"
+            ),
+            Self::RpcArgConflict(a) => write!(
+                f,
+                "config: `args` hold {a}, which the worker adds itself when [rpc] is set"
             ),
         }
     }
@@ -240,6 +279,16 @@ impl Config {
                 return Err(ConfigError::BadModel(m.clone()));
             }
         }
+        if let Some(rpc) = &self.rpc {
+            rpc.validate()?;
+            if let Some(a) = WORKER_ARGS.into_iter().find(|w| {
+                self.args
+                    .iter()
+                    .any(|a| a == w || a.starts_with(&format!("{w}=")))
+            }) {
+                return Err(ConfigError::RpcArgConflict(a));
+            }
+        }
         self.timings().map(|_| ())
     }
 
@@ -248,40 +297,9 @@ impl Config {
     /// spawn does) and that the folder `log_file` goes in exists. `check-config` and `run` call
     /// it, so a typo shows at once instead of as a spawn failure in a restart loop.
     pub fn check_files(&self) -> Result<(), ConfigError> {
-        let command = self.command.trim();
-        let candidates: Vec<PathBuf> = if command.contains('/') {
-            vec![PathBuf::from(command)]
-        } else {
-            let path = self
-                .env
-                .get("PATH")
-                .map(OsString::from)
-                .or_else(|| std::env::var_os("PATH"))
-                .unwrap_or_default();
-            std::env::split_paths(&path)
-                .map(|d| d.join(command))
-                .collect()
-        };
-        // Like execvp: the first executable match wins; a non-executable one is reported
-        // only when there is no executable one anywhere.
-        let mut not_executable = None;
-        let mut found = false;
-        for c in candidates {
-            let Ok(m) = fs::metadata(&c) else { continue };
-            if !m.is_file() {
-                continue;
-            }
-            if m.permissions().mode() & 0o111 != 0 {
-                found = true;
-                break;
-            }
-            not_executable.get_or_insert(c);
-        }
-        if !found {
-            return Err(match not_executable {
-                Some(p) => ConfigError::CommandNotExecutable(p),
-                None => ConfigError::CommandNotFound(command.to_string()),
-            });
+        check_command(&self.command, &self.env)?;
+        for l in self.rpc.iter().flat_map(|r| &r.local) {
+            check_command(&l.command, &l.env)?;
         }
         if let Some(log) = &self.log_file {
             let folder = match log.parent() {
@@ -321,6 +339,7 @@ impl Config {
                     n => n,
                 },
                 restart_backoff: d("restart_backoff_s", self.restart_backoff_s)?,
+                await_endpoints: self.rpc.is_some(),
             },
             startup_probe_interval: nz("startup_probe_interval_s", self.startup_probe_interval_s)?,
             probe_interval: nz("probe_interval_s", self.probe_interval_s)?,
@@ -349,6 +368,41 @@ impl Config {
             log_file: self.log_file.clone(),
         }
     }
+}
+
+/// That `command` names an executable file: a path, or a bare name looked up in `PATH` (the
+/// one in `env` if it sets one, as the spawn does).
+fn check_command(command: &str, env: &BTreeMap<String, String>) -> Result<(), ConfigError> {
+    let command = command.trim();
+    let candidates: Vec<PathBuf> = if command.contains('/') {
+        vec![PathBuf::from(command)]
+    } else {
+        let path = env
+            .get("PATH")
+            .map(OsString::from)
+            .or_else(|| std::env::var_os("PATH"))
+            .unwrap_or_default();
+        std::env::split_paths(&path)
+            .map(|d| d.join(command))
+            .collect()
+    };
+    // Like execvp: the first executable match wins; a non-executable one is reported
+    // only when there is no executable one anywhere.
+    let mut not_executable = None;
+    for c in candidates {
+        let Ok(m) = fs::metadata(&c) else { continue };
+        if !m.is_file() {
+            continue;
+        }
+        if m.permissions().mode() & 0o111 != 0 {
+            return Ok(());
+        }
+        not_executable.get_or_insert(c);
+    }
+    Err(match not_executable {
+        Some(p) => ConfigError::CommandNotExecutable(p),
+        None => ConfigError::CommandNotFound(command.to_string()),
+    })
 }
 
 #[cfg(test)]

@@ -20,6 +20,8 @@ pub use socket_file as listen;
 pub mod policy;
 pub mod probe;
 pub mod process;
+pub mod rpc;
+pub mod rpc_unit;
 pub mod serve;
 pub mod stat;
 pub mod status;

@@ -12,6 +12,7 @@ use clap::error::{ContextKind, ContextValue, ErrorKind};
 use clap::{Parser, Subcommand};
 use llama_worker::client::query;
 use llama_worker::listen;
+use llama_worker::rpc;
 use llama_worker::serve::spawn_status_server;
 use llama_worker::{Config, State, SystemClock, Worker, WorkerHandle};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGQUIT, SIGTERM};
@@ -302,7 +303,31 @@ fn main_inner() -> Result<ExitCode, String> {
                 ..Args::default()
             };
             let cfg = load_checked(&a)?;
-            let spec = cfg.command_spec(a.port.unwrap_or(0));
+            let mut spec = cfg.command_spec(a.port.unwrap_or(0));
+            if let Some(rpc) = &cfg.rpc {
+                // The local RPC servers first, as the worker starts them; a port chosen at each
+                // start is shown as its placeholder.
+                let mut endpoints = Vec::new();
+                for l in &rpc.local {
+                    let port = l
+                        .port
+                        .map_or(rpc::RPC_PORT_PLACEHOLDER.to_string(), |p| p.to_string());
+                    let args: Vec<String> = l
+                        .args
+                        .iter()
+                        .map(|x| x.replace(rpc::RPC_PORT_PLACEHOLDER, &port))
+                        .collect();
+                    println!("rpc: {} {}", l.command, args.join(" "));
+                    endpoints.push(format!("127.0.0.1:{port}"));
+                }
+                endpoints.extend(rpc.remote.iter().cloned());
+                spec.args.extend([
+                    "--rpc".into(),
+                    endpoints.join(","),
+                    "--cache-ram".into(),
+                    "0".into(),
+                ]);
+            }
             for (k, v) in &spec.env {
                 print!("{k}={v} ");
             }

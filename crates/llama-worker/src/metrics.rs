@@ -39,13 +39,7 @@ const STATES: [State; 5] = [
     State::Restarting,
     State::Failed,
 ];
-const CAUSES: [RestartCause; 5] = [
-    RestartCause::Exited,
-    RestartCause::StartupTimeout,
-    RestartCause::Unready,
-    RestartCause::Stall,
-    RestartCause::ModelExited,
-];
+const CAUSES: [RestartCause; 7] = RestartCause::ALL;
 const VERDICTS: [&str; 3] = ["restarting", "not_stalled", "not_ready"];
 
 /// One metric per value of one label, written in a fixed order (the crate's `Family` writes
@@ -292,6 +286,8 @@ llama_worker_restarts_total{cause="startup_timeout"} 0
 llama_worker_restarts_total{cause="unready"} 0
 llama_worker_restarts_total{cause="stall"} 1
 llama_worker_restarts_total{cause="model_exited"} 0
+llama_worker_restarts_total{cause="rpc_exited"} 0
+llama_worker_restarts_total{cause="rpc_startup_timeout"} 0
 # HELP llama_worker_stall_verdicts Stall reports, by the worker's verdict.
 # TYPE llama_worker_stall_verdicts counter
 llama_worker_stall_verdicts_total{verdict="restarting"} 1

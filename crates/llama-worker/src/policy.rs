@@ -13,6 +13,14 @@
 //! than the maximum inside any window) trips, this one has tripped too: between two restarts
 //! less than a window apart the server cannot have been ready for a whole window.
 //!
+//! With RPC endpoints (`await_endpoints`, the `[rpc]` config section) a spawn has two steps:
+//! [`Action::StartRpc`] (the shell starts the local `ggml-rpc-server`s), then a wait until the
+//! shell's connect probes say every endpoint accepts ([`Policy::handle_rpc_endpoints`]), then
+//! [`Action::Spawn`] of the server. Local RPC servers not accepting by `startup_deadline`, or one
+//! exiting, restart the whole unit like a server exit. A remote endpoint that is down is
+//! waited for without a deadline and without counting a restart: it is another host's outage,
+//! not a loop of ours; the state stays starting/restarting (not ready) meanwhile.
+//!
 //! All time is input (`now`, a [`Duration`] since any fixed origin); nothing here reads a
 //! clock, touches a process or opens a socket. The shell ([`crate::worker`]) feeds it events
 //! (`handle_*`), drains what it must do with [`Policy::poll_action`], and calls
@@ -90,6 +98,22 @@ pub enum Action {
     KillGroup,
     /// Spawn the server; then report [`Policy::handle_spawned`] or [`Policy::handle_spawn_failed`].
     Spawn,
+    /// Start the unit's local RPC servers (before the server, with `await_endpoints`); then
+    /// report [`Policy::handle_rpc_started`] or [`Policy::handle_spawn_failed`], and probe
+    /// every endpoint each startup probe interval ([`Policy::handle_rpc_endpoints`]) while
+    /// [`Policy::awaiting_endpoints`].
+    StartRpc,
+}
+
+/// What the shell's connect probes of the RPC endpoints found, the worst first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Endpoints {
+    /// A local RPC server (ours) does not accept connections.
+    LocalDown,
+    /// Every local one accepts; a remote one does not.
+    RemoteDown,
+    /// Every endpoint accepts connections.
+    Up,
 }
 
 /// One readiness probe's answer.
@@ -131,6 +155,9 @@ pub struct PolicyConfig {
     pub max_restarts_per_window: u32,
     /// Wait between killing the old server and spawning the new one.
     pub restart_backoff: Duration,
+    /// The unit has RPC endpoints: start the local ones and wait until every endpoint accepts
+    /// connections before each spawn of the server.
+    pub await_endpoints: bool,
 }
 
 /// Where inside starting/restarting the worker is.
@@ -140,6 +167,12 @@ enum Phase {
     Idle,
     /// Waiting before the next spawn.
     Backoff { until: Duration },
+    /// Local RPC servers started; waiting until every endpoint accepts connections. `last` is
+    /// the latest probe report; a remote one down at `deadline` is waited for without one.
+    AwaitEndpoints {
+        deadline: Duration,
+        last: Option<Endpoints>,
+    },
     /// Spawned; waiting for the first good readiness probe.
     AwaitReady { deadline: Duration },
     /// Ready and being watched.
@@ -270,6 +303,9 @@ impl Policy {
         match self.phase {
             Phase::Backoff { until } => Some(until),
             Phase::AwaitReady { deadline } => Some(deadline),
+            Phase::AwaitEndpoints { deadline, last } => {
+                (last != Some(Endpoints::RemoteDown)).then_some(deadline)
+            }
             Phase::Idle | Phase::Running => None,
         }
     }
@@ -286,7 +322,72 @@ impl Policy {
             self.actions.push_back(Action::KillGroup);
         }
         self.phase = Phase::Idle;
-        self.actions.push_back(Action::Spawn);
+        self.push_spawn();
+    }
+
+    /// The first step of a spawn: the RPC servers, or the server itself.
+    fn push_spawn(&mut self) {
+        self.actions.push_back(if self.cfg.await_endpoints {
+            Action::StartRpc
+        } else {
+            Action::Spawn
+        });
+    }
+
+    /// Whether the shell should probe the RPC endpoints (local servers started, server not yet
+    /// spawned).
+    pub fn awaiting_endpoints(&self) -> bool {
+        matches!(self.phase, Phase::AwaitEndpoints { .. })
+    }
+
+    /// The shell started the unit's local RPC servers (or there are none, only remote ones).
+    pub fn handle_rpc_started(&mut self, now: Duration) {
+        self.child_alive = true;
+        if matches!(self.state, State::Starting | State::Restarting) {
+            self.phase = Phase::AwaitEndpoints {
+                deadline: now + self.cfg.startup_deadline,
+                last: None,
+            };
+        } else {
+            self.actions.push_back(Action::KillGroup);
+        }
+    }
+
+    /// The connect probes of every endpoint, while [`Policy::awaiting_endpoints`]: all up
+    /// spawns the server; a local one down past the startup deadline restarts the unit; a
+    /// remote one down is waited for (no restart, not counted).
+    pub fn handle_rpc_endpoints(&mut self, now: Duration, found: Endpoints) {
+        let Phase::AwaitEndpoints { deadline, .. } = self.phase else {
+            return;
+        };
+        match found {
+            Endpoints::Up => {
+                self.phase = Phase::Idle;
+                self.actions.push_back(Action::Spawn);
+            }
+            Endpoints::LocalDown if now >= deadline => {
+                self.restart(now, RestartCause::RpcStartupTimeout);
+            }
+            Endpoints::LocalDown | Endpoints::RemoteDown => {
+                self.phase = Phase::AwaitEndpoints {
+                    deadline,
+                    last: Some(found),
+                };
+            }
+        }
+    }
+
+    /// A local RPC server of the unit exited (seen by the shell's reaper): the unit is
+    /// restarted like after a server exit, in-flight work is told `server_died`.
+    pub fn handle_rpc_exit(&mut self, now: Duration) {
+        if self.child_alive
+            && matches!(
+                self.state,
+                State::Starting | State::Ready | State::Restarting
+            )
+        {
+            self.restart(now, RestartCause::RpcExited);
+        }
     }
 
     /// Stop: fail in-flight work, kill the group, no further spawns. Never waits on backoff.
@@ -322,9 +423,10 @@ impl Policy {
         }
     }
 
-    /// The shell could not spawn the server: counts as a restart trigger.
+    /// The shell could not spawn the server (or an RPC server; it cleaned up what it had
+    /// started of that step): counts as a restart trigger. RPC servers started in an earlier
+    /// step are still alive and get killed.
     pub fn handle_spawn_failed(&mut self, now: Duration) {
-        self.child_alive = false;
         if matches!(self.state, State::Starting | State::Restarting) {
             self.restart(now, RestartCause::Exited);
         }
@@ -422,7 +524,12 @@ impl Policy {
         match self.phase {
             Phase::Backoff { until } if now >= until => {
                 self.phase = Phase::Idle;
-                self.actions.push_back(Action::Spawn);
+                self.push_spawn();
+            }
+            Phase::AwaitEndpoints { deadline, last }
+                if now >= deadline && last != Some(Endpoints::RemoteDown) =>
+            {
+                self.restart(now, RestartCause::RpcStartupTimeout);
             }
             Phase::AwaitReady { deadline } if now >= deadline => {
                 self.restart(now, RestartCause::StartupTimeout);
@@ -438,7 +545,10 @@ impl Policy {
         }
         self.ready_since = None;
         self.last_cause = Some(cause);
-        let reason = if matches!(cause, RestartCause::Exited | RestartCause::ModelExited) {
+        let reason = if matches!(
+            cause,
+            RestartCause::Exited | RestartCause::ModelExited | RestartCause::RpcExited
+        ) {
             FailReason::ServerDied
         } else {
             FailReason::WorkerRestarted
@@ -479,6 +589,7 @@ mod tests {
         restart_window: s(600),
         max_restarts_per_window: 3,
         restart_backoff: s(2),
+        await_endpoints: false,
     };
 
     fn drain(p: &mut Policy) -> Vec<Action> {
@@ -527,6 +638,7 @@ mod tests {
                     }
                     None => break,
                 },
+                Some(Action::StartRpc) => panic!("no RPC endpoints"),
             }
         }
         // 1 start + 3 restarts; the 4th exit inside the window fails.
@@ -570,6 +682,7 @@ mod tests {
                     now = t;
                     p.handle_timeout(now);
                 }
+                Some(Action::StartRpc) => panic!("no RPC endpoints"),
             }
         }
         assert_eq!(
@@ -679,6 +792,7 @@ mod tests {
                         pending.clear();
                     }
                     Action::NotifyInflight(_) => {}
+                    Action::StartRpc => unreachable!("no RPC endpoints in these configs"),
                 }
             }
             if p.state() == State::Failed || spawns.len() >= max_spawns {

@@ -11,6 +11,7 @@ use serde::Serialize;
 use crate::models::ModelState;
 use crate::policy::{RestartCause, State};
 use crate::probe::ProbeOutcome;
+use crate::rpc::EndpointStatus;
 
 /// One readiness probe's record.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -75,7 +76,27 @@ pub struct Status {
     /// Where the server's output goes (`None`: the worker's own stderr).
     pub log_file: Option<PathBuf>,
     /// While `failed`: why, in one sentence (the cause, the model and exit status, the log).
+    /// While waiting for an RPC endpoint that does not accept connections: which one, and what
+    /// the connect got.
     pub reason: Option<String>,
+    /// The RPC endpoints of the unit with their latest connect probe (empty without `[rpc]`).
+    pub rpc: Vec<EndpointStatus>,
+    /// The latest loss of an RPC endpoint: a local server that exited, or a remote one found
+    /// down after the server exited.
+    pub rpc_lost: Option<RpcLoss>,
+}
+
+/// An RPC endpoint the unit lost.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RpcLoss {
+    /// When the worker saw it (worker clock).
+    pub at: Duration,
+    /// `127.0.0.1:40001 (local)`.
+    pub endpoint: String,
+    /// How: the local server's exit status, or the connect probe's error.
+    pub what: String,
+    /// Time since (filled in by the status snapshot).
+    pub age: Option<Duration>,
 }
 
 pub use worker_proto::secs;
@@ -98,6 +119,29 @@ struct StatusJson<'a> {
     last_model_exit: Option<ModelExitJson<'a>>,
     log_file: Option<std::borrow::Cow<'a, str>>,
     reason: Option<&'a str>,
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    rpc: Vec<EndpointJson>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rpc_lost: Option<RpcLossJson<'a>>,
+}
+
+#[derive(Serialize)]
+struct EndpointJson {
+    endpoint: String,
+    place: &'static str,
+    pid: Option<u32>,
+    pgid: Option<i32>,
+    /// The latest connect: `true` accepted, `false` not, `null` not probed since the start.
+    up: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    answer: Option<&'static str>,
+}
+
+#[derive(Serialize)]
+struct RpcLossJson<'a> {
+    endpoint: &'a str,
+    what: &'a str,
+    age_s: Option<f64>,
 }
 
 #[derive(Serialize)]
@@ -178,6 +222,23 @@ impl Status {
             }),
             log_file: self.log_file.as_ref().map(|p| p.to_string_lossy()),
             reason: self.reason.as_deref(),
+            rpc: self
+                .rpc
+                .iter()
+                .map(|e| EndpointJson {
+                    endpoint: e.addr.to_string(),
+                    place: e.place.as_str(),
+                    pid: e.pid,
+                    pgid: e.pgid,
+                    up: e.last_probe.map(|r| r.is_ok()),
+                    answer: e.last_probe.and_then(|r| r.err()).map(|e| e.as_str()),
+                })
+                .collect(),
+            rpc_lost: self.rpc_lost.as_ref().map(|l| RpcLossJson {
+                endpoint: &l.endpoint,
+                what: &l.what,
+                age_s: l.age.map(secs),
+            }),
         };
         // Plain structs of numbers, strings and options: serializing cannot fail.
         serde_json::to_string(&json).unwrap_or_default()
@@ -209,6 +270,8 @@ mod tests {
             model_exit_age: None,
             log_file: None,
             reason: None,
+            rpc: Vec::new(),
+            rpc_lost: None,
         };
         assert_eq!(
             s.to_json(),
@@ -265,6 +328,8 @@ mod tests {
             model_exit_age: None,
             log_file: None,
             reason: None,
+            rpc: Vec::new(),
+            rpc_lost: None,
         };
         let v: serde_json::Value = serde_json::from_str(&s.to_json()).unwrap();
         assert_eq!(v["total_restarts"], u64::MAX);

@@ -24,7 +24,9 @@ use crate::policy::{
 };
 use crate::probe::{self, ProbeError, ProbeOutcome};
 use crate::process::{Exit, Lingering, ServerProcess};
-use crate::status::{ModelExit, ReadinessRecord, Status};
+use crate::rpc::{rpc_arg, EndpointStatus};
+use crate::rpc_unit::RpcUnit;
+use crate::status::{ModelExit, ReadinessRecord, RpcLoss, Status};
 
 /// Longest the driving loop sleeps: how late an exit of the server is noticed at worst.
 pub const MAX_IDLE: Duration = Duration::from_millis(100);
@@ -44,6 +46,10 @@ struct Inner {
     last_server_exit: Option<String>,
     /// The counters (`metrics` on the socket, `metrics_file`).
     metrics: Metrics,
+    /// The RPC endpoints as last probed (a copy of the driving thread's [`RpcUnit`]).
+    rpc: Vec<EndpointStatus>,
+    /// The latest RPC endpoint the unit lost.
+    rpc_lost: Option<RpcLoss>,
 }
 
 impl Inner {
@@ -112,7 +118,19 @@ impl<C: SharedClock> WorkerHandle<C> {
     pub fn status(&self) -> Status {
         let now = self.clock.now();
         let g = self.shared.lock();
-        let reason = (g.policy.state() == State::Failed).then(|| self.failure_reason(&g, now));
+        let reason = if g.policy.state() == State::Failed {
+            Some(self.failure_reason(&g, now))
+        } else if g.policy.awaiting_endpoints() {
+            g.rpc.iter().find_map(|e| match e.last_probe {
+                Some(Err(err)) => Some(format!(
+                    "waiting for RPC endpoint {e} to accept connections: {}",
+                    err.as_str()
+                )),
+                _ => None,
+            })
+        } else {
+            None
+        };
         Status {
             state: g.policy.state(),
             pid: g.pid,
@@ -134,6 +152,11 @@ impl<C: SharedClock> WorkerHandle<C> {
             model_exit_age: g.last_model_exit.as_ref().map(|e| now.saturating_sub(e.at)),
             log_file: self.log_file.clone(),
             reason,
+            rpc: g.rpc.clone(),
+            rpc_lost: g.rpc_lost.clone().map(|l| RpcLoss {
+                age: Some(now.saturating_sub(l.at)),
+                ..l
+            }),
         }
     }
 
@@ -173,6 +196,18 @@ impl<C: SharedClock> WorkerHandle<C> {
             Some(RestartCause::Stall) => format!(
                 "a stall was reported with no progress for stall_timeout_s ({} s)",
                 secs(t.stall_timeout)
+            ),
+            Some(RestartCause::RpcExited) => match &g.rpc_lost {
+                Some(l) => format!("RPC server {} exited ({})", l.endpoint, l.what),
+                None => "an RPC server exited".to_string(),
+            },
+            Some(RestartCause::RpcStartupTimeout) => format!(
+                "an RPC server ({}) did not accept connections within startup_deadline_s ({} s)",
+                g.rpc
+                    .iter()
+                    .find(|e| matches!(e.last_probe, Some(Err(_))))
+                    .map_or("?".to_string(), |e| e.to_string()),
+                secs(t.startup_deadline)
             ),
             None => "no restart was recorded".to_string(),
         };
@@ -315,6 +350,9 @@ pub struct Worker<C: SharedClock> {
     lingering: Vec<Lingering>,
     /// When `metrics_file` is written next.
     next_metrics_at: Duration,
+    /// The RPC servers of the unit (with `[rpc]`).
+    rpc: Option<RpcUnit>,
+    next_rpc_probe_at: Duration,
 }
 
 impl<C: SharedClock> Worker<C> {
@@ -323,6 +361,10 @@ impl<C: SharedClock> Worker<C> {
         config.validate()?;
         let timings = config.timings()?;
         let spec = config.command_spec(port);
+        let rpc = match &config.rpc {
+            Some(r) => Some(RpcUnit::new(r.clone(), config.log_file.clone(), port)?),
+            None => None,
+        };
         Ok(Self {
             shared: Arc::new(Shared {
                 inner: Mutex::new(Inner {
@@ -336,6 +378,8 @@ impl<C: SharedClock> Worker<C> {
                     last_model_exit: None,
                     last_server_exit: None,
                     metrics: Metrics::new(clock.now()),
+                    rpc: rpc.as_ref().map_or(Vec::new(), |u| u.endpoints().to_vec()),
+                    rpc_lost: None,
                 }),
                 wake: Condvar::new(),
                 interrupt: AtomicBool::new(false),
@@ -354,6 +398,8 @@ impl<C: SharedClock> Worker<C> {
             logged_restarts: 0,
             lingering: Vec::new(),
             next_metrics_at: Duration::ZERO,
+            rpc,
+            next_rpc_probe_at: Duration::ZERO,
         })
     }
 
@@ -385,6 +431,31 @@ impl<C: SharedClock> Worker<C> {
         self.shared.interrupt.store(false, Ordering::SeqCst);
         let now = self.clock.now();
         self.lingering.retain_mut(|l| !l.try_reap());
+        // An RPC server first: the server aborts when its RPC peer dies, and the peer is the
+        // cause to report.
+        if let Some(lost) = self.rpc.as_mut().and_then(RpcUnit::try_exited) {
+            eprintln!(
+                "llama-worker: RPC server {} exited: {}; restarting the unit",
+                lost.endpoint, lost.what
+            );
+            // The policy first: the state is `restarting` (and in-flight work told) before the
+            // kill, which may wait out the server's grace period; its KillGroup kills the unit.
+            let mut g = self.shared.lock();
+            g.rpc_lost = Some(RpcLoss {
+                at: now,
+                endpoint: lost.endpoint.to_string(),
+                what: lost.what,
+                age: None,
+            });
+            g.policy.handle_rpc_exit(now);
+            let unit_gone = !g.policy.child_alive();
+            drop(g);
+            if unit_gone {
+                // Not the policy's unit (it already counts it as killed): reap it here, so the
+                // same exit is not seen again on the next tick.
+                self.kill_unit();
+            }
+        }
         if let Some(p) = &mut self.process {
             if let Some(exit) = p.try_exited() {
                 let what = match exit {
@@ -404,6 +475,11 @@ impl<C: SharedClock> Worker<C> {
                 // Its children may outlive it in the group: clean them up too.
                 self.kill();
                 self.shared.lock().policy.handle_exit(now);
+                // Then the rest of the unit (spawned again before the server) and which remote
+                // endpoint went away, after the state says restarting: the probe may take up to
+                // probe_timeout_s per endpoint.
+                self.kill_unit();
+                self.note_remote_loss(now);
             }
         }
         self.shared.lock().policy.handle_timeout(now);
@@ -422,6 +498,9 @@ impl<C: SharedClock> Worker<C> {
         }
         if self.process.is_some() {
             next = next.min(self.next_readiness_at).min(self.next_cpu_at);
+        }
+        if g.policy.awaiting_endpoints() {
+            next = next.min(self.next_rpc_probe_at);
         }
         next
     }
@@ -462,14 +541,26 @@ impl<C: SharedClock> Worker<C> {
                     }
                 }
                 Some(Action::KillGroup) => {
-                    self.kill();
+                    self.kill_unit();
                     let now = self.clock.now();
                     self.shared.lock().policy.handle_killed(now);
                 }
+                Some(Action::StartRpc) => self.start_rpc(),
                 Some(Action::Spawn) => {
                     self.kill(); // never two servers
                     let now = self.clock.now();
-                    match ServerProcess::spawn(&self.spec) {
+                    let mut spec = self.spec.clone();
+                    if let Some(u) = &self.rpc {
+                        // Saving the prompt cache with RPC devices crashes the server
+                        // (llama.cpp #26529): `--cache-ram 0` turns it off.
+                        spec.args.extend([
+                            "--rpc".to_string(),
+                            rpc_arg(&u.addrs()),
+                            "--cache-ram".to_string(),
+                            "0".to_string(),
+                        ]);
+                    }
+                    match ServerProcess::spawn(&spec) {
                         Ok(p) => {
                             eprintln!(
                                 "llama-worker: spawned {} as pid {} (port {})",
@@ -497,6 +588,69 @@ impl<C: SharedClock> Worker<C> {
         }
     }
 
+    /// Starts the local RPC servers of the unit (after killing any left).
+    fn start_rpc(&mut self) {
+        self.kill_unit();
+        let Some(u) = &mut self.rpc else {
+            // A policy with `await_endpoints` always has a unit: the config made both.
+            self.shared
+                .lock()
+                .policy
+                .handle_spawn_failed(self.clock.now());
+            return;
+        };
+        let result = u.start(&self.shared.skip_grace);
+        let now = self.clock.now();
+        let mut g = self.shared.lock();
+        g.rpc = u.endpoints().to_vec();
+        match result {
+            Ok(()) => {
+                g.spawns += u.pgids().len() as u64;
+                g.policy.handle_rpc_started(now);
+                self.next_rpc_probe_at = now;
+            }
+            Err((what, e)) => {
+                eprintln!("llama-worker: cannot spawn {what}: {e}");
+                g.last_server_exit = Some(format!("could not spawn RPC server {what}: {e}"));
+                g.policy.handle_spawn_failed(now);
+            }
+        }
+    }
+
+    /// After the server exited: a remote endpoint that no longer accepts connections is the
+    /// likely cause (llama-server aborts when an RPC peer goes away); record it.
+    fn note_remote_loss(&mut self, now: Duration) {
+        let Some(u) = &mut self.rpc else { return };
+        let timeout = self.timings.probe_timeout;
+        let interrupt = &self.shared.interrupt;
+        u.probe(true, timeout, &|| interrupt.load(Ordering::SeqCst));
+        let mut g = self.shared.lock();
+        g.rpc = u.endpoints().to_vec();
+        if let Some(e) = u.first_down() {
+            let what = match e.last_probe {
+                Some(Err(err)) => err.as_str(),
+                _ => "down",
+            };
+            eprintln!("llama-worker: RPC endpoint {e} is down ({what}) after the server exited");
+            g.rpc_lost = Some(RpcLoss {
+                at: now,
+                endpoint: e.to_string(),
+                what: format!("connect: {what}"),
+                age: None,
+            });
+        }
+    }
+
+    /// Kills the server and the unit's RPC servers.
+    fn kill_unit(&mut self) {
+        self.kill();
+        if let Some(u) = &mut self.rpc {
+            let left = u.kill(self.timings.stop_grace, &self.shared.skip_grace);
+            self.lingering.extend(left);
+            self.shared.lock().rpc = u.endpoints().to_vec();
+        }
+    }
+
     fn kill(&mut self) {
         if let Some(p) = self.process.take() {
             let (pid, pgid) = (p.pid(), p.pgid());
@@ -520,11 +674,41 @@ impl<C: SharedClock> Worker<C> {
         }
     }
 
+    /// While the policy waits for the RPC endpoints: connect to each, every startup probe
+    /// interval.
+    fn probe_endpoints_if_due(&mut self) {
+        let now = self.clock.now();
+        if now < self.next_rpc_probe_at || !self.shared.lock().policy.awaiting_endpoints() {
+            return;
+        }
+        let Some(u) = &mut self.rpc else { return };
+        let interrupt = &self.shared.interrupt;
+        let found = u.probe(false, self.timings.probe_timeout, &|| {
+            interrupt.load(Ordering::SeqCst)
+        });
+        let now = self.clock.now();
+        let mut g = self.shared.lock();
+        g.rpc = u.endpoints().to_vec();
+        if let Some(found) = found {
+            g.policy.handle_rpc_endpoints(now, found);
+        }
+        self.next_rpc_probe_at = now + self.timings.startup_probe_interval;
+    }
+
     fn probe_if_due(&mut self) {
+        self.probe_endpoints_if_due();
         let Some(pgid) = self.pgid() else { return };
         let now = self.clock.now();
         if now >= self.next_cpu_at {
-            let ticks = cpu::group_cpu_ticks(&self.proc_root, pgid);
+            // The RPC servers do the model's work in groups of their own: their CPU time is
+            // the unit's progress too.
+            let rpc_ticks: u64 = self
+                .rpc
+                .iter()
+                .flat_map(RpcUnit::pgids)
+                .filter_map(|g| cpu::group_cpu_ticks(&self.proc_root, g))
+                .sum();
+            let ticks = cpu::group_cpu_ticks(&self.proc_root, pgid).map(|t| t + rpc_ticks);
             self.shared.lock().policy.handle_cpu_sample(now, ticks);
             self.next_cpu_at = now + self.timings.cpu_probe_interval;
         }
@@ -690,6 +874,6 @@ impl<C: SharedClock> Worker<C> {
 impl<C: SharedClock> Drop for Worker<C> {
     /// Never leave a server behind, whatever happened to the worker.
     fn drop(&mut self) {
-        self.kill();
+        self.kill_unit();
     }
 }

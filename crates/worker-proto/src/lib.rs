@@ -134,9 +134,24 @@ pub enum RestartCause {
     /// A model instance behind the router exited (failed to load, or died while serving),
     /// as the router's per-model status said: the same crash-loop event as a server exit.
     ModelExited,
+    /// A local RPC server of the unit exited: the same crash-loop event as a server exit.
+    RpcExited,
+    /// A local RPC server did not accept connections by the startup deadline.
+    RpcStartupTimeout,
 }
 
 impl RestartCause {
+    /// Every cause, in the order the metrics list them.
+    pub const ALL: [RestartCause; 7] = [
+        RestartCause::Exited,
+        RestartCause::StartupTimeout,
+        RestartCause::Unready,
+        RestartCause::Stall,
+        RestartCause::ModelExited,
+        RestartCause::RpcExited,
+        RestartCause::RpcStartupTimeout,
+    ];
+
     /// The wire name.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -145,6 +160,8 @@ impl RestartCause {
             RestartCause::Unready => "unready",
             RestartCause::Stall => "stall",
             RestartCause::ModelExited => "model_exited",
+            RestartCause::RpcExited => "rpc_exited",
+            RestartCause::RpcStartupTimeout => "rpc_startup_timeout",
         }
     }
 }
