@@ -38,6 +38,10 @@ const DRIVERS: &[(&str, &str)] = &[
         "the readiness probe's socket deadline",
     ),
     (
+        "llama-worker/src/rpc.rs",
+        "the RPC endpoints' connect probe deadline",
+    ),
+    (
         "inferproxy/src/serve.rs",
         "the accept loop feeds its admission machine",
     ),
