@@ -14,6 +14,18 @@
 //! [`METRICS_END`] (`# EOF\n`); then the daemon closes. A client reads to the end of the stream
 //! (at most [`MAX_METRICS_BYTES`]) and an answer that does not end with [`METRICS_END`] was cut
 //! short.
+//!
+//! Generations (issue 23): a client registers each generation it sends to the server
+//! (`register <slot>`, answered [`RegisterAnswer`]), reports its stream progress
+//! (`progress <id> first_byte|bytes`), a stall of it (`stall <id>`, answered [`StallAnswer`]) and
+//! its end (`done <id>`), each answered [`Ack`]. The worker judges each registered generation
+//! by its own progress (appendix J: CPU time while in prefill, stream bytes after the first) and
+//! restarts the server when one has none for `stall_timeout_s`. `watch` is the one connection
+//! that stays open: the daemon writes one [`WatchEvent`] line at once (the state), then one per
+//! state change and per registered generation it failed (`worker_restarted`, `server_died`,
+//! `worker_stopped`), and `{"event":"ping"}` when it had nothing to say for
+//! [`WATCH_KEEPALIVE`]; a client that reads nothing for [`WATCH_DEAD_AFTER`] knows the worker
+//! is gone ([`Watcher`]). Every line a client may send is a [`Request`].
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
@@ -37,7 +49,16 @@ pub const MAX_METRICS_BYTES: u64 = 64 * 1024;
 /// The last line of a `metrics` answer, as in OpenMetrics.
 pub const METRICS_END: &str = "# EOF\n";
 
-/// A command line.
+/// The longest a `watch` connection goes without a line from the daemon.
+pub const WATCH_KEEPALIVE: Duration = Duration::from_secs(1);
+
+/// A watcher that reads no line for this long takes the worker (or the connection) for dead.
+pub const WATCH_DEAD_AFTER: Duration = Duration::from_secs(3);
+
+/// `watch` connections the daemon serves at once; one more is answered with an error line.
+pub const MAX_WATCHERS: usize = 16;
+
+/// A bare-word command line (the commands that take no argument and answer one line).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Command {
     /// Read the status.
@@ -117,6 +138,348 @@ impl State {
     /// The state a wire name names.
     pub fn parse(s: &str) -> Option<State> {
         State::ALL.into_iter().find(|x| x.as_str() == s)
+    }
+}
+
+/// Why the worker failed registered generations (the `reason` of a `failed` watch event).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FailReason {
+    /// The worker restarted a live server (readiness lost, stall, startup deadline).
+    WorkerRestarted,
+    /// The server process, a model instance behind it or an RPC server died on its own.
+    ServerDied,
+    /// The worker was stopped.
+    WorkerStopped,
+}
+
+impl FailReason {
+    const ALL: [FailReason; 3] = [
+        FailReason::WorkerRestarted,
+        FailReason::ServerDied,
+        FailReason::WorkerStopped,
+    ];
+
+    /// The wire name (`worker_restarted`, `server_died`, `worker_stopped`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::WorkerRestarted => "worker_restarted",
+            Self::ServerDied => "server_died",
+            Self::WorkerStopped => "worker_stopped",
+        }
+    }
+
+    /// The reason a wire name names.
+    pub fn parse(s: &str) -> Option<FailReason> {
+        Self::ALL.into_iter().find(|x| x.as_str() == s)
+    }
+}
+
+/// What a `progress` line reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProgressKind {
+    /// The first stream byte of the generation arrived: it leaves prefill.
+    FirstByte,
+    /// More stream bytes arrived (reported at most about once a second).
+    Bytes,
+}
+
+impl ProgressKind {
+    /// The wire name (`first_byte`, `bytes`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::FirstByte => "first_byte",
+            Self::Bytes => "bytes",
+        }
+    }
+}
+
+/// Where a registered generation is (appendix J).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GenerationPhase {
+    /// No stream byte yet: a rise of the server's CPU time is progress.
+    Prefill,
+    /// After the first byte: only stream bytes are progress.
+    Streaming,
+}
+
+impl GenerationPhase {
+    /// The wire name (`prefill`, `streaming`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Prefill => "prefill",
+            Self::Streaming => "streaming",
+        }
+    }
+}
+
+/// Any line a client may send.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Request {
+    /// A bare-word command.
+    Command(Command),
+    /// `register <slot>`: a generation was sent to the server on this slot.
+    Register {
+        /// The server slot the client's gate gave it.
+        slot: u32,
+    },
+    /// `progress <id> first_byte|bytes`.
+    Progress {
+        /// The id `register` answered.
+        id: u64,
+        /// What arrived.
+        kind: ProgressKind,
+    },
+    /// `done <id>`: the generation ended (whatever its outcome); the worker forgets it.
+    Done {
+        /// The id `register` answered.
+        id: u64,
+    },
+    /// `stall <id>`: this generation saw no progress; judged by its own progress.
+    StallOf {
+        /// The id `register` answered.
+        id: u64,
+    },
+    /// `watch`: keep the connection open for [`WatchEvent`] lines.
+    Watch,
+}
+
+/// Why a request line was refused (answered as `{"error": "<Display>"}`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RequestError {
+    /// The first word is no command.
+    Unknown,
+    /// The command needs this argument.
+    Missing(&'static str),
+    /// This argument is not a number in range.
+    BadNumber(&'static str),
+    /// The progress kind is neither `first_byte` nor `bytes`.
+    BadProgressKind,
+    /// More words than the command takes.
+    Extra,
+}
+
+impl fmt::Display for RequestError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Unknown => f.write_str(
+                "unknown command; use status, start, stop, stall, metrics, register, progress, \
+                 done or watch",
+            ),
+            Self::Missing(what) => write!(f, "missing argument: {what}"),
+            Self::BadNumber(what) => write!(f, "{what} is not a number in range"),
+            Self::BadProgressKind => f.write_str("progress kind must be first_byte or bytes"),
+            Self::Extra => f.write_str("too many arguments"),
+        }
+    }
+}
+
+impl std::error::Error for RequestError {}
+
+impl Request {
+    /// The request a line names (surrounding white space ignored; words split on white space).
+    pub fn parse(line: &str) -> Result<Request, RequestError> {
+        let mut words = line.split_whitespace();
+        let first = words.next().ok_or(RequestError::Unknown)?;
+        fn num<T: core::str::FromStr>(
+            w: Option<&str>,
+            what: &'static str,
+        ) -> Result<T, RequestError> {
+            w.ok_or(RequestError::Missing(what))?
+                .parse()
+                .map_err(|_| RequestError::BadNumber(what))
+        }
+        let r = match first {
+            "register" => Request::Register {
+                slot: num(words.next(), "slot")?,
+            },
+            "progress" => {
+                let id = num(words.next(), "id")?;
+                let kind = match words.next() {
+                    None => return Err(RequestError::Missing("kind")),
+                    Some("first_byte") => ProgressKind::FirstByte,
+                    Some("bytes") => ProgressKind::Bytes,
+                    Some(_) => return Err(RequestError::BadProgressKind),
+                };
+                Request::Progress { id, kind }
+            }
+            "done" => Request::Done {
+                id: num(words.next(), "id")?,
+            },
+            "stall" => match words.next() {
+                None => Request::Command(Command::Stall),
+                w => Request::StallOf { id: num(w, "id")? },
+            },
+            "watch" => Request::Watch,
+            w => Request::Command(Command::parse(w).ok_or(RequestError::Unknown)?),
+        };
+        match words.next() {
+            Some(_) => Err(RequestError::Extra),
+            None => Ok(r),
+        }
+    }
+
+    /// The line (without its newline).
+    pub fn to_line(self) -> String {
+        match self {
+            Request::Command(c) => c.as_str().to_string(),
+            Request::Register { slot } => format!("register {slot}"),
+            Request::Progress { id, kind } => format!("progress {id} {}", kind.as_str()),
+            Request::Done { id } => format!("done {id}"),
+            Request::StallOf { id } => format!("stall {id}"),
+            Request::Watch => "watch".to_string(),
+        }
+    }
+}
+
+/// The answer to `register`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RegisterAnswer {
+    /// `{"registered":7}`: the generation's id (unique per worker process, never 0).
+    Registered(u64),
+    /// `{"refused":"restarting"}`: the worker is not ready (its state); send nothing.
+    Refused(State),
+}
+
+#[derive(Serialize, Deserialize)]
+struct RegisterJson<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    registered: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none", borrow)]
+    refused: Option<&'a str>,
+}
+
+impl RegisterAnswer {
+    /// The answer line (without its newline).
+    pub fn to_json(self) -> String {
+        let j = match self {
+            Self::Registered(id) => RegisterJson {
+                registered: Some(id),
+                refused: None,
+            },
+            Self::Refused(s) => RegisterJson {
+                registered: None,
+                refused: Some(s.as_str()),
+            },
+        };
+        serde_json::to_string(&j).unwrap_or_default()
+    }
+
+    /// Parses an answer line.
+    pub fn parse(line: &str) -> Result<RegisterAnswer, WorkerError> {
+        let raw: RegisterJson<'_> = serde_json::from_str(line).map_err(|_| bad(line))?;
+        match (raw.registered, raw.refused.and_then(State::parse)) {
+            (Some(id), None) => Ok(Self::Registered(id)),
+            (None, Some(s)) => Ok(Self::Refused(s)),
+            _ => Err(bad(line)),
+        }
+    }
+}
+
+/// The answer to `progress` and `done`: `{"ok":true}`, or `{"ok":false}` when the id is not
+/// registered (never was, already done, or already failed by a restart: its `failed` event
+/// was pushed to the watchers).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ack {
+    /// The id was registered.
+    Ok,
+    /// The id was not registered.
+    Unknown,
+}
+
+impl Ack {
+    /// The answer line (without its newline).
+    pub fn to_json(self) -> String {
+        match self {
+            Ack::Ok => "{\"ok\":true}".to_string(),
+            Ack::Unknown => "{\"ok\":false}".to_string(),
+        }
+    }
+
+    /// Parses an answer line.
+    pub fn parse(line: &str) -> Result<Ack, WorkerError> {
+        #[derive(Deserialize)]
+        struct Raw {
+            ok: bool,
+        }
+        let raw: Raw = serde_json::from_str(line).map_err(|_| bad(line))?;
+        Ok(if raw.ok { Ack::Ok } else { Ack::Unknown })
+    }
+}
+
+/// One line of a `watch` connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WatchEvent {
+    /// `{"event":"state","state":"ready","spawns":3}`: the first line, and each state change.
+    State {
+        /// The new state.
+        state: State,
+        /// Servers spawned so far (a new spawn under a request means it was cut).
+        spawns: u64,
+    },
+    /// `{"event":"failed","id":7,"reason":"worker_restarted"}`: the worker failed this
+    /// registered generation (and forgot it): end it with this reason, keep its output.
+    Failed {
+        /// The generation's id.
+        id: u64,
+        /// Why.
+        reason: FailReason,
+    },
+    /// `{"event":"ping"}`: nothing happened for [`WATCH_KEEPALIVE`].
+    Ping,
+}
+
+#[derive(Serialize, Deserialize)]
+struct WatchJson<'a> {
+    event: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    state: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    spawns: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    id: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<&'a str>,
+}
+
+impl WatchEvent {
+    /// The event line (without its newline).
+    pub fn to_json(self) -> String {
+        let mut j = WatchJson {
+            event: "ping",
+            state: None,
+            spawns: None,
+            id: None,
+            reason: None,
+        };
+        match self {
+            Self::State { state, spawns } => {
+                j.event = "state";
+                j.state = Some(state.as_str());
+                j.spawns = Some(spawns);
+            }
+            Self::Failed { id, reason } => {
+                j.event = "failed";
+                j.id = Some(id);
+                j.reason = Some(reason.as_str());
+            }
+            Self::Ping => {}
+        }
+        serde_json::to_string(&j).unwrap_or_default()
+    }
+
+    /// Parses an event line.
+    pub fn parse(line: &str) -> Result<WatchEvent, WorkerError> {
+        let j: WatchJson<'_> = serde_json::from_str(line).map_err(|_| bad(line))?;
+        match (j.event, j.state.and_then(State::parse), j.spawns, j.id) {
+            ("state", Some(state), Some(spawns), None) => Ok(Self::State { state, spawns }),
+            ("failed", None, None, Some(id)) => match j.reason.and_then(FailReason::parse) {
+                Some(reason) => Ok(Self::Failed { id, reason }),
+                None => Err(bad(line)),
+            },
+            ("ping", None, None, None) => Ok(Self::Ping),
+            _ => Err(bad(line)),
+        }
     }
 }
 
@@ -379,6 +742,94 @@ pub fn report_stall(socket: &Path, timeout: Duration) -> Result<StallAnswer, Wor
     StallAnswer::parse(&call(socket, Command::Stall, timeout)?)
 }
 
+/// Registers a generation sent on `slot`: its id, or the worker's state when it is not ready.
+pub fn register(
+    socket: &Path,
+    slot: u32,
+    timeout: Duration,
+) -> Result<RegisterAnswer, WorkerError> {
+    RegisterAnswer::parse(&call_line(
+        socket,
+        &Request::Register { slot }.to_line(),
+        timeout,
+    )?)
+}
+
+/// Reports stream progress of generation `id` (the first byte, then at most about once a
+/// second).
+pub fn progress(
+    socket: &Path,
+    id: u64,
+    kind: ProgressKind,
+    timeout: Duration,
+) -> Result<Ack, WorkerError> {
+    Ack::parse(&call_line(
+        socket,
+        &Request::Progress { id, kind }.to_line(),
+        timeout,
+    )?)
+}
+
+/// Unregisters generation `id` (it ended, whatever its outcome).
+pub fn done(socket: &Path, id: u64, timeout: Duration) -> Result<Ack, WorkerError> {
+    Ack::parse(&call_line(
+        socket,
+        &Request::Done { id }.to_line(),
+        timeout,
+    )?)
+}
+
+/// Reports that generation `id` stalled; the worker judges it by that generation's progress
+/// (an id it does not know is judged as a bare `stall`).
+pub fn report_stall_of(
+    socket: &Path,
+    id: u64,
+    timeout: Duration,
+) -> Result<StallAnswer, WorkerError> {
+    StallAnswer::parse(&call_line(
+        socket,
+        &Request::StallOf { id }.to_line(),
+        timeout,
+    )?)
+}
+
+/// An open `watch` connection: [`Watcher::next_event`] returns each line as it comes.
+#[derive(Debug)]
+pub struct Watcher {
+    reader: BufReader<UnixStream>,
+}
+
+/// Opens a `watch` connection (connecting and writing within `timeout`). Its first event is
+/// the worker's state.
+pub fn watch(socket: &Path, timeout: Duration) -> Result<Watcher, WorkerError> {
+    let mut s = UnixStream::connect(socket).map_err(WorkerError::Io)?;
+    s.set_write_timeout(Some(timeout))
+        .map_err(WorkerError::Io)?;
+    s.set_read_timeout(Some(WATCH_DEAD_AFTER))
+        .map_err(WorkerError::Io)?;
+    s.write_all(b"watch\n").map_err(WorkerError::Io)?;
+    Ok(Watcher {
+        reader: BufReader::new(s),
+    })
+}
+
+impl Watcher {
+    /// The next event, waiting at most [`WATCH_DEAD_AFTER`] (the daemon pings every
+    /// [`WATCH_KEEPALIVE`]): a timeout or the end of the stream is an [`WorkerError::Io`]
+    /// (`TimedOut`/`WouldBlock`, `UnexpectedEof`): the worker is gone, open a new watch.
+    pub fn next_event(&mut self) -> Result<WatchEvent, WorkerError> {
+        let mut line = String::new();
+        let n = (&mut self.reader)
+            .take(MAX_ANSWER_BYTES)
+            .read_line(&mut line)
+            .map_err(WorkerError::Io)?;
+        if n == 0 {
+            return Err(WorkerError::Io(std::io::ErrorKind::UnexpectedEof.into()));
+        }
+        WatchEvent::parse(line.trim_end())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -459,6 +910,109 @@ mod tests {
             error_reply("command too long"),
             "{\"error\":\"command too long\"}"
         );
+    }
+
+    #[test]
+    fn request_lines_parse_exactly() {
+        let ok = [
+            ("status", Request::Command(Command::Status)),
+            (" stall \n", Request::Command(Command::Stall)),
+            ("stall 7", Request::StallOf { id: 7 }),
+            ("register 0", Request::Register { slot: 0 }),
+            (
+                "progress 18446744073709551615 first_byte",
+                Request::Progress {
+                    id: u64::MAX,
+                    kind: ProgressKind::FirstByte,
+                },
+            ),
+            (
+                "progress 3 bytes",
+                Request::Progress {
+                    id: 3,
+                    kind: ProgressKind::Bytes,
+                },
+            ),
+            ("done 3", Request::Done { id: 3 }),
+            ("watch", Request::Watch),
+        ];
+        for (line, r) in ok {
+            assert_eq!(Request::parse(line), Ok(r), "{line}");
+            assert_eq!(Request::parse(&r.to_line()), Ok(r));
+            assert!(r.to_line().len() <= MAX_COMMAND_BYTES);
+        }
+        let bad = [
+            ("", RequestError::Unknown),
+            ("restart", RequestError::Unknown),
+            ("register", RequestError::Missing("slot")),
+            ("register -1", RequestError::BadNumber("slot")),
+            ("register 4294967296", RequestError::BadNumber("slot")),
+            ("progress 1", RequestError::Missing("kind")),
+            ("progress x bytes", RequestError::BadNumber("id")),
+            ("progress 1 tokens", RequestError::BadProgressKind),
+            ("done 18446744073709551616", RequestError::BadNumber("id")),
+            ("done 1 2", RequestError::Extra),
+            ("status now", RequestError::Extra),
+            ("stall x", RequestError::BadNumber("id")),
+        ];
+        for (line, e) in bad {
+            assert_eq!(Request::parse(line), Err(e), "{line}");
+        }
+        assert_eq!(
+            error_reply(&RequestError::BadNumber("slot").to_string()),
+            "{\"error\":\"slot is not a number in range\"}"
+        );
+    }
+
+    #[test]
+    fn answers_and_events_round_trip() {
+        assert_eq!(
+            RegisterAnswer::Registered(7).to_json(),
+            "{\"registered\":7}"
+        );
+        assert_eq!(
+            RegisterAnswer::Refused(State::Restarting).to_json(),
+            "{\"refused\":\"restarting\"}"
+        );
+        for a in [
+            RegisterAnswer::Registered(1),
+            RegisterAnswer::Refused(State::Failed),
+        ] {
+            assert_eq!(RegisterAnswer::parse(&a.to_json()).unwrap(), a);
+        }
+        assert!(RegisterAnswer::parse("{\"error\":\"x\"}").is_err());
+        assert_eq!(Ack::Ok.to_json(), "{\"ok\":true}");
+        assert_eq!(Ack::Unknown.to_json(), "{\"ok\":false}");
+        assert_eq!(Ack::parse("{\"ok\":false}").unwrap(), Ack::Unknown);
+        assert!(Ack::parse("{\"error\":\"x\"}").is_err());
+        let events = [
+            (
+                WatchEvent::State {
+                    state: State::Ready,
+                    spawns: 3,
+                },
+                "{\"event\":\"state\",\"state\":\"ready\",\"spawns\":3}",
+            ),
+            (
+                WatchEvent::Failed {
+                    id: 7,
+                    reason: FailReason::WorkerRestarted,
+                },
+                "{\"event\":\"failed\",\"id\":7,\"reason\":\"worker_restarted\"}",
+            ),
+            (WatchEvent::Ping, "{\"event\":\"ping\"}"),
+        ];
+        for (e, line) in events {
+            assert_eq!(e.to_json(), line);
+            assert_eq!(WatchEvent::parse(line).unwrap(), e);
+        }
+        for bad in [
+            "{\"event\":\"failed\",\"id\":7,\"reason\":\"tired\"}",
+            "{\"event\":\"state\",\"state\":\"ready\"}",
+            "{\"event\":\"party\"}",
+        ] {
+            assert!(WatchEvent::parse(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]
