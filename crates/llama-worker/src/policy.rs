@@ -21,6 +21,14 @@
 //! waited for without a deadline and without counting a restart: it is another host's outage,
 //! not a loop of ours; the state stays starting/restarting (not ready) meanwhile.
 //!
+//! Registered generations (issue 23, appendix J per request): each generation a client
+//! registers has a phase and a last progress. In prefill its progress is the later of its
+//! registration and the group's last CPU-time rise; after its first byte, only its own stream
+//! progress counts (CPU time rising mid-stream is not progress: a GPU host's threads spin while
+//! a kernel hangs). While ready, a generation without progress for `stall_timeout` restarts
+//! the server (cause `stall`), and every restart or stop fails every registered generation
+//! ([`Policy::take_failed_generations`]). Unregistered work gets no per-request verdict.
+//!
 //! All time is input (`now`, a [`Duration`] since any fixed origin); nothing here reads a
 //! clock, touches a process or opens a socket. The shell ([`crate::worker`]) feeds it events
 //! (`handle_*`), drains what it must do with [`Policy::poll_action`], and calls
@@ -28,34 +36,15 @@
 //! clock and check every transition exactly.
 
 use core::fmt;
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
 // The state and the restart cause are on the status socket's wire: their names live with
 // the protocol, which loopd reads too.
 pub use worker_proto::{RestartCause, State};
 
-/// Why registered in-flight work was failed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FailReason {
-    /// The worker restarted a live server (readiness lost, stall, startup deadline).
-    WorkerRestarted,
-    /// The server process died on its own.
-    ServerDied,
-    /// The worker was stopped.
-    WorkerStopped,
-}
-
-impl FailReason {
-    /// The wire name (`worker_restarted`, `server_died`, `worker_stopped`).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::WorkerRestarted => "worker_restarted",
-            Self::ServerDied => "server_died",
-            Self::WorkerStopped => "worker_stopped",
-        }
-    }
-}
+// Why registered work was failed, and a generation's phase and progress: on the wire too.
+pub use worker_proto::{FailReason, GenerationPhase, ProgressKind};
 
 /// Why new work is refused. Answered at once, never by waiting.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -160,6 +149,27 @@ pub struct PolicyConfig {
     pub await_endpoints: bool,
 }
 
+/// A registered generation as the status shows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GenerationView {
+    /// Its id (from 1).
+    pub id: u64,
+    /// The server slot the client sent it on.
+    pub slot: u32,
+    /// Prefill or streaming.
+    pub phase: GenerationPhase,
+    /// Its last progress by appendix J (see the module docs).
+    pub last_progress_at: Duration,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Generation {
+    slot: u32,
+    phase: GenerationPhase,
+    /// Registration, then each stream progress report.
+    reported_at: Duration,
+}
+
 /// Where inside starting/restarting the worker is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Phase {
@@ -198,6 +208,10 @@ pub struct Policy {
     spawned_at: Option<Duration>,
     last_cause: Option<RestartCause>,
     total_restarts: u64,
+    generations: BTreeMap<u64, Generation>,
+    next_generation: u64,
+    /// Generations failed by restarts and stops, with why, until the shell takes them.
+    failed_generations: Vec<(u64, FailReason)>,
 }
 
 impl Policy {
@@ -218,7 +232,94 @@ impl Policy {
             spawned_at: None,
             last_cause: None,
             total_restarts: 0,
+            generations: BTreeMap::new(),
+            next_generation: 1,
+            failed_generations: Vec::new(),
         }
+    }
+
+    /// Registers a generation sent on `slot`: its id while ready, otherwise the refusal.
+    pub fn register(&mut self, now: Duration, slot: u32) -> Result<u64, Refusal> {
+        self.admit()?;
+        let id = self.next_generation;
+        self.next_generation += 1;
+        self.generations.insert(
+            id,
+            Generation {
+                slot,
+                phase: GenerationPhase::Prefill,
+                reported_at: now,
+            },
+        );
+        Ok(id)
+    }
+
+    /// Stream progress of generation `id`; `false` when it is not registered. Any stream byte
+    /// ends its prefill.
+    pub fn handle_progress(&mut self, now: Duration, id: u64, _kind: ProgressKind) -> bool {
+        let Some(g) = self.generations.get_mut(&id) else {
+            return false;
+        };
+        g.phase = GenerationPhase::Streaming;
+        g.reported_at = now;
+        self.last_stream_byte_at = Some(now);
+        true
+    }
+
+    /// Forgets generation `id` (it ended); `false` when it was not registered.
+    pub fn unregister(&mut self, id: u64) -> bool {
+        self.generations.remove(&id).is_some()
+    }
+
+    /// Forgets every registered generation without failing it (its clients are gone).
+    pub fn forget_generations(&mut self) {
+        self.generations.clear();
+    }
+
+    /// The registered generations, by id.
+    pub fn generations(&self) -> Vec<GenerationView> {
+        self.generations
+            .iter()
+            .map(|(&id, g)| GenerationView {
+                id,
+                slot: g.slot,
+                phase: g.phase,
+                last_progress_at: self.progress_of(g),
+            })
+            .collect()
+    }
+
+    /// The generations failed since the last call, with why (after [`Action::NotifyInflight`]).
+    pub fn take_failed_generations(&mut self) -> Vec<(u64, FailReason)> {
+        core::mem::take(&mut self.failed_generations)
+    }
+
+    /// Appendix J for one generation: in prefill the later of its registration and the
+    /// group's last CPU-time rise; streaming, its last stream progress only.
+    fn progress_of(&self, g: &Generation) -> Duration {
+        match g.phase {
+            GenerationPhase::Prefill => g
+                .reported_at
+                .max(self.last_cpu_increase_at.unwrap_or_default()),
+            GenerationPhase::Streaming => g.reported_at,
+        }
+    }
+
+    /// When the first registered generation runs out of progress (while ready).
+    fn generation_deadline(&self) -> Option<Duration> {
+        if self.state != State::Ready {
+            return None;
+        }
+        self.generations
+            .values()
+            .map(|g| self.progress_of(g) + self.cfg.stall_timeout)
+            .min()
+    }
+
+    /// Fails every registered generation with `reason`.
+    fn fail_generations(&mut self, reason: FailReason) {
+        let ids = core::mem::take(&mut self.generations).into_keys();
+        self.failed_generations.extend(ids.map(|id| (id, reason)));
     }
 
     /// The current state.
@@ -300,14 +401,18 @@ impl Policy {
 
     /// The next instant at which [`Policy::handle_timeout`] has something to do.
     pub fn poll_timeout(&self) -> Option<Duration> {
-        match self.phase {
+        let phase = match self.phase {
             Phase::Backoff { until } => Some(until),
             Phase::AwaitReady { deadline } => Some(deadline),
             Phase::AwaitEndpoints { deadline, last } => {
                 (last != Some(Endpoints::RemoteDown)).then_some(deadline)
             }
             Phase::Idle | Phase::Running => None,
-        }
+        };
+        [phase, self.generation_deadline()]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// Start from stopped or failed (the restart count goes back to zero). Ignored in other
@@ -396,6 +501,7 @@ impl Policy {
             self.actions.clear();
             self.actions
                 .push_back(Action::NotifyInflight(FailReason::WorkerStopped));
+            self.fail_generations(FailReason::WorkerStopped);
         }
         if self.child_alive {
             self.actions.push_back(Action::KillGroup);
@@ -519,8 +625,32 @@ impl Policy {
         }
     }
 
-    /// Deadlines: the end of a backoff (spawn) or of the startup deadline (restart).
+    /// A client reports that registered generation `id` saw no progress: judged by that
+    /// generation's own progress (appendix J), with the same `stall_timeout`. An id that is not
+    /// registered is judged as [`Policy::report_stall`].
+    pub fn report_stall_of(&mut self, now: Duration, id: u64) -> StallVerdict {
+        let Some(g) = self.generations.get(&id) else {
+            return self.report_stall(now);
+        };
+        if self.state != State::Ready {
+            return StallVerdict::NotReady;
+        }
+        let since_progress = now.saturating_sub(self.progress_of(g));
+        if since_progress >= self.cfg.stall_timeout {
+            self.restart(now, RestartCause::Stall);
+            StallVerdict::Restarting
+        } else {
+            StallVerdict::NotStalled { since_progress }
+        }
+    }
+
+    /// Deadlines: the end of a backoff (spawn) or of the startup deadline (restart), and a
+    /// registered generation without progress for `stall_timeout` (restart, cause `stall`).
     pub fn handle_timeout(&mut self, now: Duration) {
+        if self.generation_deadline().is_some_and(|t| now >= t) {
+            self.restart(now, RestartCause::Stall);
+            return;
+        }
         match self.phase {
             Phase::Backoff { until } if now >= until => {
                 self.phase = Phase::Idle;
@@ -554,6 +684,7 @@ impl Policy {
             FailReason::WorkerRestarted
         };
         self.actions.push_back(Action::NotifyInflight(reason));
+        self.fail_generations(reason);
         if self.child_alive {
             self.actions.push_back(Action::KillGroup);
         }
@@ -1148,5 +1279,158 @@ mod tests {
         p.handle_model_exit(s(41));
         assert_eq!(drain(&mut p), []);
         assert_eq!(p.state(), State::Stopped);
+    }
+    const MS1: Duration = Duration::from_millis(1);
+
+    /// Ready at 0 with a CPU baseline of 100 ticks, one generation registered at 1 s on slot 2.
+    fn with_generation() -> (Policy, u64) {
+        let mut p = ready_at(s(0));
+        p.handle_cpu_sample(s(0), Some(100));
+        let id = p.register(s(1), 2).unwrap();
+        assert_eq!(id, 1);
+        (p, id)
+    }
+
+    fn stalled(p: &mut Policy, id: u64) {
+        assert_eq!(p.state(), State::Restarting);
+        assert_eq!(p.last_cause(), Some(RestartCause::Stall));
+        assert_eq!(
+            drain(p),
+            [
+                Action::NotifyInflight(FailReason::WorkerRestarted),
+                Action::KillGroup
+            ]
+        );
+        assert_eq!(
+            p.take_failed_generations(),
+            [(id, FailReason::WorkerRestarted)]
+        );
+        assert!(p.generations().is_empty());
+        assert!(!p.handle_progress(p.poll_timeout().unwrap(), id, ProgressKind::Bytes));
+    }
+
+    #[test]
+    fn prefill_with_rising_cpu_is_alive() {
+        let (mut p, id) = with_generation();
+        for t in (5..=600).step_by(5) {
+            p.handle_cpu_sample(s(t), Some(100 + t));
+            p.handle_timeout(s(t));
+            assert_eq!(p.state(), State::Ready, "at {t}");
+            assert_eq!(p.poll_timeout(), Some(s(t + 120)));
+        }
+        let g = p.generations();
+        assert_eq!(
+            g,
+            [GenerationView {
+                id,
+                slot: 2,
+                phase: GenerationPhase::Prefill,
+                last_progress_at: s(600),
+            }]
+        );
+    }
+
+    #[test]
+    fn prefill_with_flat_cpu_stalls_at_the_limit() {
+        let (mut p, id) = with_generation();
+        for t in (5..=120).step_by(5) {
+            p.handle_cpu_sample(s(t), Some(100));
+        }
+        assert_eq!(p.poll_timeout(), Some(s(121)));
+        p.handle_timeout(s(121) - MS1);
+        assert_eq!(p.state(), State::Ready);
+        assert_eq!(drain(&mut p), []);
+        p.handle_timeout(s(121));
+        stalled(&mut p, id);
+    }
+
+    #[test]
+    fn a_silent_stream_stalls_while_cpu_rises() {
+        let (mut p, id) = with_generation();
+        assert!(p.handle_progress(s(10), id, ProgressKind::FirstByte));
+        for t in (15..130).step_by(5) {
+            p.handle_cpu_sample(s(t), Some(100 + t));
+        }
+        assert_eq!(p.poll_timeout(), Some(s(130)));
+        p.handle_timeout(s(130) - MS1);
+        assert_eq!(p.state(), State::Ready);
+        p.handle_timeout(s(130));
+        stalled(&mut p, id);
+    }
+
+    #[test]
+    fn stream_bytes_with_flat_cpu_are_alive() {
+        let (mut p, id) = with_generation();
+        assert!(p.handle_progress(s(2), id, ProgressKind::FirstByte));
+        for t in 3..=600 {
+            assert!(p.handle_progress(s(t), id, ProgressKind::Bytes));
+            p.handle_cpu_sample(s(t), Some(100));
+            p.handle_timeout(s(t));
+            assert_eq!(p.state(), State::Ready, "at {t}");
+        }
+        assert_eq!(p.generations()[0].phase, GenerationPhase::Streaming);
+        assert_eq!(p.poll_timeout(), Some(s(720)));
+        // Done: no deadline any more, however long it stays quiet.
+        assert!(p.unregister(id));
+        assert!(!p.unregister(id));
+        assert_eq!(p.poll_timeout(), None);
+        p.handle_timeout(s(10_000));
+        assert_eq!(p.state(), State::Ready);
+    }
+
+    #[test]
+    fn unregistered_work_gets_no_per_request_verdict() {
+        let mut p = ready_at(s(0));
+        p.handle_cpu_sample(s(0), Some(100));
+        assert_eq!(p.poll_timeout(), None);
+        p.handle_timeout(s(10_000));
+        assert_eq!((p.state(), drain(&mut p)), (State::Ready, vec![]));
+        assert!(!p.handle_progress(s(1), 9, ProgressKind::FirstByte));
+    }
+
+    #[test]
+    fn a_stall_report_of_a_generation_uses_its_own_progress() {
+        let (mut p, id) = with_generation();
+        p.handle_progress(s(10), id, ProgressKind::FirstByte);
+        // CPU rises all along: the bare report sees progress, the generation's does not.
+        for t in (15..=125).step_by(5) {
+            p.handle_cpu_sample(s(t), Some(100 + t));
+        }
+        assert_eq!(
+            p.report_stall_of(s(129), id),
+            StallVerdict::NotStalled {
+                since_progress: s(119)
+            }
+        );
+        // An id it does not know is a bare report: the CPU rose 5 s ago.
+        assert_eq!(
+            p.report_stall_of(s(130), 99),
+            StallVerdict::NotStalled {
+                since_progress: s(5)
+            }
+        );
+        assert_eq!(p.report_stall_of(s(130), id), StallVerdict::Restarting);
+        stalled(&mut p, id);
+        assert_eq!(p.report_stall_of(s(131), id), StallVerdict::NotReady);
+    }
+
+    #[test]
+    fn a_death_fails_every_generation_and_registration_needs_ready() {
+        let (mut p, a) = with_generation();
+        let b = p.register(s(2), 0).unwrap();
+        p.handle_exit(s(3));
+        assert_eq!(
+            p.take_failed_generations(),
+            [(a, FailReason::ServerDied), (b, FailReason::ServerDied)]
+        );
+        assert_eq!(p.take_failed_generations(), []);
+        assert_eq!(p.register(s(3), 0), Err(Refusal::NotReady));
+        let (mut p, a) = with_generation();
+        p.stop(s(5));
+        assert_eq!(
+            p.take_failed_generations(),
+            [(a, FailReason::WorkerStopped)]
+        );
+        assert_eq!(p.register(s(6), 0), Err(Refusal::Stopped));
     }
 }
