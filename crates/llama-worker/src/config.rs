@@ -58,7 +58,9 @@ pub struct Config {
     pub unready_restart_s: f64,
     /// Between `/proc` CPU-time samples of the process group (default 5).
     pub cpu_probe_interval_s: f64,
-    /// A reported stall restarts only after this long without progress (default 120).
+    /// A registered generation without progress this long restarts the server, and a reported
+    /// stall restarts only after this long without progress (default 30: no longer than
+    /// loopd's default `limits.liveness_ms`; at least twice `cpu_probe_interval_s`).
     pub stall_timeout_s: f64,
     /// Ready this long sets the crash-loop restart count back to zero (default 600).
     pub restart_window_s: f64,
@@ -97,7 +99,7 @@ impl Default for Config {
             probe_timeout_s: 5.0,
             unready_restart_s: 30.0,
             cpu_probe_interval_s: 5.0,
-            stall_timeout_s: 120.0,
+            stall_timeout_s: 30.0,
             restart_window_s: 600.0,
             max_restarts_per_window: 5,
             restart_backoff_s: 2.0,
@@ -151,6 +153,8 @@ pub enum ConfigError {
     RpcBadEndpoint(String),
     /// `args` hold this flag, which the worker adds itself when `[rpc]` is set.
     RpcArgConflict(&'static str),
+    /// Two keys contradict the timeline: `.0` must be at least twice `.1`.
+    ShorterThanTwice(&'static str, &'static str),
 }
 
 impl fmt::Display for ConfigError {
@@ -172,6 +176,11 @@ impl fmt::Display for ConfigError {
                 "config: `{k}` must be a finite number of seconds in 0..={MAX_SECONDS}"
             ),
             Self::Zero(k) => write!(f, "config: `{k}` must be greater than 0"),
+            Self::ShorterThanTwice(k, other) => write!(
+                f,
+                "config: `{k}` must be at least twice `{other}` (a generation in prefill shows \
+                 progress only as a rise between two of its samples)"
+            ),
             Self::Read(k) => write!(f, "config: cannot read the file: {k}"),
             Self::CommandNotFound(c) => write!(
                 f,
@@ -328,11 +337,19 @@ impl Config {
             }
             Ok(x)
         };
+        let stall_timeout = nz("stall_timeout_s", self.stall_timeout_s)?;
+        let cpu_probe_interval = nz("cpu_probe_interval_s", self.cpu_probe_interval_s)?;
+        if stall_timeout < cpu_probe_interval * 2 {
+            return Err(ConfigError::ShorterThanTwice(
+                "stall_timeout_s",
+                "cpu_probe_interval_s",
+            ));
+        }
         Ok(Timings {
             policy: PolicyConfig {
                 startup_deadline: nz("startup_deadline_s", self.startup_deadline_s)?,
                 unready_restart_after: nz("unready_restart_s", self.unready_restart_s)?,
-                stall_timeout: nz("stall_timeout_s", self.stall_timeout_s)?,
+                stall_timeout,
                 restart_window: nz("restart_window_s", self.restart_window_s)?,
                 max_restarts_per_window: match self.max_restarts_per_window {
                     0 => return Err(ConfigError::Zero("max_restarts_per_window")),
@@ -344,7 +361,7 @@ impl Config {
             startup_probe_interval: nz("startup_probe_interval_s", self.startup_probe_interval_s)?,
             probe_interval: nz("probe_interval_s", self.probe_interval_s)?,
             probe_timeout: nz("probe_timeout_s", self.probe_timeout_s)?,
-            cpu_probe_interval: nz("cpu_probe_interval_s", self.cpu_probe_interval_s)?,
+            cpu_probe_interval,
             stop_grace: d("stop_grace_s", self.stop_grace_s)?,
             metrics_interval: nz("metrics_interval_s", self.metrics_interval_s)?,
         })
@@ -548,12 +565,24 @@ stop_grace_s = 0.25
                 err.to_string(),
                 format!("config: `{key}` must be greater than 0")
             );
-            let one = format!("command = \"x\"\n{key} = 1");
+            let one = format!("command = \"x\"\ncpu_probe_interval_s = 0.5\n{key} = 1");
             assert!(Config::from_toml(&one).is_ok(), "{key}");
         }
         let tiny = "command = \"x\"\nunready_restart_s = 0.001\nrestart_window_s = 0.001";
         let t = Config::from_toml(tiny).unwrap().timings().unwrap();
         assert_eq!(t.policy.unready_restart_after, Duration::from_millis(1));
+        // The stall timeout judges prefill by CPU-time samples: two of them at least.
+        let text = "command = \"x\"\ncpu_probe_interval_s = 0.5\nstall_timeout_s = 0.999";
+        let err = Config::from_toml(text).unwrap_err();
+        assert_eq!(
+            err,
+            ConfigError::ShorterThanTwice("stall_timeout_s", "cpu_probe_interval_s")
+        );
+        assert!(err.to_string().starts_with(
+            "config: `stall_timeout_s` must be at least twice `cpu_probe_interval_s`"
+        ));
+        let limit = "command = \"x\"\ncpu_probe_interval_s = 0.5\nstall_timeout_s = 1";
+        assert!(Config::from_toml(limit).is_ok());
         // Zero stays allowed where it means "at once": no backoff, SIGKILL without grace.
         let c = Config::from_toml("command = \"x\"\nrestart_backoff_s = 0\nstop_grace_s = 0");
         assert!(c.is_ok());
