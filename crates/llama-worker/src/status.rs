@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use crate::models::ModelState;
-use crate::policy::{RestartCause, State};
+use crate::policy::{GenerationView, RestartCause, State};
 use crate::probe::ProbeOutcome;
 use crate::rpc::EndpointStatus;
 
@@ -40,6 +40,15 @@ pub struct ModelExit {
     pub while_loading: bool,
 }
 
+/// A registered generation in the snapshot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GenerationStatus {
+    /// Its id, slot, phase and last progress.
+    pub view: GenerationView,
+    /// Time since that progress.
+    pub progress_age: Duration,
+}
+
 /// A snapshot of the worker.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Status {
@@ -67,8 +76,10 @@ pub struct Status {
     pub last_readiness: Option<ReadinessRecord>,
     /// Time since that answer.
     pub readiness_age: Option<Duration>,
-    /// Registered in-flight requests.
+    /// Registered in-flight requests (in-process ones and registered generations).
     pub inflight: usize,
+    /// The registered generations, by id.
+    pub generations: Vec<GenerationStatus>,
     /// The latest model instance exit the router reported.
     pub last_model_exit: Option<ModelExit>,
     /// Time since that exit was read.
@@ -123,6 +134,16 @@ struct StatusJson<'a> {
     rpc: Vec<EndpointJson>,
     #[serde(skip_serializing_if = "Option::is_none")]
     rpc_lost: Option<RpcLossJson<'a>>,
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    generations: Vec<GenerationJson>,
+}
+
+#[derive(Serialize)]
+struct GenerationJson {
+    id: u64,
+    slot: u32,
+    phase: &'static str,
+    progress_age_s: f64,
 }
 
 #[derive(Serialize)]
@@ -239,6 +260,16 @@ impl Status {
                 what: &l.what,
                 age_s: l.age.map(secs),
             }),
+            generations: self
+                .generations
+                .iter()
+                .map(|g| GenerationJson {
+                    id: g.view.id,
+                    slot: g.view.slot,
+                    phase: g.view.phase.as_str(),
+                    progress_age_s: secs(g.progress_age),
+                })
+                .collect(),
         };
         // Plain structs of numbers, strings and options: serializing cannot fail.
         serde_json::to_string(&json).unwrap_or_default()
@@ -266,6 +297,7 @@ mod tests {
             last_readiness: None,
             readiness_age: None,
             inflight: 0,
+            generations: Vec::new(),
             last_model_exit: None,
             model_exit_age: None,
             log_file: None,
@@ -324,6 +356,15 @@ mod tests {
             last_readiness: None,
             readiness_age: None,
             inflight: 2,
+            generations: vec![GenerationStatus {
+                view: GenerationView {
+                    id: 7,
+                    slot: 1,
+                    phase: crate::policy::GenerationPhase::Streaming,
+                    last_progress_at: Duration::ZERO,
+                },
+                progress_age: Duration::from_millis(1250),
+            }],
             last_model_exit: None,
             model_exit_age: None,
             log_file: None,
@@ -335,5 +376,9 @@ mod tests {
         assert_eq!(v["total_restarts"], u64::MAX);
         assert_eq!(v["last_cause"], "startup_timeout");
         assert_eq!(v["cpu_progress_age_s"], 604_800.0);
+        assert!(s.to_json().ends_with(
+            ",\"generations\":[{\"id\":7,\"slot\":1,\"phase\":\"streaming\",\
+             \"progress_age_s\":1.25}]}"
+        ));
     }
 }

@@ -20,13 +20,14 @@ use crate::cpu;
 use crate::metrics::Metrics;
 use crate::models::{self, ModelState, ModelsVerdict, MAX_MODELS_BODY, MODELS_PATH};
 use crate::policy::{
-    Action, FailReason, Policy, Readiness, Refusal, RestartCause, StallVerdict, State,
+    Action, FailReason, Policy, ProgressKind, Readiness, Refusal, RestartCause, StallVerdict, State,
 };
 use crate::probe::{self, ProbeError, ProbeOutcome};
 use crate::process::{Exit, Lingering, ServerProcess};
 use crate::rpc::{rpc_arg, EndpointStatus};
 use crate::rpc_unit::RpcUnit;
 use crate::status::{ModelExit, ReadinessRecord, RpcLoss, Status};
+use worker_proto::{WatchEvent, MAX_WATCHERS};
 
 /// Longest the driving loop sleeps: how late an exit of the server is noticed at worst.
 pub const MAX_IDLE: Duration = Duration::from_millis(100);
@@ -50,9 +51,26 @@ struct Inner {
     rpc: Vec<EndpointStatus>,
     /// The latest RPC endpoint the unit lost.
     rpc_lost: Option<RpcLoss>,
+    /// The `watch` connections' queues.
+    watchers: Vec<Sender<WatchEvent>>,
+    /// Open `watch` connections; when the last one closes, registered generations are
+    /// forgotten (their clients are gone and can report neither progress nor their end).
+    watching: usize,
+    /// The state last pushed to the watchers.
+    pushed_state: State,
 }
 
 impl Inner {
+    /// Pushes `event` to every watcher, dropping those whose connection is gone.
+    fn push(&mut self, event: WatchEvent) {
+        self.watchers.retain(|w| w.send(event).is_ok());
+    }
+
+    /// Requests in flight: in-process registrations and registered generations.
+    fn inflight(&self) -> usize {
+        self.inflight.len() + self.policy.generations().len()
+    }
+
     /// Brings the counters up to the policy as it is at `now`.
     fn observe(&mut self, now: Duration) {
         let p = &self.policy;
@@ -147,7 +165,16 @@ impl<C: SharedClock> WorkerHandle<C> {
                 .map(|t| now.saturating_sub(t)),
             last_readiness: g.last_readiness.clone(),
             readiness_age: g.last_readiness.as_ref().map(|r| now.saturating_sub(r.at)),
-            inflight: g.inflight.len(),
+            inflight: g.inflight(),
+            generations: g
+                .policy
+                .generations()
+                .into_iter()
+                .map(|v| crate::status::GenerationStatus {
+                    progress_age: now.saturating_sub(v.last_progress_at),
+                    view: v,
+                })
+                .collect(),
             last_model_exit: g.last_model_exit.clone(),
             model_exit_age: g.last_model_exit.as_ref().map(|e| now.saturating_sub(e.at)),
             log_file: self.log_file.clone(),
@@ -232,7 +259,7 @@ impl<C: SharedClock> WorkerHandle<C> {
         let now = self.clock.now();
         let mut g = self.shared.lock();
         g.observe(now);
-        let inflight = g.inflight.len();
+        let inflight = g.inflight();
         g.metrics.encode(now, inflight)
     }
 
@@ -273,6 +300,67 @@ impl<C: SharedClock> WorkerHandle<C> {
         drop(g);
         self.shared.wake.notify_all();
         v
+    }
+
+    /// Registers a generation a client sent on `slot` (`register`): its id while ready.
+    pub fn register(&self, slot: u32) -> Result<u64, Refusal> {
+        let now = self.clock.now();
+        let r = self.shared.lock().policy.register(now, slot);
+        // Its stall deadline is the driving loop's next wake-up.
+        self.shared.wake.notify_all();
+        r
+    }
+
+    /// Stream progress of generation `id` (`progress`); `false` when it is not registered.
+    pub fn progress(&self, id: u64, kind: ProgressKind) -> bool {
+        let now = self.clock.now();
+        self.shared.lock().policy.handle_progress(now, id, kind)
+    }
+
+    /// Generation `id` ended (`done`); `false` when it was not registered.
+    pub fn done(&self, id: u64) -> bool {
+        self.shared.lock().policy.unregister(id)
+    }
+
+    /// Reports that generation `id` stalled (`stall <id>`): judged by its own progress.
+    pub fn report_stall_of(&self, id: u64) -> StallVerdict {
+        let now = self.clock.now();
+        let mut g = self.shared.lock();
+        let v = g.policy.report_stall_of(now, id);
+        g.metrics.handle_stall(v);
+        g.observe(now);
+        drop(g);
+        self.shared.wake.notify_all();
+        v
+    }
+
+    /// Opens a watch: the queue its events arrive on, the current state first; `None` when
+    /// [`MAX_WATCHERS`] are open. Call [`WorkerHandle::unwatch`] when the connection ends.
+    pub fn watch(&self) -> Option<Receiver<WatchEvent>> {
+        let mut g = self.shared.lock();
+        // A closed watcher is found by a failed send; a ping is harmless to the live ones.
+        g.push(WatchEvent::Ping);
+        if g.watching >= MAX_WATCHERS {
+            return None;
+        }
+        let (tx, rx) = mpsc::channel();
+        let first = WatchEvent::State {
+            state: g.policy.state(),
+            spawns: g.spawns,
+        };
+        let _ = tx.send(first);
+        g.watchers.push(tx);
+        g.watching += 1;
+        Some(rx)
+    }
+
+    /// A watch connection ended. When none is left, registered generations are forgotten.
+    pub fn unwatch(&self) {
+        let mut g = self.shared.lock();
+        g.watching = g.watching.saturating_sub(1);
+        if g.watching == 0 {
+            g.policy.forget_generations();
+        }
     }
 
     /// Reports that stream bytes arrived (progress).
@@ -380,6 +468,9 @@ impl<C: SharedClock> Worker<C> {
                     metrics: Metrics::new(clock.now()),
                     rpc: rpc.as_ref().map_or(Vec::new(), |u| u.endpoints().to_vec()),
                     rpc_lost: None,
+                    watchers: Vec::new(),
+                    watching: 0,
+                    pushed_state: State::Stopped,
                 }),
                 wake: Condvar::new(),
                 interrupt: AtomicBool::new(false),
@@ -539,6 +630,11 @@ impl<C: SharedClock> Worker<C> {
                     for tx in core::mem::take(&mut g.inflight).into_values() {
                         let _ = tx.send(reason);
                     }
+                    // Pushed at once, before the kill: the clients end their requests now.
+                    for (id, reason) in g.policy.take_failed_generations() {
+                        g.push(WatchEvent::Failed { id, reason });
+                    }
+                    Self::push_state(&mut g);
                 }
                 Some(Action::KillGroup) => {
                     self.kill_unit();
@@ -840,8 +936,19 @@ impl<C: SharedClock> Worker<C> {
         }
     }
 
+    /// Pushes the state to the watchers if it changed since the last push.
+    fn push_state(g: &mut Inner) {
+        let state = g.policy.state();
+        if state != g.pushed_state {
+            g.pushed_state = state;
+            let spawns = g.spawns;
+            g.push(WatchEvent::State { state, spawns });
+        }
+    }
+
     fn log_state(&mut self) {
         let mut g = self.shared.lock();
+        Self::push_state(&mut g);
         g.observe(self.clock.now());
         let total = g.policy.total_restarts();
         if total != self.logged_restarts {

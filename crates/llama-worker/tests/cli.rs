@@ -939,3 +939,143 @@ fn metrics_file_is_rewritten_atomically_at_the_interval() {
     drop(child); // the worker must not write into the folder while it is removed
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// The next watch event that is not a keep-alive.
+fn next_event(w: &mut worker_proto::Watcher) -> worker_proto::WatchEvent {
+    loop {
+        match w.next_event().unwrap() {
+            worker_proto::WatchEvent::Ping => continue,
+            e => return e,
+        }
+    }
+}
+
+/// Issue 23: generations registered on the socket, their phase and progress in the status,
+/// exact answers to good and bad lines, and a stalled stream or a dead server pushed to the
+/// watcher as `failed` at once.
+#[test]
+fn registered_generations_and_the_watch_channel_end_to_end() {
+    use worker_proto::{
+        call_line, done, progress, register, report_stall_of, watch, Ack, FailReason, ProgressKind,
+        RegisterAnswer, StallAnswer, State, WatchEvent,
+    };
+    let t = Duration::from_secs(2);
+    let ep = Endpoint::start(Mode::Ok);
+    let dir = temp_dir("generations");
+    let socket = dir.join("worker.sock");
+    let config = write_config(
+        &dir,
+        &socket,
+        "sleep 300",
+        "probe_interval_s = 0.05\ncpu_probe_interval_s = 0.05\nstall_timeout_s = 0.6\n\
+         restart_backoff_s = 0.05\nstop_grace_s = 0.2\n",
+    );
+    let child = spawn_run(&config, &ep);
+    wait_status(&socket, "ready");
+    let mut w = watch(&socket, t).unwrap();
+    let ready1 = WatchEvent::State {
+        state: State::Ready,
+        spawns: 1,
+    };
+    assert_eq!(next_event(&mut w), ready1);
+    assert_eq!(
+        register(&socket, 0, t).unwrap(),
+        RegisterAnswer::Registered(1)
+    );
+    assert_eq!(
+        register(&socket, 1, t).unwrap(),
+        RegisterAnswer::Registered(2)
+    );
+    let s = ask(&socket, "status");
+    assert_eq!(field(&s, "inflight"), "2", "{s}");
+    assert!(
+        s.contains(
+            ",\"generations\":[{\"id\":1,\"slot\":0,\"phase\":\"prefill\",\"progress_age_s\":"
+        ),
+        "{s}"
+    );
+    assert_eq!(
+        progress(&socket, 1, ProgressKind::FirstByte, t).unwrap(),
+        Ack::Ok
+    );
+    assert_eq!(done(&socket, 2, t).unwrap(), Ack::Ok);
+    assert_eq!(done(&socket, 2, t).unwrap(), Ack::Unknown);
+    assert_eq!(
+        progress(&socket, 99, ProgressKind::Bytes, t).unwrap(),
+        Ack::Unknown
+    );
+    let streamed_at = Instant::now();
+    assert!(matches!(
+        report_stall_of(&socket, 1, t).unwrap(),
+        StallAnswer::NotStalled { .. }
+    ));
+    for (line, reply) in [
+        (
+            "register x",
+            "{\"error\":\"slot is not a number in range\"}",
+        ),
+        (
+            "progress 1 tokens",
+            "{\"error\":\"progress kind must be first_byte or bytes\"}",
+        ),
+        ("done", "{\"error\":\"missing argument: id\"}"),
+        ("done 1 2", "{\"error\":\"too many arguments\"}"),
+        (
+            "bogus",
+            "{\"error\":\"unknown command; use status, start, stop, stall or metrics\"}",
+        ),
+    ] {
+        assert_eq!(call_line(&socket, line, t).unwrap(), reply, "{line}");
+    }
+    let s = ask(&socket, "status");
+    assert!(
+        s.contains("{\"id\":1,\"slot\":0,\"phase\":\"streaming\""),
+        "{s}"
+    );
+    // Generation 1 streams nothing more: the worker restarts on its own at stall_timeout_s
+    // and pushes the failure before the state.
+    assert_eq!(
+        next_event(&mut w),
+        WatchEvent::Failed {
+            id: 1,
+            reason: FailReason::WorkerRestarted
+        }
+    );
+    let took = streamed_at.elapsed();
+    assert!(
+        took >= Duration::from_millis(500) && took < Duration::from_millis(1500),
+        "{took:?}"
+    );
+    assert!(matches!(
+        next_event(&mut w),
+        WatchEvent::State {
+            state: State::Restarting,
+            ..
+        }
+    ));
+    let ready2 = WatchEvent::State {
+        state: State::Ready,
+        spawns: 2,
+    };
+    assert_eq!(next_event(&mut w), ready2);
+    let s = ask(&socket, "status");
+    assert_eq!(field(&s, "last_cause"), "stall");
+    assert_eq!(field(&s, "inflight"), "0");
+    // A server that dies under a registered generation: `server_died`, at once.
+    assert_eq!(
+        register(&socket, 3, t).unwrap(),
+        RegisterAnswer::Registered(3)
+    );
+    let pid: u32 = field(&s, "pid").parse().unwrap();
+    signal(pid, "KILL");
+    assert_eq!(
+        next_event(&mut w),
+        WatchEvent::Failed {
+            id: 3,
+            reason: FailReason::ServerDied
+        }
+    );
+    assert_eq!(field(&ask(&socket, "status"), "last_cause"), "exited");
+    drop(child);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
