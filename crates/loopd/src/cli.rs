@@ -121,7 +121,8 @@ pub struct SubmitArgs {
     /// A system message, sent after the BIOS.
     #[arg(long)]
     pub system: Option<String>,
-    /// A tool the request needs (repeatable); the daemon refuses names it does not offer.
+    /// A tool the request offers the model (repeatable; none given: all of the daemon's); the
+    /// daemon refuses names it does not offer.
     #[arg(long = "tool")]
     pub tools: Vec<String>,
     /// Stay connected: print the events and the result as they come.

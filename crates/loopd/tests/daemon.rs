@@ -358,3 +358,33 @@ fn serve_refuses_to_start_when_the_server_never_loads() {
     );
     assert!(!socket.exists());
 }
+
+#[test]
+fn submit_tools_are_the_tools_its_generations_offer() {
+    let server = FakeServer::start(vec![(CHAT, vec![json_answer("ok")])]);
+    let d = Running::start(
+        &server,
+        1,
+        Arc::new(SystemClock::new()),
+        Duration::from_secs(60),
+    );
+    let all = d.call(json!({"cmd": "status"}))["status"]["tools"].clone();
+    let mut offered = Vec::new();
+    for tools in [None, Some(json!(["arithmetic"])), Some(json!([]))] {
+        let mut cmd = submit("hi");
+        if let Some(t) = &tools {
+            cmd["tools"] = t.clone();
+        }
+        let id = d.call(cmd)["id"].as_u64().unwrap();
+        let r = d.call(json!({"cmd": "wait", "id": id, "timeout_ms": 20_000}));
+        assert_eq!(r["result"]["outcome"], "completed", "{r}");
+        let sent = server.requests_to(CHAT).pop().unwrap();
+        let body: Value = serde_json::from_slice(&sent.body).unwrap();
+        let names: Vec<Value> = body["tools"].as_array().map_or(Vec::new(), |t| {
+            t.iter().map(|t| t["function"]["name"].clone()).collect()
+        });
+        offered.push(Value::Array(names));
+    }
+    assert!(all.as_array().unwrap().len() > 1, "{all}");
+    assert_eq!(offered, [all, json!(["arithmetic"]), json!([])]);
+}

@@ -21,10 +21,8 @@ pub const MAX_WAIT_MS: u64 = 600_000;
 pub enum Command {
     /// Start an agent request; with `follow`, stream its events on this connection.
     Submit {
-        /// The request.
+        /// The request; its `tools` are the ones the client chose (names of the daemon's set).
         request: RunRequest,
-        /// The tools the client asked for (names of the daemon's set).
-        tools: Option<Vec<String>>,
         /// Stream events then the result on this connection.
         follow: bool,
     },
@@ -232,13 +230,13 @@ pub fn parse(line: &[u8]) -> Result<Command, ProtoError> {
                     system: w.system,
                     messages,
                     budget: w.budget,
+                    tools: w.tools,
                     options: ChatOptions {
                         thinking: w.thinking,
                         max_tokens: w.max_tokens,
                         ..ChatOptions::default()
                     },
                 },
-                tools: w.tools,
                 follow: w.follow,
             })
         }
@@ -407,17 +405,12 @@ mod tests {
             br#"{"cmd":"submit","messages":[{"role":"user","content":"hi"}],"budget":2,"thinking":true,"tools":["arithmetic"],"follow":true}"#,
         )
         .unwrap();
-        let Command::Submit {
-            request,
-            tools,
-            follow,
-        } = c
-        else {
+        let Command::Submit { request, follow } = c else {
             panic!("{c:?}")
         };
         assert_eq!(request.budget, Some(2));
         assert!(request.options.thinking && follow);
-        assert_eq!(tools, Some(vec!["arithmetic".to_string()]));
+        assert_eq!(request.tools, Some(vec!["arithmetic".to_string()]));
         assert_eq!(
             parse(br#"{"cmd":"result","id":3}"#),
             Ok(Command::Result { id: 3 })

@@ -268,11 +268,7 @@ impl Daemon {
             Err(e) => return send(stream, &e.to_line()),
         };
         match cmd {
-            Command::Submit {
-                request,
-                tools,
-                follow,
-            } => self.submit(stream, request, tools, follow),
+            Command::Submit { request, follow } => self.submit(stream, request, follow),
             Command::Result { id } => {
                 let reply = match lock(&self.inner).store.take(id, self.clock.now()) {
                     Lookup::Done(r) => json!({"ok": true, "result": result_json(&r)}).to_string(),
@@ -396,13 +392,13 @@ impl Daemon {
         self: &Arc<Daemon>,
         stream: &UnixStream,
         request: RunRequest,
-        tools: Option<Vec<String>>,
         follow: bool,
     ) -> io::Result<()> {
         if self.stopping() {
             return send(stream, &ProtoError::ShuttingDown.to_line());
         }
-        if let Some(t) = tools
+        if let Some(t) = request
+            .tools
             .iter()
             .flatten()
             .find(|t| !self.settings.tools.contains(t))
