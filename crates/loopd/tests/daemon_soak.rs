@@ -73,6 +73,8 @@ fn soak_of_a_thousand_requests_leaks_nothing() {
         Duration::from_secs(600),
     );
     let n = soak_requests();
+    // The baseline once the daemon serves: its listener's descriptors are open by then.
+    assert_eq!(d.call(json!({"cmd": "status"}))["ok"], true);
     let (threads0, fds0, rss0) = (proc_count("Threads:"), fds(), proc_count("VmRSS:"));
     let mut rss_warm = 0;
     let (mut done_n, mut refused, mut cancelled, mut never) = (0, 0, 0, Vec::new());
