@@ -128,6 +128,10 @@ pub struct SubmitArgs {
     /// Stay connected: print the events and the result as they come.
     #[arg(long)]
     pub follow: bool,
+    /// A JSON file of earlier turns, sent before the prompt: an array of messages as the
+    /// protocol's `messages` (user, system, assistant with tool_calls, tool).
+    #[arg(long, value_name = "FILE")]
+    pub history: Option<std::path::PathBuf>,
     /// The user's message.
     pub prompt: String,
 }
