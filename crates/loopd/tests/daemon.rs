@@ -5,6 +5,7 @@
 //! process.
 
 mod support;
+mod worker_fake;
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
@@ -21,6 +22,7 @@ use loopd::daemon::READ_DEADLINE;
 use serde_json::{json, Value};
 use support::daemon::{error_of, slow_answer, submit, Running};
 use support::{json_answer, FakeServer, Reply};
+use worker_fake::{FakeWorker, Script};
 
 const CHAT: &str = "/v1/chat/completions";
 
@@ -387,4 +389,65 @@ fn submit_tools_are_the_tools_its_generations_offer() {
     }
     assert!(all.as_array().unwrap().len() > 1, "{all}");
     assert_eq!(offered, [all, json!(["arithmetic"]), json!([])]);
+}
+
+#[test]
+fn serve_waits_for_a_restarting_worker_and_says_so_once() {
+    let props = json!({"default_generation_settings": {"n_ctx": 4096}, "total_slots": 2,
+                       "chat_template": "{{ messages }}"});
+    let loading = Reply::json(503, r#"{"error":{"message":"Loading model"}}"#);
+    let server = FakeServer::start(vec![
+        (
+            "/props",
+            vec![
+                loading.clone(),
+                loading.clone(),
+                loading,
+                Reply::json(200, &props.to_string()),
+            ],
+        ),
+        (CHAT, vec![json_answer("no tools here")]),
+    ]);
+    let worker = FakeWorker::start(Script {
+        state: "restarting",
+        ..Script::default()
+    });
+    let (config, socket) = serve_config(
+        &server,
+        &format!(
+            "[runner]\nworker_socket = {:?}\n",
+            worker.socket().display().to_string()
+        ),
+    );
+    // Three polls see the worker restarting and the server loading; the fourth gets /props.
+    let text = std::fs::read_to_string(&config)
+        .unwrap()
+        .replace("load_wait_ms = 300", "load_wait_ms = 20000");
+    std::fs::write(&config, text).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_loopd"))
+        .args(["serve", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let waiting: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("llama-worker is restarting"))
+        .collect();
+    assert_eq!(
+        waiting,
+        [
+            "loopd: llama-worker is restarting the server; waiting for it up to 20 s \
+          (limits.load_wait_ms)"
+        ],
+        "{stderr}"
+    );
+    assert!(server.requests_to("/props").len() >= 4, "{stderr}");
+    // It got past the wait: the self-test ran (and refused: no [expect] section).
+    assert!(
+        stderr.contains("refusing to start: the self-test failed"),
+        "{stderr}"
+    );
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(!socket.exists());
 }
