@@ -21,6 +21,7 @@ suites=(
   "loopd-real-server|cargo test -q --features real-server -p loopd --test real_server"
   "loopd-worker-restart|cargo test -q --features real-server -p loopd --test worker_restart"
   "loopd-runner-real-server|cargo test -q --features real-server -p loopd --test runner_real_server"
+  "loopd-daemon-real-server|cargo test -q --features real-server -p loopd --test daemon_real_server"
   "loopd-broken-model|cargo test -q --features real-server -p loopd --test broken_model"
   "loopd-rpc-unit|cargo test -q --features real-server -p loopd --test rpc_unit"
   "harness-local-server|cargo test -q --features real-server -p llama-harness --test local_server"

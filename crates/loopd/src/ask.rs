@@ -29,6 +29,8 @@ pub struct Watcher<W: Write> {
     terminal: bool,
     part: Part,
     first_token: Option<Instant>,
+    /// The waiting line last shown (`slot_busy`), so each poll does not repeat it.
+    waiting: Option<bool>,
 }
 
 impl<W: Write> Watcher<W> {
@@ -39,6 +41,7 @@ impl<W: Write> Watcher<W> {
             terminal,
             part: Part::None,
             first_token: None,
+            waiting: None,
         }
     }
 
@@ -54,11 +57,19 @@ impl<W: Write> Watcher<W> {
     }
 
     fn try_event(&mut self, ev: &ChatEvent) -> std::io::Result<()> {
+        let shown = self.waiting.take();
         match ev {
             ChatEvent::Queued { ahead } => self.notice(&format!("queued: {ahead} ahead")),
-            ChatEvent::Waiting { slot_busy: true } => self.notice("waiting: the slot is busy"),
-            ChatEvent::Waiting { slot_busy: false } => {
-                self.notice("waiting: the server is loading or processing")
+            // Said once while `/slots` keeps saying the same; the exchange says nothing idle.
+            ChatEvent::Waiting { slot_busy } => {
+                self.waiting = Some(*slot_busy);
+                match (shown == Some(*slot_busy), slot_busy) {
+                    (true, _) => Ok(()),
+                    (false, true) => self.notice("waiting: the slot is busy with another request"),
+                    (false, false) => {
+                        self.notice("waiting: the server cannot say its slots (loading a model)")
+                    }
+                }
             }
             ChatEvent::Progress {
                 total,
@@ -233,6 +244,27 @@ mod tests {
             out,
             "queued: 1 ahead\nprompt: 10/10 tokens (2 from cache)\n[reasoning]\nhmm\n\
              thinking capped after 7 tokens: asked the server to end reasoning\n[answer]\nBlue."
+        );
+    }
+
+    #[test]
+    fn the_waiting_line_is_said_once_per_state_of_the_slot() {
+        let busy = ChatEvent::Waiting { slot_busy: true };
+        let loading = ChatEvent::Waiting { slot_busy: false };
+        let out = plain(&[
+            busy.clone(),
+            busy.clone(),
+            busy.clone(),
+            loading.clone(),
+            loading,
+            busy.clone(),
+            ChatEvent::Content("a".into()),
+        ]);
+        assert_eq!(
+            out,
+            "waiting: the slot is busy with another request\n\
+             waiting: the server cannot say its slots (loading a model)\n\
+             waiting: the slot is busy with another request\n[answer]\na"
         );
     }
 

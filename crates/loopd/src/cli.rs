@@ -121,12 +121,17 @@ pub struct SubmitArgs {
     /// A system message, sent after the BIOS.
     #[arg(long)]
     pub system: Option<String>,
-    /// A tool the request needs (repeatable); the daemon refuses names it does not offer.
+    /// A tool the request offers the model (repeatable; none given: all of the daemon's); the
+    /// daemon refuses names it does not offer.
     #[arg(long = "tool")]
     pub tools: Vec<String>,
     /// Stay connected: print the events and the result as they come.
     #[arg(long)]
     pub follow: bool,
+    /// A JSON file of earlier turns, sent before the prompt: an array of messages as the
+    /// protocol's `messages` (user, system, assistant with tool_calls, tool).
+    #[arg(long, value_name = "FILE")]
+    pub history: Option<std::path::PathBuf>,
     /// The user's message.
     pub prompt: String,
 }

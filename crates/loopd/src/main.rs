@@ -70,6 +70,7 @@ pub(crate) fn wait_for_server(client: &Client) -> Result<(), String> {
     let deadline = Instant::now() + Duration::from_millis(limits.load_wait_ms);
     let worker = cfg.runner.worker_socket.as_deref();
     let worker_timeout = Duration::from_millis(cfg.runner.worker_timeout_ms);
+    let mut told = false;
     loop {
         if let Some(socket) = worker {
             // An unreachable worker is no verdict: the wait below still bounds everything.
@@ -82,6 +83,16 @@ pub(crate) fn wait_for_server(client: &Client) -> Result<(), String> {
                         st.reason.as_deref().unwrap_or("it stopped the server"),
                         socket.display()
                     ));
+                }
+                // Starting or restarting is worth the wait, said once: the load wait bounds it.
+                if matches!(st.state, WorkerState::Starting | WorkerState::Restarting) && !told {
+                    told = true;
+                    eprintln!(
+                        "loopd: llama-worker is {} the server; waiting for it up to {} s \
+                         (limits.load_wait_ms)",
+                        st.state.as_str(),
+                        limits.load_wait_ms / 1000
+                    );
                 }
             }
         }

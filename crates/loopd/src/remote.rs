@@ -182,7 +182,7 @@ pub fn submit(a: SubmitArgs) -> ExitCode {
         Ok(s) => s,
         Err(e) => return fail("submit", e),
     };
-    let cmd = submit_cmd(
+    let mut cmd = submit_cmd(
         &a.prompt,
         a.budget,
         a.thinking,
@@ -190,6 +190,24 @@ pub fn submit(a: SubmitArgs) -> ExitCode {
         &a.tools,
         a.follow,
     );
+    if let Some(path) = &a.history {
+        let earlier = match std::fs::read(path)
+            .map_err(|e| e.to_string())
+            .and_then(|b| serde_json::from_slice::<Vec<Value>>(&b).map_err(|e| e.to_string()))
+        {
+            Ok(m) => m,
+            Err(e) => {
+                return fail(
+                    "submit",
+                    format!("--history {}: {e} (want a JSON array)", path.display()),
+                )
+            }
+        };
+        let prompt = cmd["messages"].take();
+        let mut messages = earlier;
+        messages.extend(prompt.as_array().cloned().unwrap_or_default());
+        cmd["messages"] = Value::Array(messages);
+    }
     if a.follow {
         return follow("submit", &socket, cmd);
     }

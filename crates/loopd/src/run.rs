@@ -1,10 +1,12 @@
 //! `loopd run`: one agent request through the runner with the built-in tools, shown live as
-//! `loopd ask` shows a request, plus each generation's budget, the calls with their
-//! arguments, their results and the exit signals; then a summary per generation.
+//! `loopd ask` shows a request, plus each generation's budget, each call once (with its
+//! arguments and its outcome, when it ends), the exit signals and the stalls in words; then a
+//! summary per generation, and the calls the model asked for that never ran (the budget spent).
 
 use std::io::Write;
 
-use loopd::runner::{CallSource, Outcome, RunEvent, RunResult};
+use loopd::llama::{ChatEvent, ChatMessage, ToolCall};
+use loopd::runner::{CallSource, Outcome, RunEvent, RunResult, StallAnswer};
 
 use crate::ask::Watcher;
 
@@ -14,6 +16,8 @@ const SHOWN_RESULT: usize = 400;
 /// Renders [`RunEvent`]s with an `ask` watcher underneath.
 pub struct RunWatcher<W: Write> {
     inner: Watcher<W>,
+    /// The call running, shown with its outcome when it ends.
+    running: Option<(ToolCall, CallSource)>,
 }
 
 fn shorten(s: &str) -> String {
@@ -29,34 +33,42 @@ impl<W: Write> RunWatcher<W> {
     pub fn new(out: W, terminal: bool) -> Self {
         RunWatcher {
             inner: Watcher::new(out, terminal),
+            running: None,
         }
     }
 
     /// Shows one event; write errors are ignored.
     pub fn event(&mut self, e: &RunEvent) {
         let line = match e {
+            // A call is shown once, when it runs; its streamed pieces would show it twice.
+            RunEvent::Chat(ChatEvent::ToolCallDelta { .. }) => return,
             RunEvent::Chat(c) => return self.inner.event(c),
             RunEvent::Generation {
                 number,
                 budget_left,
             } => format!("== generation {number}: {budget_left} tool iterations left"),
             RunEvent::ToolStarted { call, source } => {
-                let how = match source {
-                    CallSource::Native => "",
-                    CallSource::Text => " (parsed from text)",
-                };
-                format!("-> {}({}){how}", call.name, call.arguments)
+                self.running = Some((call.clone(), *source));
+                return;
             }
-            RunEvent::ToolFinished { result, .. } => match result {
-                Ok(text) => format!("<- {}", shorten(text)),
-                Err(e) => format!("<- error: {e}"),
-            },
+            RunEvent::ToolFinished { id, result } => {
+                let outcome = match result {
+                    Ok(text) => shorten(text),
+                    Err(e) => format!("error: {e}"),
+                };
+                match self.running.take() {
+                    Some((call, source)) if call.id == *id => {
+                        format!("tool {} -> {outcome}", shown_call(&call, source))
+                    }
+                    _ => format!("tool call {id} -> {outcome}"),
+                }
+            }
             RunEvent::Exit(s) => format!("exit signal: {}({})", s.call.name, s.call.arguments),
             RunEvent::Iteration {
                 number,
                 budget_left,
             } => format!("iteration {number} done: {budget_left} tool iterations left"),
-            RunEvent::Stall(a) => format!("stall reported to llama-worker: {a:?}"),
+            RunEvent::Stall(a) => stall_words(a),
         };
         let _ = self.inner.notice(&line);
     }
@@ -77,6 +89,17 @@ impl<W: Write> RunWatcher<W> {
                 g.elapsed.as_secs_f64()
             ));
         }
+        for call in not_run(r) {
+            let why = if r.budget_left == 0 {
+                format!("not run: no tool iterations left (budget {})", r.budget)
+            } else {
+                "not run".to_owned()
+            };
+            let _ = self.inner.notice(&format!(
+                "tool {} -> {why}",
+                shown_call(call, CallSource::Native)
+            ));
+        }
         let end = match &r.outcome {
             Outcome::Completed { finish_reason } => format!(
                 "completed ({}) after {} tool calls; {} of {} tool iterations left",
@@ -91,42 +114,170 @@ impl<W: Write> RunWatcher<W> {
     }
 }
 
+/// A call as the model wrote it: `name(arguments)`, and where it came from.
+fn shown_call(call: &ToolCall, source: CallSource) -> String {
+    let how = match source {
+        CallSource::Native => "",
+        CallSource::Text => " (parsed from text)",
+    };
+    format!("{}({}){how}", call.name, call.arguments)
+}
+
+/// llama-worker's answer to a stall report, in words.
+fn stall_words(a: &StallAnswer) -> String {
+    let what = match a {
+        StallAnswer::Restarting => "no progress; it is restarting the server".to_owned(),
+        StallAnswer::NotReady => "it is not ready yet; nothing was done".to_owned(),
+        StallAnswer::NotStalled { since_progress_ms } => format!(
+            "the server made progress {:.1} s ago; no restart",
+            *since_progress_ms as f64 / 1000.0
+        ),
+    };
+    format!("stall reported to llama-worker: {what}")
+}
+
+/// The calls the model asked for that have no result: the budget ran out (or the request
+/// ended) before they ran.
+fn not_run(r: &RunResult) -> impl Iterator<Item = &ToolCall> {
+    r.transcript
+        .iter()
+        .filter_map(|m| match m {
+            ChatMessage::Assistant { tool_calls, .. } => Some(tool_calls),
+            _ => None,
+        })
+        .flatten()
+        .filter(|c| !r.tool_calls.iter().any(|t| t.call.id == c.id))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use loopd::llama::{ChatEvent, ToolCall};
 
-    #[test]
-    fn iterations_show_calls_results_and_budget() {
-        let mut w = RunWatcher::new(Vec::new(), false);
-        let call = ToolCall {
-            id: "c1".into(),
+    use loopd::runner::{FailReason, RequestId, ToolRecord};
+
+    fn call(id: &str, args: &str) -> ToolCall {
+        ToolCall {
+            id: id.into(),
             name: "arithmetic".into(),
-            arguments: r#"{"operation":"add","numbers":[2,3]}"#.into(),
-        };
+            arguments: args.into(),
+        }
+    }
+
+    fn shown(w: RunWatcher<Vec<u8>>) -> String {
+        String::from_utf8(w.inner.into_inner()).unwrap()
+    }
+
+    #[test]
+    fn iterations_show_each_call_once_with_its_outcome_and_the_budget() {
+        let mut w = RunWatcher::new(Vec::new(), false);
+        let add = call("c1", r#"{"operation":"add","numbers":[2,3]}"#);
         w.event(&RunEvent::Generation {
             number: 1,
             budget_left: 2,
         });
+        // The streamed pieces of the call are not shown: the call is, once, when it ends.
+        w.event(&RunEvent::Chat(ChatEvent::ToolCallDelta {
+            index: 0,
+            id: Some("c1".into()),
+            name: Some("arithmetic".into()),
+            arguments: add.arguments.clone(),
+        }));
         w.event(&RunEvent::ToolStarted {
-            call,
+            call: add,
             source: CallSource::Text,
         });
         w.event(&RunEvent::ToolFinished {
             id: "c1".into(),
             result: Ok("5".into()),
         });
+        w.event(&RunEvent::ToolStarted {
+            call: call("c2", "[1]"),
+            source: CallSource::Native,
+        });
+        w.event(&RunEvent::ToolFinished {
+            id: "c2".into(),
+            result: Err("bad arguments: not a JSON object".into()),
+        });
         w.event(&RunEvent::Iteration {
             number: 1,
             budget_left: 1,
         });
         w.event(&RunEvent::Chat(ChatEvent::Content("Five.".into())));
-        let out = String::from_utf8(w.inner.into_inner()).unwrap();
         assert_eq!(
-            out,
+            shown(w),
             "== generation 1: 2 tool iterations left\n\
-             -> arithmetic({\"operation\":\"add\",\"numbers\":[2,3]}) (parsed from text)\n\
-             <- 5\niteration 1 done: 1 tool iterations left\n[answer]\nFive."
+             tool arithmetic({\"operation\":\"add\",\"numbers\":[2,3]}) (parsed from text) -> 5\n\
+             tool arithmetic([1]) -> error: bad arguments: not a JSON object\n\
+             iteration 1 done: 1 tool iterations left\n[answer]\nFive."
+        );
+    }
+
+    #[test]
+    fn stalls_are_said_in_words() {
+        let mut w = RunWatcher::new(Vec::new(), false);
+        for a in [
+            StallAnswer::NotStalled {
+                since_progress_ms: 200,
+            },
+            StallAnswer::NotReady,
+            StallAnswer::Restarting,
+        ] {
+            w.event(&RunEvent::Stall(a));
+        }
+        assert_eq!(
+            shown(w),
+            "stall reported to llama-worker: the server made progress 0.2 s ago; no restart\n\
+             stall reported to llama-worker: it is not ready yet; nothing was done\n\
+             stall reported to llama-worker: no progress; it is restarting the server\n"
+        );
+    }
+
+    #[test]
+    fn a_call_refused_for_the_budget_says_so() {
+        let mut w = RunWatcher::new(Vec::new(), false);
+        let (ran, refused) = (call("c1", "{}"), call("c2", r#"{"n":2}"#));
+        let r = RunResult {
+            id: RequestId(3),
+            outcome: Outcome::Failed {
+                reason: FailReason::ToolExecutionError,
+                detail: "tool iteration budget exhausted".into(),
+            },
+            content: None,
+            reasoning_content: None,
+            transcript: vec![
+                ChatMessage::Assistant {
+                    content: None,
+                    reasoning_content: None,
+                    tool_calls: vec![ran.clone()],
+                },
+                ChatMessage::Tool {
+                    tool_call_id: "c1".into(),
+                    content: "1".into(),
+                },
+                ChatMessage::Assistant {
+                    content: None,
+                    reasoning_content: None,
+                    tool_calls: vec![refused],
+                },
+            ],
+            tool_calls: vec![ToolRecord {
+                iteration: 1,
+                call: ran,
+                source: CallSource::Native,
+                result: Ok("1".into()),
+            }],
+            exits: Vec::new(),
+            generations: Vec::new(),
+            budget: 1,
+            budget_left: 0,
+            stalls: Vec::new(),
+        };
+        w.finish(&r);
+        assert_eq!(
+            shown(w),
+            "tool arithmetic({\"n\":2}) -> not run: no tool iterations left (budget 1)\n\
+             failed: tool_execution_error: tool iteration budget exhausted\n"
         );
     }
 }

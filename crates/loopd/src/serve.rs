@@ -99,6 +99,8 @@ pub fn serve(config: &Path, folder: Option<&Path>) -> ExitCode {
                 eprintln!(
                     "loopd serve: {name}: stopping (cancelling what runs; another signal exits at once)"
                 );
+                // systemd hears of the stop when it starts, not when the shutdown is over.
+                let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
                 d.stop();
             }
         });
@@ -119,7 +121,6 @@ pub fn serve(config: &Path, folder: Option<&Path>) -> ExitCode {
     );
     let served = daemon.serve(listener);
     bound.remove_file();
-    let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
     match served {
         Ok(()) => {
             eprintln!("loopd serve: stopped");

@@ -589,3 +589,53 @@ fn the_first_byte_wait_polls_slots_on_the_machines_time() {
     ));
     assert_eq!(m.poll_timeout(), Some(ms(206)));
 }
+
+#[test]
+fn the_request_offers_only_its_chosen_tools_and_refuses_a_call_to_another() {
+    let chosen = |names: &[&str]| RunRequest {
+        tools: Some(names.iter().map(|n| n.to_string()).collect()),
+        ..ask(None)
+    };
+    let offered = |actions: &[Action]| -> Vec<String> {
+        actions
+            .iter()
+            .find_map(|a| match a {
+                Action::Send(req) => Some(req.tools.iter().map(|t| t.name.clone()).collect()),
+                _ => None,
+            })
+            .expect("a request was sent")
+    };
+    let s = settings(false);
+    let mut b = Buffers::new();
+    let mut m = machine(&mut b, &s, ask(None), None);
+    assert_eq!(offered(&drain(&mut m)), ["echo", "other", "signal"]);
+    let mut b = Buffers::new();
+    let mut m = machine(&mut b, &s, chosen(&[]), None);
+    assert!(offered(&drain(&mut m)).is_empty());
+    // A chosen tool runs; the next generation still offers only the chosen ones.
+    let mut b = Buffers::new();
+    let mut m = machine(&mut b, &s, chosen(&["other", "echo"]), None);
+    assert_eq!(offered(&drain(&mut m)), ["echo", "other"]);
+    let out = respond(&mut m, 10, &calls(&[("a", "echo", "{}")], 0));
+    assert_eq!(kinds(&out), ["close", "tool echo"]);
+    m.handle_tool_result(ms(20), "a", Ok("one".into()));
+    assert_eq!(offered(&drain(&mut m)), ["echo", "other"]);
+    // A call to a tool not chosen, an exit tool included, is refused as an unknown one.
+    for name in ["other", "signal"] {
+        let mut b = Buffers::new();
+        let mut m = machine(&mut b, &s, chosen(&["echo"]), None);
+        assert_eq!(offered(&drain(&mut m)), ["echo"]);
+        let out = respond(&mut m, 10, &calls(&[("a", name, "{}")], 0));
+        assert!(!kinds(&out).iter().any(|k| k.starts_with("tool")), "{name}");
+        let r = result(out);
+        assert!(r.exits.is_empty(), "{name}: {:?}", r.exits);
+        assert_eq!(
+            failed(&r),
+            (
+                FailReason::ToolExecutionError,
+                format!("tool `{name}` (call a) failed: no tool named `{name}`")
+            ),
+            "{name}"
+        );
+    }
+}

@@ -1,120 +1,30 @@
 //! `loopd serve`'s daemon against the fake server: one slot table for every client, results
 //! kept until fetched (TTL on a fake clock), cancel and shutdown with partial output, and
 //! hostile clients on the socket, each answered with a typed error while others are served.
-//! The start-up refusals run the real binary.
+//! The start-up refusals run the real binary; the soak is in `daemon_soak.rs`, alone in its
+//! process.
 
 mod support;
+mod worker_fake;
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
-use std::thread::{self, JoinHandle};
+use std::thread;
 use std::time::{Duration, Instant};
 
-use clock::{Clock, FakeClock, SystemClock};
-use loopd::config::Config;
+use clock::{FakeClock, SystemClock};
 use loopd::daemon::client;
 use loopd::daemon::protocol::MAX_LINE_BYTES;
-use loopd::daemon::{Daemon, Settings, READ_DEADLINE};
-use loopd::llama::Client;
-use loopd::runner::{builtin_tools, Runner, StandardBios};
+use loopd::daemon::READ_DEADLINE;
 use serde_json::{json, Value};
-use support::{done, json_answer, json_chunk, json_content, FakeServer, Reply};
+use support::daemon::{error_of, slow_answer, submit, Running};
+use support::{json_answer, FakeServer, Reply};
+use worker_fake::{FakeWorker, Script};
 
 const CHAT: &str = "/v1/chat/completions";
-
-fn config(server: &FakeServer) -> Config {
-    let mut c = Config::new(server.socket(), "smollm2");
-    c.limits.poll_ms = 20;
-    c.limits.busy_wait_ms = 5_000;
-    c.limits.load_wait_ms = 2_000;
-    c.limits.idle_grace_ms = 5_000;
-    c.limits.liveness_ms = 5_000;
-    c.retry.attempts = 1;
-    c.retry.delays_ms = Vec::new();
-    c.runner.budget = 3;
-    c
-}
-
-struct Running {
-    daemon: Arc<Daemon>,
-    socket: PathBuf,
-    thread: Option<JoinHandle<()>>,
-    _dir: PathBuf,
-}
-
-impl Running {
-    fn start(server: &FakeServer, slots: u32, clock: Arc<dyn Clock>, ttl: Duration) -> Running {
-        let dir = server.socket().parent().unwrap().to_owned();
-        let socket = dir.join("loopd.sock");
-        let tools = builtin_tools(None).unwrap();
-        let names = tools.schemas().into_iter().map(|s| s.name).collect();
-        let runner = Runner::new(
-            Arc::new(Client::new(config(server))),
-            tools,
-            Arc::new(StandardBios),
-            slots,
-        );
-        let settings = Settings {
-            result_ttl: ttl,
-            max_results: 100,
-            tools: names,
-            metrics_file: Some(dir.join("loopd.prom")),
-            metrics_every: Duration::from_millis(100),
-            shutdown_wait: Duration::from_secs(5),
-        };
-        let daemon = Daemon::new(runner, clock, settings);
-        let bound = socket_file::bind(&socket).unwrap();
-        let d = daemon.clone();
-        let thread = thread::spawn(move || {
-            d.serve(bound.listener.try_clone().unwrap()).unwrap();
-            bound.remove_file();
-        });
-        Running {
-            daemon,
-            socket,
-            thread: Some(thread),
-            _dir: dir,
-        }
-    }
-
-    fn call(&self, cmd: Value) -> Value {
-        client::call(&self.socket, &cmd, Duration::from_secs(30)).unwrap()
-    }
-
-    fn stop(&mut self) {
-        self.daemon.stop();
-        if let Some(t) = self.thread.take() {
-            t.join().unwrap();
-        }
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
-
-fn submit(prompt: &str) -> Value {
-    json!({"cmd": "submit", "messages": [{"role": "user", "content": prompt}]})
-}
-
-/// An answer whose pieces come `every` apart: `n` of them.
-fn slow_answer(n: usize, every: Duration) -> Reply {
-    let mut pieces: Vec<Vec<u8>> = (0..n).map(|i| json_content(&format!("w{i} "))).collect();
-    pieces.push(json_chunk(json!({}), Some("stop"), 5));
-    pieces.push(done());
-    Reply::sse(pieces).each_after(every)
-}
-
-fn error_of(v: &Value) -> &str {
-    v["error"]
-        .as_str()
-        .unwrap_or_else(|| panic!("not an error reply: {v}"))
-}
 
 #[test]
 fn three_clients_on_two_slots_the_third_is_refused_and_no_slot_is_shared() {
@@ -451,160 +361,93 @@ fn serve_refuses_to_start_when_the_server_never_loads() {
     assert!(!socket.exists());
 }
 
-fn proc_count(what: &str) -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(what))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
-}
-
-fn fds() -> usize {
-    std::fs::read_dir("/proc/self/fd").unwrap().count()
-}
-
-/// 1,000 requests over the socket: completions, tool calls, cancels, refusals, results
-/// fetched late and never. Afterwards no slot, record, thread or descriptor is left over, and
-/// the resident set is about where it was after the first 200. Run alone:
-/// `cargo test -p loopd --test daemon soak -- --ignored --nocapture`.
 #[test]
-#[ignore = "a soak: about a minute; run by name"]
-fn soak_of_a_thousand_requests_leaks_nothing() {
-    let tool_then_answer = |id: &str| {
-        Reply::sse(vec![
-            json_chunk(
-                json!({"tool_calls": [{"index": 0, "id": id, "type": "function",
-                    "function": {"name": "arithmetic",
-                                 "arguments": "{\"operation\":\"add\",\"numbers\":[2,3]}"}}]}),
-                None,
-                0,
-            ),
-            json_chunk(json!({}), Some("tool_calls"), 0),
-            done(),
-        ])
-    };
-    let mut script = Vec::new();
-    for i in 0..50 {
-        script.push(json_answer("plain"));
-        script.push(tool_then_answer(&format!("c{i}")));
-        script.push(json_answer("after the tool"));
-        script.push(slow_answer(20, Duration::from_millis(5)));
-    }
-    let server = FakeServer::start(vec![(CHAT, script)]);
+fn submit_tools_are_the_tools_its_generations_offer() {
+    let server = FakeServer::start(vec![(CHAT, vec![json_answer("ok")])]);
     let d = Running::start(
         &server,
-        2,
+        1,
         Arc::new(SystemClock::new()),
-        Duration::from_secs(600),
+        Duration::from_secs(60),
     );
-    let (threads0, fds0) = (proc_count("Threads:"), fds());
-    let (mut rss_at_200, mut recorded_at_200) = (0, 0);
-    // The fake server lives in this process and keeps every request it got.
-    let recorded = |s: &FakeServer| -> u64 {
-        s.requests()
-            .iter()
-            .map(|r| r.body.len() as u64)
-            .sum::<u64>()
-            / 1024
-    };
-    let (mut done_n, mut refused, mut cancelled, mut never) = (0, 0, 0, Vec::new());
-    let mut late = Vec::new();
-    let started = Instant::now();
-    for i in 0..1_000u32 {
-        let r = d.call(submit(&format!("q{i}")));
-        let Some(id) = r["id"].as_u64() else {
-            assert_eq!(error_of(&r), "NO_SLOT_AVAILABLE", "{r}");
-            refused += 1;
-            continue;
-        };
-        match i % 10 {
-            // Fetched late, after the next submit.
-            0..=2 => late.push(id),
-            // Never fetched.
-            3 => never.push(id),
-            // Cancelled at once.
-            4 => {
-                let c = d.call(json!({"cmd": "cancel", "id": id}));
-                assert_eq!(c["ok"], true, "{c}");
-                cancelled += 1;
-                late.push(id);
-            }
-            _ => {
-                let w = d.call(json!({"cmd": "wait", "id": id, "timeout_ms": 30_000}));
-                assert_eq!(w["ok"], true, "{w}");
-                done_n += 1;
-            }
+    let all = d.call(json!({"cmd": "status"}))["status"]["tools"].clone();
+    let mut offered = Vec::new();
+    for tools in [None, Some(json!(["arithmetic"])), Some(json!([]))] {
+        let mut cmd = submit("hi");
+        if let Some(t) = &tools {
+            cmd["tools"] = t.clone();
         }
-        while late.len() > 4 {
-            let id = late.remove(0);
-            let w = d.call(json!({"cmd": "wait", "id": id, "timeout_ms": 30_000}));
-            assert_eq!(w["ok"], true, "{w}");
-            done_n += 1;
-        }
-        if i == 199 {
-            rss_at_200 = proc_count("VmRSS:");
-            recorded_at_200 = recorded(&server);
-        }
+        let id = d.call(cmd)["id"].as_u64().unwrap();
+        let r = d.call(json!({"cmd": "wait", "id": id, "timeout_ms": 20_000}));
+        assert_eq!(r["result"]["outcome"], "completed", "{r}");
+        let sent = server.requests_to(CHAT).pop().unwrap();
+        let body: Value = serde_json::from_slice(&sent.body).unwrap();
+        let names: Vec<Value> = body["tools"].as_array().map_or(Vec::new(), |t| {
+            t.iter().map(|t| t["function"]["name"].clone()).collect()
+        });
+        offered.push(Value::Array(names));
     }
-    for id in late.drain(..) {
-        let w = d.call(json!({"cmd": "wait", "id": id, "timeout_ms": 30_000}));
-        assert_eq!(w["ok"], true, "{w}");
-        done_n += 1;
-    }
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let s = d.call(json!({"cmd": "status"}))["status"].clone();
-        if s["busy"] == 0 && s["running"].as_array().unwrap().is_empty() {
-            break;
-        }
-        assert!(Instant::now() < deadline, "still running: {s}");
-        thread::sleep(Duration::from_millis(20));
-    }
-    // Those never fetched are kept, except the oldest ones past max_results (100 here).
-    let mut evicted = 0;
-    for id in &never {
-        let r = d.call(json!({"cmd": "result", "id": id}));
-        if r["ok"] != true {
-            assert_eq!(error_of(&r), "NOT_FOUND");
-            evicted += 1;
-        }
-    }
-    let text = d.call(json!({"cmd": "metrics"}))["metrics"]
-        .as_str()
+    assert!(all.as_array().unwrap().len() > 1, "{all}");
+    assert_eq!(offered, [all, json!(["arithmetic"]), json!([])]);
+}
+
+#[test]
+fn serve_waits_for_a_restarting_worker_and_says_so_once() {
+    let props = json!({"default_generation_settings": {"n_ctx": 4096}, "total_slots": 2,
+                       "chat_template": "{{ messages }}"});
+    let loading = Reply::json(503, r#"{"error":{"message":"Loading model"}}"#);
+    let server = FakeServer::start(vec![
+        (
+            "/props",
+            vec![
+                loading.clone(),
+                loading.clone(),
+                loading,
+                Reply::json(200, &props.to_string()),
+            ],
+        ),
+        (CHAT, vec![json_answer("no tools here")]),
+    ]);
+    let worker = FakeWorker::start(Script {
+        state: "restarting",
+        ..Script::default()
+    });
+    let (config, socket) = serve_config(
+        &server,
+        &format!(
+            "[runner]\nworker_socket = {:?}\n",
+            worker.socket().display().to_string()
+        ),
+    );
+    // Three polls see the worker restarting and the server loading; the fourth gets /props.
+    let text = std::fs::read_to_string(&config)
         .unwrap()
-        .to_owned();
-    if evicted > 0 {
-        let line = format!("loopd_results_evicted_total{{reason=\"over_cap\"}} {evicted}");
-        assert!(text.lines().any(|l| l == line), "no `{line}` in {text}");
-    }
-    assert_eq!(d.call(json!({"cmd": "status"}))["status"]["kept"], 0);
-    // Waiter and connection threads end on their own; give them a moment to be reaped.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while proc_count("Threads:") > threads0 || fds() > fds0 {
-        assert!(
-            Instant::now() < deadline,
-            "threads {} (started with {threads0}), fds {} (started with {fds0})",
-            proc_count("Threads:"),
-            fds()
-        );
-        thread::sleep(Duration::from_millis(50));
-    }
-    let rss_end = proc_count("VmRSS:");
-    eprintln!(
-        "soak: 1000 submits in {:?}: {done_n} fetched ({cancelled} cancelled), {refused} refused, \
-         {} never fetched until the end; threads {threads0} -> {}, fds {fds0} -> {}, \
-         RSS {rss_at_200} kB after 200 -> {rss_end} kB after 1000",
-        started.elapsed(),
-        never.len(),
-        proc_count("Threads:"),
-        fds()
+        .replace("load_wait_ms = 300", "load_wait_ms = 20000");
+    std::fs::write(&config, text).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_loopd"))
+        .args(["serve", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let waiting: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("llama-worker is restarting"))
+        .collect();
+    assert_eq!(
+        waiting,
+        [
+            "loopd: llama-worker is restarting the server; waiting for it up to 20 s \
+          (limits.load_wait_ms)"
+        ],
+        "{stderr}"
     );
-    let grown_records = recorded(&server) - recorded_at_200;
-    eprintln!("soak: the fake server's recorded bodies grew by {grown_records} kB meanwhile");
+    assert!(server.requests_to("/props").len() >= 4, "{stderr}");
+    // It got past the wait: the self-test ran (and refused: no [expect] section).
     assert!(
-        rss_end < rss_at_200 + 2 * grown_records + 8 * 1024,
-        "RSS grew from {rss_at_200} kB to {rss_end} kB"
+        stderr.contains("refusing to start: the self-test failed"),
+        "{stderr}"
     );
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(!socket.exists());
 }

@@ -295,6 +295,7 @@ fn request(prompt: &str, max_tokens: u64) -> RunRequest {
             content: prompt.into(),
         }],
         budget: Some(0),
+        tools: None,
         options: loopd::llama::ChatOptions {
             thinking: false,
             max_tokens: Some(max_tokens),

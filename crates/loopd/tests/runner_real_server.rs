@@ -90,6 +90,7 @@ fn run(
         system: Some("You answer every question by calling a tool.".into()),
         messages: conversation(),
         budget: Some(2),
+        tools: None,
         options: ChatOptions {
             thinking: false,
             max_tokens: Some(48),

@@ -8,7 +8,7 @@ use std::fmt;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::llama::{ChatEvent, ChatMessage, ChatOptions};
+use crate::llama::{ChatEvent, ChatMessage, ChatOptions, ToolCall};
 use crate::runner::{CallSource, Outcome, RunEvent, RunRequest, RunResult, StallAnswer};
 
 /// Longest command line, newline included: a bigger one is refused with `LINE_TOO_LONG`.
@@ -21,10 +21,8 @@ pub const MAX_WAIT_MS: u64 = 600_000;
 pub enum Command {
     /// Start an agent request; with `follow`, stream its events on this connection.
     Submit {
-        /// The request.
+        /// The request; its `tools` are the ones the client chose (names of the daemon's set).
         request: RunRequest,
-        /// The tools the client asked for (names of the daemon's set).
-        tools: Option<Vec<String>>,
         /// Stream events then the result on this connection.
         follow: bool,
     },
@@ -139,7 +137,22 @@ impl std::error::Error for ProtoError {}
 #[serde(deny_unknown_fields)]
 struct WireMessage {
     role: String,
+    #[serde(default)]
     content: String,
+    /// An assistant turn's calls (an earlier turn of the conversation, or a worked example).
+    #[serde(default)]
+    tool_calls: Vec<WireCall>,
+    /// A tool turn: the call it answers.
+    #[serde(default)]
+    tool_call_id: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WireCall {
+    id: String,
+    name: String,
+    arguments: String,
 }
 
 #[derive(Deserialize)]
@@ -204,17 +217,42 @@ pub fn parse(line: &[u8]) -> Result<Command, ProtoError> {
             let w: WireSubmit = typed(v)?;
             let mut messages = Vec::with_capacity(w.messages.len());
             for m in w.messages {
-                messages.push(match m.role.as_str() {
+                let role = m.role.as_str();
+                if role != "assistant" && !m.tool_calls.is_empty() {
+                    return Err(ProtoError::BadRequest(format!(
+                        "role `{role}`: only an assistant message has tool_calls"
+                    )));
+                }
+                if role != "tool" && m.tool_call_id.is_some() {
+                    return Err(ProtoError::BadRequest(format!(
+                        "role `{role}`: only a tool message has a tool_call_id"
+                    )));
+                }
+                messages.push(match role {
                     "user" => ChatMessage::User { content: m.content },
                     "system" => ChatMessage::System { content: m.content },
                     "assistant" => ChatMessage::Assistant {
                         content: Some(m.content),
                         reasoning_content: None,
-                        tool_calls: Vec::new(),
+                        tool_calls: m
+                            .tool_calls
+                            .into_iter()
+                            .map(|c| ToolCall {
+                                id: c.id,
+                                name: c.name,
+                                arguments: c.arguments,
+                            })
+                            .collect(),
+                    },
+                    "tool" => ChatMessage::Tool {
+                        tool_call_id: m.tool_call_id.ok_or_else(|| {
+                            ProtoError::BadRequest("role `tool`: tool_call_id is required".into())
+                        })?,
+                        content: m.content,
                     },
                     other => {
                         return Err(ProtoError::BadRequest(format!(
-                            "role `{other}`: use user, system or assistant"
+                            "role `{other}`: use user, system, assistant or tool"
                         )))
                     }
                 });
@@ -232,13 +270,13 @@ pub fn parse(line: &[u8]) -> Result<Command, ProtoError> {
                     system: w.system,
                     messages,
                     budget: w.budget,
+                    tools: w.tools,
                     options: ChatOptions {
                         thinking: w.thinking,
                         max_tokens: w.max_tokens,
                         ..ChatOptions::default()
                     },
                 },
-                tools: w.tools,
                 follow: w.follow,
             })
         }
@@ -407,17 +445,12 @@ mod tests {
             br#"{"cmd":"submit","messages":[{"role":"user","content":"hi"}],"budget":2,"thinking":true,"tools":["arithmetic"],"follow":true}"#,
         )
         .unwrap();
-        let Command::Submit {
-            request,
-            tools,
-            follow,
-        } = c
-        else {
+        let Command::Submit { request, follow } = c else {
             panic!("{c:?}")
         };
         assert_eq!(request.budget, Some(2));
         assert!(request.options.thinking && follow);
-        assert_eq!(tools, Some(vec!["arithmetic".to_string()]));
+        assert_eq!(request.tools, Some(vec!["arithmetic".to_string()]));
         assert_eq!(
             parse(br#"{"cmd":"result","id":3}"#),
             Ok(Command::Result { id: 3 })
@@ -439,6 +472,60 @@ mod tests {
         );
         assert_eq!(parse(br#"{"cmd":"status"}"#), Ok(Command::Status));
         assert_eq!(parse(br#"{"cmd":"metrics"}"#), Ok(Command::Metrics));
+    }
+
+    #[test]
+    fn earlier_turns_carry_their_tool_calls_and_results() {
+        let c = parse(
+            br#"{"cmd":"submit","messages":[{"role":"user","content":"2+3?"},
+                {"role":"assistant","content":"","tool_calls":[{"id":"c1","name":"arithmetic","arguments":"{}"}]},
+                {"role":"tool","tool_call_id":"c1","content":"5"},{"role":"user","content":"and 4+4?"}]}"#,
+        )
+        .unwrap();
+        let Command::Submit { request, .. } = c else {
+            panic!("{c:?}")
+        };
+        assert_eq!(
+            request.messages[1..3],
+            [
+                ChatMessage::Assistant {
+                    content: Some(String::new()),
+                    reasoning_content: None,
+                    tool_calls: vec![ToolCall {
+                        id: "c1".into(),
+                        name: "arithmetic".into(),
+                        arguments: "{}".into()
+                    }],
+                },
+                ChatMessage::Tool {
+                    tool_call_id: "c1".into(),
+                    content: "5".into()
+                }
+            ]
+        );
+        for (line, detail) in [
+            (
+                r#"{"role":"tool","content":"x"}"#,
+                "role `tool`: tool_call_id is required",
+            ),
+            (
+                r#"{"role":"user","content":"x","tool_call_id":"c"}"#,
+                "role `user`: only a tool message has a tool_call_id",
+            ),
+            (
+                r#"{"role":"user","content":"x","tool_calls":[{"id":"c","name":"n","arguments":"{}"}]}"#,
+                "role `user`: only an assistant message has tool_calls",
+            ),
+        ] {
+            let cmd = format!(
+                r#"{{"cmd":"submit","messages":[{line},{{"role":"user","content":"q"}}]}}"#
+            );
+            assert_eq!(
+                parse(cmd.as_bytes()),
+                Err(ProtoError::BadRequest(detail.into())),
+                "{line}"
+            );
+        }
     }
 
     #[test]

@@ -79,6 +79,20 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Bounds a blocking `accept` on `listener` by [`TICK`], so a client is taken the moment it
+/// connects (not up to a tick later, as with a non-blocking listener polled each tick) and the
+/// loop still sees the stop flag every tick. Linux applies a socket's receive timeout
+/// (`SO_RCVTIMEO`) to accept(2); it is set through a duplicate of the descriptor, since
+/// `UnixListener` has no setter. Elsewhere: `false`, and the loop polls.
+fn accept_waits_a_tick(listener: &UnixListener) -> io::Result<bool> {
+    if cfg!(target_os = "linux") {
+        let fd = std::os::fd::OwnedFd::from(listener.try_clone()?);
+        UnixStream::from(fd).set_read_timeout(Some(TICK))?;
+        return Ok(true);
+    }
+    Ok(false)
+}
+
 /// Writes `line` and a newline within [`WRITE_DEADLINE`].
 fn send(stream: &UnixStream, line: &str) -> io::Result<()> {
     let mut buf = Vec::with_capacity(line.len() + 1);
@@ -127,12 +141,15 @@ impl Daemon {
     /// request, waits up to `shutdown_wait` for their results (each logged with its partial
     /// output) and returns.
     pub fn serve(self: &Arc<Daemon>, listener: UnixListener) -> io::Result<()> {
-        listener.set_nonblocking(true)?;
+        let bounded = accept_waits_a_tick(&listener)?;
+        listener.set_nonblocking(!bounded)?;
         let mut next_metrics = self.clock.now();
         while !self.stopping() {
             match listener.accept() {
                 Ok((stream, _)) => self.accept(stream),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock && bounded => {}
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => thread::sleep(TICK),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => {
                     eprintln!("loopd serve: accept: {e}");
                     thread::sleep(TICK);
@@ -251,11 +268,7 @@ impl Daemon {
             Err(e) => return send(stream, &e.to_line()),
         };
         match cmd {
-            Command::Submit {
-                request,
-                tools,
-                follow,
-            } => self.submit(stream, request, tools, follow),
+            Command::Submit { request, follow } => self.submit(stream, request, follow),
             Command::Result { id } => {
                 let reply = match lock(&self.inner).store.take(id, self.clock.now()) {
                     Lookup::Done(r) => json!({"ok": true, "result": result_json(&r)}).to_string(),
@@ -379,13 +392,13 @@ impl Daemon {
         self: &Arc<Daemon>,
         stream: &UnixStream,
         request: RunRequest,
-        tools: Option<Vec<String>>,
         follow: bool,
     ) -> io::Result<()> {
         if self.stopping() {
             return send(stream, &ProtoError::ShuttingDown.to_line());
         }
-        if let Some(t) = tools
+        if let Some(t) = request
+            .tools
             .iter()
             .flatten()
             .find(|t| !self.settings.tools.contains(t))

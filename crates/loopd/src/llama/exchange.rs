@@ -211,9 +211,12 @@ impl<'b> ChatExchange<'b> {
         if self.outcome.is_some() || !matches!(self.phase, Phase::Sent) {
             return;
         }
-        self.outputs.push_back(Output::Event(ChatEvent::Waiting {
-            slot_busy: seen == SlotSeen::Busy,
-        }));
+        // An idle slot is the server not yet at this request: nothing to wait on, said.
+        if seen != SlotSeen::Idle {
+            self.outputs.push_back(Output::Event(ChatEvent::Waiting {
+                slot_busy: seen == SlotSeen::Busy,
+            }));
+        }
         match self.wait.observe(seen, now) {
             Ok(()) => self.next_poll = now + ms(self.limits.poll_ms),
             Err(e) => self.fail(e),

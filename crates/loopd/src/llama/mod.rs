@@ -110,9 +110,10 @@ pub enum ChatEvent {
         /// Requests in front, the one in flight included.
         ahead: usize,
     },
-    /// Sent, no byte yet; one event per `/slots` poll.
+    /// Sent, no byte yet, and `/slots` says the slot is busy or cannot say (a model loading);
+    /// one event per such poll, none while it says idle.
     Waiting {
-        /// Whether `/slots` said the slot is processing.
+        /// Whether `/slots` said the slot is processing (else: unavailable, loading).
         slot_busy: bool,
     },
     /// Prompt processing progress.

@@ -218,10 +218,16 @@ impl<'b> AgentRequest<'b> {
     /// generation 1.
     pub fn new(now: Duration, setup: Setup<'_>, req: RunRequest, storage: Storage<'b>) -> Self {
         let budget = req.budget.unwrap_or(setup.settings.budget);
-        let schemas = setup.tools.schemas();
+        // The request's choice is the registry from here on: what the generations offer, and
+        // a call to any other tool is refused as a call to an unknown one.
+        let tools = match &req.tools {
+            Some(names) => setup.tools.only(names),
+            None => setup.tools.clone(),
+        };
+        let schemas = tools.schemas();
         let exit_names: Vec<String> = schemas
             .iter()
-            .filter(|s| setup.tools.is_exit(&s.name))
+            .filter(|s| tools.is_exit(&s.name))
             .map(|s| s.name.clone())
             .collect();
         let bios_text = setup.bios.bios(&BiosContext {
@@ -239,7 +245,7 @@ impl<'b> AgentRequest<'b> {
             req,
             limits: setup.limits,
             settings: setup.settings.clone(),
-            tools: setup.tools.clone(),
+            tools,
             schemas,
             exit_names,
             bios: setup.bios,

@@ -66,6 +66,9 @@ pub struct RunRequest {
     pub messages: Vec<ChatMessage>,
     /// Tool iterations allowed; `None` takes `runner.budget`.
     pub budget: Option<u32>,
+    /// The tools this request's generations offer, by name; `None` offers every tool of the
+    /// runner. A call to a tool not chosen is refused as a call to an unknown tool.
+    pub tools: Option<Vec<String>>,
     /// How the model answers (thinking, `max_tokens`, sampling), sent unchanged with every
     /// generation: the chat request's own struct, not a copy of its fields.
     pub options: ChatOptions,

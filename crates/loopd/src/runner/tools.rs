@@ -144,6 +144,21 @@ impl ToolRegistry {
             .collect()
     }
 
+    /// The tools named in `names`, in registration order; a name not registered here is
+    /// skipped (the caller checked the names against [`ToolRegistry::schemas`]).
+    pub fn only(&self, names: &[String]) -> ToolRegistry {
+        let mut chosen = ToolRegistry::new();
+        for t in self
+            .tools
+            .iter()
+            .filter(|t| names.iter().any(|n| n == t.name()))
+        {
+            // The names are already unique and checked.
+            let _ = chosen.register(t.clone());
+        }
+        chosen
+    }
+
     /// How many tools there are.
     pub fn len(&self) -> usize {
         self.tools.len()

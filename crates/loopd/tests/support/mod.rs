@@ -3,9 +3,11 @@
 //!
 //! A [`Reply`] is a status, headers, and body pieces each sent after a delay, ending in a clean
 //! close, a cut connection or silence. Replies are routed by path (`/v1/chat/completions`,
-//! `/slots`, ...): each route hands out its replies in order and repeats the last. Test code
-//! may start threads; loopd may not.
+//! `/slots`, ...): each route hands out its replies in order and repeats the last (or starts
+//! again, after `cycle_scripts`). Test code may start threads; loopd may not.
 #![allow(dead_code)]
+
+pub mod daemon;
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -156,6 +158,11 @@ impl Recorded {
 struct Shared {
     routes: Mutex<HashMap<String, (Vec<Reply>, usize)>>,
     recorded: Mutex<Vec<Recorded>>,
+    /// Whether requests are kept in `recorded` (a soak turns this off to measure loopd alone).
+    record: AtomicBool,
+    /// Whether each route starts its script again after the last reply instead of repeating it.
+    cycle: AtomicBool,
+    served: AtomicU32,
     stop: AtomicBool,
     hung_up: AtomicU32,
 }
@@ -182,6 +189,9 @@ impl FakeServer {
                     .collect(),
             ),
             recorded: Mutex::new(Vec::new()),
+            record: AtomicBool::new(true),
+            cycle: AtomicBool::new(false),
+            served: AtomicU32::new(0),
             stop: AtomicBool::new(false),
             hung_up: AtomicU32::new(0),
         });
@@ -206,6 +216,22 @@ impl FakeServer {
 
     pub fn socket(&self) -> &Path {
         &self.socket
+    }
+
+    /// Stops keeping requests (bodies included): [`FakeServer::requests`] is empty from now on
+    /// and [`FakeServer::served`] still counts them. For soaks, whose memory bound is loopd's.
+    pub fn forget_requests(&self) {
+        self.shared.record.store(false, Ordering::SeqCst);
+    }
+
+    /// Makes every route start its script again after its last reply.
+    pub fn cycle_scripts(&self) {
+        self.shared.cycle.store(true, Ordering::SeqCst);
+    }
+
+    /// Requests read so far, recorded or not.
+    pub fn served(&self) -> u32 {
+        self.shared.served.load(Ordering::SeqCst)
     }
 
     /// Every request so far, in arrival order.
@@ -286,7 +312,12 @@ fn next_reply(s: &Shared, path: &str) -> Reply {
     let mut routes = s.routes.lock().unwrap();
     match routes.get_mut(path) {
         Some((replies, next)) if !replies.is_empty() => {
-            let r = replies[(*next).min(replies.len() - 1)].clone();
+            let i = if s.cycle.load(Ordering::SeqCst) {
+                *next % replies.len()
+            } else {
+                (*next).min(replies.len() - 1)
+            };
+            let r = replies[i].clone();
             *next += 1;
             r
         }
@@ -307,7 +338,10 @@ fn serve(mut conn: UnixStream, s: &Shared) {
         return;
     };
     let reply = next_reply(s, req.path());
-    s.recorded.lock().unwrap().push(req);
+    s.served.fetch_add(1, Ordering::SeqCst);
+    if s.record.load(Ordering::SeqCst) {
+        s.recorded.lock().unwrap().push(req);
+    }
     if write_reply(&mut conn, s, &reply).is_err() {
         s.hung_up.fetch_add(1, Ordering::SeqCst);
         return;

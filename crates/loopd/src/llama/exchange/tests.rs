@@ -536,3 +536,26 @@ fn protocol_errors_are_typed_and_an_error_payload_keeps_the_partial() {
     );
     assert_eq!(partial.content.as_deref(), Some("Red"));
 }
+
+#[test]
+fn an_idle_slot_is_no_waiting_event_busy_and_unavailable_are() {
+    let mut b = Buffers::new();
+    let mut x = ChatExchange::new(limits(), t(0), &mut b);
+    let mut at = 0;
+    let mut seen = Vec::new();
+    for s in [SlotSeen::Idle, SlotSeen::Busy, SlotSeen::Unavailable] {
+        at += 50;
+        x.handle_timeout(t(at));
+        assert_eq!(outputs(&mut x), [Output::PollSlots]);
+        x.handle_slots(t(at), s);
+        seen.push(outputs(&mut x));
+    }
+    assert_eq!(
+        seen,
+        [
+            vec![],
+            vec![ev(ChatEvent::Waiting { slot_busy: true })],
+            vec![ev(ChatEvent::Waiting { slot_busy: false })]
+        ]
+    );
+}

@@ -1,0 +1,187 @@
+//! The daemon's soak, alone in its own test binary so that the process's threads,
+//! descriptors and resident set are the daemon's and the fake server's, no other test's.
+
+mod support;
+
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use clock::SystemClock;
+use serde_json::json;
+use support::daemon::{error_of, slow_answer, submit, Running};
+use support::{done, json_answer, json_chunk, FakeServer, Reply};
+
+const CHAT: &str = "/v1/chat/completions";
+
+fn proc_count(what: &str) -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(what))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+fn fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+/// Requests in the soak: 1,000 unless `LOOPD_SOAK_REQUESTS` says otherwise (`make soak` may
+/// ask for more).
+fn soak_requests() -> u32 {
+    std::env::var("LOOPD_SOAK_REQUESTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1_000)
+}
+
+/// 1,000 requests over the socket: completions, tool calls, cancels, refusals (each tried
+/// again), results fetched late and never. Afterwards no slot, record, thread or descriptor is left over, and
+/// the resident set is about where it was after the first fifth. The fake server cycles a short
+/// script and keeps no request, so the memory measured is loopd's. The numbers are printed:
+/// `cargo test -p loopd --test daemon_soak -- --nocapture`.
+#[test]
+fn soak_of_a_thousand_requests_leaks_nothing() {
+    let tool_then_answer = |id: &str| {
+        Reply::sse(vec![
+            json_chunk(
+                json!({"tool_calls": [{"index": 0, "id": id, "type": "function",
+                    "function": {"name": "arithmetic",
+                                 "arguments": "{\"operation\":\"add\",\"numbers\":[2,3]}"}}]}),
+                None,
+                0,
+            ),
+            json_chunk(json!({}), Some("tool_calls"), 0),
+            done(),
+        ])
+    };
+    let script = vec![
+        json_answer("plain"),
+        tool_then_answer("c1"),
+        json_answer("after the tool"),
+        slow_answer(3, Duration::from_millis(2)),
+    ];
+    let server = FakeServer::start(vec![(CHAT, script)]);
+    server.cycle_scripts();
+    server.forget_requests();
+    let d = Running::start(
+        &server,
+        2,
+        Arc::new(SystemClock::new()),
+        Duration::from_secs(600),
+    );
+    let n = soak_requests();
+    // The baseline once the daemon serves: its listener's descriptors are open by then.
+    assert_eq!(d.call(json!({"cmd": "status"}))["ok"], true);
+    let (threads0, fds0, rss0) = (proc_count("Threads:"), fds(), proc_count("VmRSS:"));
+    let mut rss_warm = 0;
+    let (mut done_n, mut refused, mut cancelled, mut never) = (0, 0, 0, Vec::new());
+    let mut late = Vec::new();
+    let started = Instant::now();
+    for i in 0..n {
+        // Both slots may still be finishing the last two: refused, counted, and tried again.
+        let id = loop {
+            let r = d.call(submit(&format!("q{i}")));
+            if let Some(id) = r["id"].as_u64() {
+                break id;
+            }
+            assert_eq!(error_of(&r), "NO_SLOT_AVAILABLE", "{r}");
+            refused += 1;
+            thread::sleep(Duration::from_millis(2));
+        };
+        match i % 10 {
+            // Fetched late, after the next submit.
+            0..=2 => late.push(id),
+            // Never fetched.
+            3 => never.push(id),
+            // Cancelled at once.
+            4 => {
+                let c = d.call(json!({"cmd": "cancel", "id": id}));
+                assert_eq!(c["ok"], true, "{c}");
+                cancelled += 1;
+                late.push(id);
+            }
+            _ => {
+                let w = d.call(json!({"cmd": "wait", "id": id, "timeout_ms": 30_000}));
+                assert_eq!(w["ok"], true, "{w}");
+                done_n += 1;
+            }
+        }
+        while late.len() > 4 {
+            let id = late.remove(0);
+            let w = d.call(json!({"cmd": "wait", "id": id, "timeout_ms": 30_000}));
+            assert_eq!(w["ok"], true, "{w}");
+            done_n += 1;
+        }
+        if i == n / 5 {
+            rss_warm = proc_count("VmRSS:");
+        }
+    }
+    for id in late.drain(..) {
+        let w = d.call(json!({"cmd": "wait", "id": id, "timeout_ms": 30_000}));
+        assert_eq!(w["ok"], true, "{w}");
+        done_n += 1;
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let s = d.call(json!({"cmd": "status"}))["status"].clone();
+        if s["busy"] == 0 && s["running"].as_array().unwrap().is_empty() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "still running: {s}");
+        thread::sleep(Duration::from_millis(20));
+    }
+    let elapsed = started.elapsed();
+    // Those never fetched are kept, except the oldest ones past max_results (100 here).
+    let mut evicted = 0;
+    for id in &never {
+        let r = d.call(json!({"cmd": "result", "id": id}));
+        if r["ok"] != true {
+            assert_eq!(error_of(&r), "NOT_FOUND");
+            evicted += 1;
+        }
+    }
+    let text = d.call(json!({"cmd": "metrics"}))["metrics"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    if evicted > 0 {
+        let line = format!("loopd_results_evicted_total{{reason=\"over_cap\"}} {evicted}");
+        assert!(text.lines().any(|l| l == line), "no `{line}` in {text}");
+    }
+    let status = d.call(json!({"cmd": "status"}))["status"].clone();
+    assert_eq!(status["kept"], 0, "{status}");
+    assert_eq!(status["busy"], 0, "{status}");
+    assert!(server.requests().is_empty());
+    // Waiter and connection threads end on their own; give them a moment to be reaped.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while proc_count("Threads:") > threads0 || fds() > fds0 {
+        assert!(
+            Instant::now() < deadline,
+            "threads {} (started with {threads0}), fds {} (started with {fds0})",
+            proc_count("Threads:"),
+            fds()
+        );
+        thread::sleep(Duration::from_millis(50));
+    }
+    let rss_end = proc_count("VmRSS:");
+    eprintln!(
+        "soak: {n} submits ({} chat requests) in {:.1} s: {done_n} fetched ({cancelled} \
+         cancelled), {refused} refused, {} never fetched until the end ({evicted} evicted over \
+         the cap); threads {threads0} -> {}, fds {fds0} -> {}, RSS {rss0} kB at the start, \
+         {rss_warm} kB after {}, {rss_end} kB at the end",
+        server.served(),
+        elapsed.as_secs_f64(),
+        never.len(),
+        proc_count("Threads:"),
+        fds(),
+        n / 5
+    );
+    assert!(
+        rss_end < rss_warm + 8 * 1024,
+        "RSS grew from {rss_warm} kB after {} requests to {rss_end} kB",
+        n / 5
+    );
+}

@@ -1,0 +1,348 @@
+//! `loopd serve` as systemd runs it, through the real binary against a fake server that passes
+//! the self-test: `READY=1` on `NOTIFY_SOCKET` only once the socket answers and the self-test
+//! passed; SIGTERM cancels what runs (its follower gets `cancelled` with the partial output)
+//! and exits 0; a second signal during a slow shutdown exits at once (status 130); and a second
+//! `loopd serve` on a live socket refuses to start.
+
+mod support;
+
+use std::io::Read;
+use std::os::unix::net::{UnixDatagram, UnixStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use llama_proto::hash::sha256;
+use loopd::daemon::client;
+use serde_json::{json, Value};
+use support::{done, json_chunk, json_content, FakeServer, Reply};
+
+const CHAT: &str = "/v1/chat/completions";
+const TEMPLATE: &str = "{{ messages }}";
+
+fn props() -> Reply {
+    let body = json!({
+        "default_generation_settings": {"n_ctx": 4096},
+        "total_slots": 2,
+        "chat_template": TEMPLATE,
+    });
+    Reply::json(200, &body.to_string())
+}
+
+/// A streamed chunk with llama-server's `timings`, as the cache check reads them.
+fn timed(
+    delta: Value,
+    finish: Option<&str>,
+    (cache_n, prompt_n, predicted_n): (u64, u64, u64),
+) -> Vec<u8> {
+    let v = json!({"id": "chatcmpl-s", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+                   "timings": {"cache_n": cache_n, "prompt_n": prompt_n, "predicted_n": predicted_n}});
+    format!("data: {v}\n\n").into_bytes()
+}
+
+/// The self-test's three generations: a `get_weather` call, then two answers, the second
+/// served from the cache.
+fn passing_self_test() -> Vec<Reply> {
+    let call = json!({"tool_calls": [{"index": 0, "id": "c1", "type": "function",
+        "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]});
+    let answer = |t| {
+        Reply::sse(vec![
+            timed(json!({"content": "Blue."}), None, t),
+            timed(json!({}), Some("stop"), t),
+            done(),
+        ])
+    };
+    vec![
+        Reply::sse(vec![
+            timed(call, None, (0, 300, 20)),
+            timed(json!({}), Some("tool_calls"), (0, 300, 20)),
+            done(),
+        ]),
+        answer((0, 180, 4)),
+        answer((180, 12, 3)),
+    ]
+}
+
+/// An answer of `n` pieces, one every `every`.
+fn slow_answer(n: usize, every: Duration) -> Reply {
+    let mut pieces: Vec<Vec<u8>> = (0..n).map(|i| json_content(&format!("w{i} "))).collect();
+    pieces.push(json_chunk(json!({}), Some("stop"), 5));
+    pieces.push(done());
+    Reply::sse(pieces).each_after(every)
+}
+
+struct Served {
+    child: Child,
+    socket: PathBuf,
+    notify: UnixDatagram,
+    stderr: Option<JoinHandle<String>>,
+}
+
+impl Served {
+    /// Starts `loopd serve` with `NOTIFY_SOCKET` on a datagram socket of the test's own.
+    fn start(server: &FakeServer, poll_ms: u64, extra: &str) -> Served {
+        let dir = server.socket().parent().unwrap().to_owned();
+        let (config, socket) = write_config(server, &dir, poll_ms, extra);
+        let notify_path = dir.join("notify.sock");
+        let notify = UnixDatagram::bind(&notify_path).unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_loopd"))
+            .args(["serve", "--config"])
+            .arg(&config)
+            .env("NOTIFY_SOCKET", &notify_path)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut err = child.stderr.take().unwrap();
+        let stderr = thread::spawn(move || {
+            let mut s = String::new();
+            let _ = err.read_to_string(&mut s);
+            s
+        });
+        Served {
+            child,
+            socket,
+            notify,
+            stderr: Some(stderr),
+        }
+    }
+
+    /// The next `NOTIFY_SOCKET` message, within `within`.
+    fn notified(&self, within: Duration) -> Option<String> {
+        self.notify.set_read_timeout(Some(within)).unwrap();
+        let mut buf = [0u8; 512];
+        let n = self.notify.recv(&mut buf).ok()?;
+        Some(String::from_utf8_lossy(&buf[..n]).trim_end().to_owned())
+    }
+
+    /// Sends `sig` (`TERM`, `INT`) with kill(1).
+    fn signal(&self, sig: &str) {
+        let ok = Command::new("kill")
+            .arg(format!("-{sig}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .unwrap();
+        assert!(ok.success(), "kill -{sig} {}", self.child.id());
+    }
+
+    /// What the daemon wrote on stderr, once it has exited.
+    fn said(&mut self) -> String {
+        self.stderr
+            .take()
+            .map_or(String::new(), |h| h.join().unwrap())
+    }
+
+    /// The exit status within `within`, or a panic with what the daemon said.
+    fn exit_within(mut self, within: Duration) -> (ExitStatus, String) {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return (status, self.said());
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                panic!(
+                    "loopd serve still running after {within:?}; it said:\n{}",
+                    self.said()
+                );
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn write_config(server: &FakeServer, dir: &Path, poll_ms: u64, extra: &str) -> (PathBuf, PathBuf) {
+    let socket = dir.join("loopd.sock");
+    let config = dir.join("loopd.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "socket = {:?}\nmodel = \"smollm2\"\n\
+             [limits]\nload_wait_ms = 60000\nbusy_wait_ms = 60000\npoll_ms = {poll_ms}\n\
+             [retry]\nattempts = 1\ndelays_ms = []\n\
+             [daemon]\nsocket = {:?}\n\
+             [expect]\nchat_template_sha256 = \"{}\"\nn_ctx = 4096\ntotal_slots = 2\n{extra}",
+            server.socket().display().to_string(),
+            socket.display().to_string(),
+            sha256(TEMPLATE.as_bytes()).unwrap(),
+        ),
+    )
+    .unwrap();
+    (config, socket)
+}
+
+/// Submits a followed request on a thread; its events come on the channel, its end line from
+/// the handle.
+fn follow(socket: &Path) -> (mpsc::Receiver<Value>, JoinHandle<Value>) {
+    let (tx, rx) = mpsc::channel();
+    let socket = socket.to_owned();
+    let h = thread::spawn(move || {
+        client::follow(
+            &socket,
+            &json!({"cmd": "submit", "messages": [{"role": "user", "content": "go"}], "follow": true}),
+            Duration::from_secs(60),
+            &mut |_| {},
+            &mut |e| {
+                let _ = tx.send(e.clone());
+            },
+        )
+        .unwrap()
+    });
+    (rx, h)
+}
+
+/// Waits for an event that `want` accepts, or panics with the events seen.
+fn wait_event(rx: &mpsc::Receiver<Value>, want: impl Fn(&Value) -> bool, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut seen = Vec::new();
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(e) if want(&e) => return,
+            Ok(e) => seen.push(e),
+            Err(_) => panic!("no {what} within 30 s; saw {seen:?}"),
+        }
+    }
+}
+
+#[test]
+fn ready_after_the_self_test_and_sigterm_cancels_with_partial_output_and_exits_0() {
+    let mut chat = passing_self_test();
+    chat.push(slow_answer(400, Duration::from_millis(50)));
+    let server = FakeServer::start(vec![("/props", vec![props()]), (CHAT, chat)]);
+    let served = Served::start(&server, 200, "");
+    let ready = served.notified(Duration::from_secs(60));
+    assert_eq!(
+        ready.as_deref(),
+        Some("READY=1"),
+        "no READY=1 within 60 s; the fake server saw {} chat requests",
+        server.requests_to(CHAT).len()
+    );
+    // When READY=1 came, the self-test's three generations were done and the socket answered.
+    assert_eq!(server.requests_to(CHAT).len(), 3);
+    let status = client::call(
+        &served.socket,
+        &json!({"cmd": "status"}),
+        Duration::from_secs(10),
+    )
+    .unwrap();
+    assert_eq!(status["ok"], true, "{status}");
+    // A request is running and has said something.
+    let (events, follower) = follow(&served.socket);
+    wait_event(&events, |e| e["event"] == "content", "content event");
+    served.signal("TERM");
+    let signalled = Instant::now();
+    let end = follower.join().unwrap();
+    let r = &end["result"];
+    assert_eq!(r["outcome"], "failed", "{end}");
+    assert_eq!(r["fail_reason"], "cancelled", "{end}");
+    assert!(r["content"].as_str().unwrap().starts_with("w0 "), "{end}");
+    assert_eq!(
+        served.notified(Duration::from_secs(30)).as_deref(),
+        Some("STOPPING=1")
+    );
+    let socket = served.socket.clone();
+    let (status, stderr) = served.exit_within(Duration::from_secs(30));
+    let took = signalled.elapsed();
+    eprintln!("loopd serve: SIGTERM to exit in {took:?} (poll_ms 200)");
+    assert_eq!(status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains("loopd serve: SIGTERM: stopping (cancelling what runs"),
+        "{stderr}"
+    );
+    assert_eq!(
+        stderr.lines().last(),
+        Some("loopd serve: stopped"),
+        "{stderr}"
+    );
+    assert!(!socket.exists(), "the socket file is removed");
+}
+
+#[test]
+fn a_second_signal_during_a_slow_shutdown_exits_at_once() {
+    let mut chat = passing_self_test();
+    // The request's first byte never comes and nothing is due for 20 s (the next /slots poll,
+    // the next worker status): its cancel is seen only then, so the shutdown is slow.
+    chat.push(Reply::silence());
+    let server = FakeServer::start(vec![("/props", vec![props()]), (CHAT, chat)]);
+    let served = Served::start(&server, 20_000, "[runner]\nworker_poll_ms = 60000\n");
+    assert_eq!(
+        served.notified(Duration::from_secs(60)).as_deref(),
+        Some("READY=1")
+    );
+    let id = client::call(
+        &served.socket,
+        &json!({"cmd": "submit", "messages": [{"role": "user", "content": "go"}]}),
+        Duration::from_secs(10),
+    )
+    .unwrap()["id"]
+        .as_u64()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while server.requests_to(CHAT).len() < 4 {
+        assert!(
+            Instant::now() < deadline,
+            "request {id} never reached the server"
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+    served.signal("TERM");
+    assert_eq!(
+        served.notified(Duration::from_secs(30)).as_deref(),
+        Some("STOPPING=1"),
+        "the first signal starts the shutdown"
+    );
+    served.signal("INT");
+    let (status, stderr) = served.exit_within(Duration::from_secs(15));
+    assert_eq!(status.code(), Some(130), "{stderr}");
+    assert_eq!(
+        stderr.lines().last(),
+        Some("loopd serve: SIGINT again: exiting now"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_second_loopd_serve_on_a_live_socket_refuses_to_start() {
+    let mut chat = passing_self_test();
+    chat.extend(passing_self_test());
+    let server = FakeServer::start(vec![("/props", vec![props()]), (CHAT, chat)]);
+    let first = Served::start(&server, 200, "");
+    assert_eq!(
+        first.notified(Duration::from_secs(60)).as_deref(),
+        Some("READY=1")
+    );
+    let dir = server.socket().parent().unwrap().to_owned();
+    let (config, socket) = write_config(&server, &dir, 200, "");
+    let out = Command::new(env!("CARGO_BIN_EXE_loopd"))
+        .args(["serve", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr
+            .lines()
+            .last()
+            .unwrap()
+            .starts_with(&format!("loopd serve: socket {}: ", socket.display())),
+        "{stderr}"
+    );
+    // The first one still serves.
+    assert!(UnixStream::connect(&socket).is_ok());
+    first.signal("TERM");
+    let (status, stderr) = first.exit_within(Duration::from_secs(30));
+    assert_eq!(status.code(), Some(0), "{stderr}");
+}

@@ -1,0 +1,108 @@
+//! `loopd serve`'s daemon in-process over the fake server, for the daemon's tests: its config,
+//! a running daemon on a socket next to the fake server's, and the replies they share.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::thread::{self, JoinHandle};
+use std::time::Duration;
+
+use clock::Clock;
+use loopd::config::Config;
+use loopd::daemon::client;
+use loopd::daemon::{Daemon, Settings};
+use loopd::llama::Client;
+use loopd::runner::{builtin_tools, Runner, StandardBios};
+use serde_json::{json, Value};
+
+use super::{done, json_chunk, json_content, FakeServer, Reply};
+
+pub fn config(server: &FakeServer) -> Config {
+    let mut c = Config::new(server.socket(), "smollm2");
+    c.limits.poll_ms = 20;
+    c.limits.busy_wait_ms = 5_000;
+    c.limits.load_wait_ms = 2_000;
+    c.limits.idle_grace_ms = 5_000;
+    c.limits.liveness_ms = 5_000;
+    c.retry.attempts = 1;
+    c.retry.delays_ms = Vec::new();
+    c.runner.budget = 3;
+    c
+}
+
+pub struct Running {
+    pub daemon: Arc<Daemon>,
+    pub socket: PathBuf,
+    thread: Option<JoinHandle<()>>,
+    _dir: PathBuf,
+}
+
+impl Running {
+    pub fn start(server: &FakeServer, slots: u32, clock: Arc<dyn Clock>, ttl: Duration) -> Running {
+        let dir = server.socket().parent().unwrap().to_owned();
+        let socket = dir.join("loopd.sock");
+        let tools = builtin_tools(None).unwrap();
+        let names = tools.schemas().into_iter().map(|s| s.name).collect();
+        let runner = Runner::new(
+            Arc::new(Client::new(config(server))),
+            tools,
+            Arc::new(StandardBios),
+            slots,
+        );
+        let settings = Settings {
+            result_ttl: ttl,
+            max_results: 100,
+            tools: names,
+            metrics_file: Some(dir.join("loopd.prom")),
+            metrics_every: Duration::from_millis(100),
+            shutdown_wait: Duration::from_secs(5),
+        };
+        let daemon = Daemon::new(runner, clock, settings);
+        let bound = socket_file::bind(&socket).unwrap();
+        let d = daemon.clone();
+        let thread = thread::spawn(move || {
+            d.serve(bound.listener.try_clone().unwrap()).unwrap();
+            bound.remove_file();
+        });
+        Running {
+            daemon,
+            socket,
+            thread: Some(thread),
+            _dir: dir,
+        }
+    }
+
+    pub fn call(&self, cmd: Value) -> Value {
+        client::call(&self.socket, &cmd, Duration::from_secs(30)).unwrap()
+    }
+
+    pub fn stop(&mut self) {
+        self.daemon.stop();
+        if let Some(t) = self.thread.take() {
+            t.join().unwrap();
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+pub fn submit(prompt: &str) -> Value {
+    json!({"cmd": "submit", "messages": [{"role": "user", "content": prompt}]})
+}
+
+/// An answer whose pieces come `every` apart: `n` of them.
+pub fn slow_answer(n: usize, every: Duration) -> Reply {
+    let mut pieces: Vec<Vec<u8>> = (0..n).map(|i| json_content(&format!("w{i} "))).collect();
+    pieces.push(json_chunk(json!({}), Some("stop"), 5));
+    pieces.push(done());
+    Reply::sse(pieces).each_after(every)
+}
+
+pub fn error_of(v: &Value) -> &str {
+    v["error"]
+        .as_str()
+        .unwrap_or_else(|| panic!("not an error reply: {v}"))
+}
