@@ -6,7 +6,7 @@
 //! others) and `httparse_head` (httparse alone parsing the same head: the anchor).
 #![no_std]
 
-use http_nostd::{Event as HttpEvent, Framing, HttpError, ResponseReader};
+use http_nostd::{Event as HttpEvent, Framing, HttpError, ResponseReader, Status};
 use llama_proto::{
     decode_chunk, decode_error_event, AssembleError, Assembler, DecodeError, Payload,
 };
@@ -119,8 +119,8 @@ pub fn run(
             let (used, event) = reader.feed(rest)?;
             rest = &rest[used..];
             match event {
-                HttpEvent::NeedMore => break,
-                HttpEvent::Head => {
+                Status::Partial => break,
+                Status::Complete(HttpEvent::Head) => {
                     let head = reader.head().ok_or(PathError::NotAStream(0))?;
                     stream.status = head.status();
                     let sse_type = head
@@ -130,11 +130,11 @@ pub fn run(
                         return Err(PathError::NotAStream(head.status()));
                     }
                 }
-                HttpEvent::Body(bytes) => {
+                Status::Complete(HttpEvent::Body(bytes)) => {
                     stream.body_len += bytes.len();
                     events(bytes, sse, text, asm, &mut stream)?;
                 }
-                HttpEvent::End => break 'reads,
+                Status::Complete(HttpEvent::End) => break 'reads,
             }
         }
     }
@@ -157,7 +157,7 @@ fn events(
 ) -> Result<(), PathError> {
     loop {
         let (used, event) = sse.feed(bytes)?;
-        let Some(event) = event else {
+        let Status::Complete(event) = event else {
             return Ok(());
         };
         if let SseEvent::Message(m) = event {

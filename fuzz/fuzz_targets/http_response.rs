@@ -4,7 +4,7 @@
 //! the HeadersTooLarge and TrailersTooLarge paths reachable.
 #![no_main]
 
-use http_nostd::{BodyBuffer, Event, HttpError, Progress, ResponseReader, MAX_HEADERS};
+use http_nostd::{BodyBuffer, Event, HttpError, ResponseReader, Status, MAX_HEADERS};
 use libfuzzer_sys::fuzz_target;
 
 const H: usize = 512;
@@ -30,19 +30,19 @@ fn stream<'a>(pieces: impl Iterator<Item = &'a [u8]>) -> Result<Outcome, HttpErr
             let rest = &piece[pos..];
             pos += used;
             match event {
-                Event::NeedMore => {
+                Status::Partial => {
                     assert_eq!(pos, piece.len(), "NeedMore with input left");
                     break;
                 }
-                Event::Head => assert!(reader.head().is_some()),
-                Event::Body(b) => {
+                Status::Complete(Event::Head) => assert!(reader.head().is_some()),
+                Status::Complete(Event::Body(b)) => {
                     assert!(!b.is_empty());
                     // A body slice lies inside the bytes this call consumed.
                     let start = b.as_ptr() as usize - rest.as_ptr() as usize;
                     assert!(start + b.len() <= used);
                     body.extend_from_slice(b);
                 }
-                Event::End => {
+                Status::Complete(Event::End) => {
                     assert!(reader.is_done());
                     break 'outer;
                 }
@@ -55,7 +55,7 @@ fn stream<'a>(pieces: impl Iterator<Item = &'a [u8]>) -> Result<Outcome, HttpErr
     assert!((100..1000).contains(&head.status()));
     Ok(Outcome {
         status: head.status(),
-        framing: head.framing().name(),
+        framing: head.framing().as_str(),
         headers: head.headers().map(|(n, v)| (n.to_string(), v.to_vec())).collect(),
         body,
     })
@@ -69,7 +69,7 @@ fn collect(input: &[u8], step: usize) -> Result<Vec<u8>, HttpError> {
     for piece in input.chunks(step) {
         let (used, progress) = reader.feed_into(piece, &mut body)?;
         assert!(body.len() <= N);
-        if progress == Progress::Done {
+        if progress == Status::Complete(()) {
             return Ok(body.as_bytes().to_vec());
         }
         assert_eq!(used, piece.len());

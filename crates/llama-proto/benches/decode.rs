@@ -12,10 +12,16 @@
 use std::borrow::Cow;
 use std::hint::black_box;
 
+#[path = "../../sse-nostd/tests/common/owned.rs"]
+mod owned;
+use owned::{parse_pieces, Ev};
+
+/// The SSE buffer: loopd's size, the M2a design's 1 MiB cap per line.
+const SSE_CAP: usize = 1024 * 1024;
+
 use criterion::{criterion_group, Criterion, Throughput};
 use llama_proto::{decode_chunk, Assembler, Payload};
 use serde::Deserialize;
-use sse_nostd::{Event, Parser, LOOPD_CAP};
 
 #[derive(Deserialize)]
 #[allow(dead_code)]
@@ -91,9 +97,6 @@ fn transcripts() -> Vec<Vec<Vec<u8>>> {
         || std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures"),
         std::path::PathBuf::from,
     );
-    let mut storage = vec![0u8; LOOPD_CAP];
-    let storage: &mut [u8; LOOPD_CAP] = storage.as_mut_slice().try_into().unwrap();
-    let mut parser = Parser::<_, LOOPD_CAP>::new(storage);
     ["plain", "thinking", "tool_call"]
         .iter()
         .map(|name| {
@@ -104,23 +107,18 @@ fn transcripts() -> Vec<Vec<Vec<u8>>> {
                     path.display()
                 )
             });
-            parser.reset();
-            let mut out = Vec::new();
-            let mut rest = &body[..];
-            loop {
-                let (used, ev) = parser.feed(rest).expect("fixture SSE parses");
-                let exhausted = ev.is_none();
-                if let Some(Event::Message(m)) = ev {
-                    if m.event == b"message" && !sse_nostd::is_done(m.data) {
-                        out.push(m.data.to_vec());
+            parse_pieces::<SSE_CAP>([&body[..]])
+                .into_iter()
+                .filter_map(|ev| match ev {
+                    Ev::Msg(event, data, _)
+                        if event == b"message" && !sse_nostd::is_done(&data) =>
+                    {
+                        Some(data)
                     }
-                }
-                rest = &rest[used..];
-                if exhausted {
-                    break;
-                }
-            }
-            out
+                    Ev::Err(e) => panic!("{}: {e}", path.display()),
+                    _ => None,
+                })
+                .collect()
         })
         .collect()
 }

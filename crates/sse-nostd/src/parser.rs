@@ -8,7 +8,7 @@ use core::borrow::BorrowMut;
 
 use memchr::{memchr, memchr2};
 
-use crate::{Event, Message, SseError};
+use crate::{Event, Message, SseError, Status};
 
 const BOM: [u8; 3] = [0xEF, 0xBB, 0xBF];
 /// How many BOM bytes must match before the stream counts as started past its first bytes.
@@ -27,12 +27,13 @@ const BOM_DONE: u8 = 3;
 /// [`SseError::EventTooLarge`] (reported at its end, or at the end of the stream). Both depend
 /// only on the bytes, never on how they were split.
 ///
-/// # Example: a heap buffer of [`LOOPD_CAP`](crate::LOOPD_CAP) bytes, never on the stack
+/// # Example: a heap buffer of 1 MiB, never on the stack
 /// ```
-/// use sse_nostd::{Event, Parser, LOOPD_CAP};
+/// use sse_nostd::{Event, Parser, Status};
 ///
+/// const CAP: usize = 1024 * 1024;
 /// // `vec!` fills the heap directly; `try_into` only re-types the box.
-/// let storage: Box<[u8; LOOPD_CAP]> = vec![0u8; LOOPD_CAP].into_boxed_slice().try_into().unwrap();
+/// let storage: Box<[u8; CAP]> = vec![0u8; CAP].into_boxed_slice().try_into().unwrap();
 /// let mut parser = Parser::new(storage);
 /// let mut datas = Vec::new();
 /// for read in [&b"data: hel"[..], b"lo\r", b"\n\r\n: ping\n"] {
@@ -41,9 +42,9 @@ const BOM_DONE: u8 = 3;
 ///         let (used, event) = parser.feed(rest).unwrap();
 ///         rest = &rest[used..];
 ///         match event {
-///             Some(Event::Message(m)) => datas.push(m.data.to_vec()),
-///             Some(_) => {}
-///             None => break, // `rest` is fully consumed
+///             Status::Complete(Event::Message(m)) => datas.push(m.data.to_vec()),
+///             Status::Complete(_) => {}
+///             Status::Partial => break, // `rest` is fully consumed
 ///         }
 ///     }
 /// }
@@ -53,17 +54,19 @@ const BOM_DONE: u8 = 3;
 ///
 /// # Example: a borrowed buffer (e.g. a `static` one on a device)
 /// ```
-/// use sse_nostd::{Event, Parser, SseError};
+/// use sse_nostd::{Event, Parser, SseError, Status};
 ///
 /// let mut storage = [0u8; 64];
 /// let mut parser = Parser::new(&mut storage);
 /// let (used, event) = parser.feed(b"event: tick\ndata: 1\n\ndata: x").unwrap();
 /// match event {
-///     Some(Event::Message(m)) => assert_eq!((m.event, m.data), (&b"tick"[..], &b"1"[..])),
+///     Status::Complete(Event::Message(m)) => {
+///         assert_eq!((m.event, m.data), (&b"tick"[..], &b"1"[..]))
+///     }
 ///     other => panic!("{other:?}"),
 /// }
 /// assert_eq!(used, 21);
-/// assert_eq!(parser.feed(b"data: x").unwrap(), (7, None));
+/// assert_eq!(parser.feed(b"data: x").unwrap(), (7, Status::Partial));
 /// assert_eq!(parser.finish(), Err(SseError::Unterminated));
 /// ```
 pub struct Parser<S, const N: usize> {
@@ -159,13 +162,16 @@ impl<S: BorrowMut<[u8; N]>, const N: usize> Parser<S, N> {
 
     /// Parses `input` up to and including the next event, httparse-style.
     ///
-    /// Returns how many bytes of `input` were consumed and the event found, if any. When the
-    /// event is `None`, all of `input` was consumed (kept in the buffer as needed); when it is
-    /// `Some`, call again with the unconsumed rest. An error is final for the stream (see
-    /// [`SseError`]).
-    pub fn feed<'a>(&'a mut self, input: &'a [u8]) -> Result<(usize, Option<Event<'a>>), SseError> {
+    /// Returns how many bytes of `input` were consumed and what was found. On
+    /// [`Status::Partial`] all of `input` was consumed (kept in the buffer as needed); on
+    /// [`Status::Complete`] call again with the unconsumed rest. An error is final for the
+    /// stream (see [`SseError`]).
+    pub fn feed<'a>(&'a mut self, input: &'a [u8]) -> Result<(usize, Status<Event<'a>>), SseError> {
         let (used, ready) = self.advance(input)?;
-        Ok((used, ready.map(|r| self.event(r, input))))
+        Ok(match ready {
+            Some(r) => (used, Status::Complete(self.event(r, input))),
+            None => (used, Status::Partial),
+        })
     }
 
     /// Declares the end of the stream.

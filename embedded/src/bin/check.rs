@@ -17,7 +17,7 @@ use boxmaker_embedded::{
 };
 use cortex_m_rt::entry;
 use cortex_m_semihosting::hprintln;
-use http_nostd::{Event as HttpEvent, HttpError, ResponseReader};
+use http_nostd::{Event as HttpEvent, HttpError, ResponseReader, Status};
 use llama_proto::hash::{sha256, Hash32, Sha256};
 use llama_proto::{decode_chunk, decode_error_event, Assembler, DecodeError, Payload, MAX_NESTING};
 use sse_nostd::{Event as SseEvent, Parser, SseError};
@@ -244,9 +244,9 @@ fn sse_verdict(input: &[u8], step: usize) -> Result<usize, SseError> {
             let (used, ev) = p.feed(rest)?;
             rest = &rest[used..];
             match ev {
-                Some(SseEvent::Message(m)) => data = m.data.len(),
-                Some(_) => {}
-                None => break,
+                Status::Complete(SseEvent::Message(m)) => data = m.data.len(),
+                Status::Complete(_) => {}
+                Status::Partial => break,
             }
         }
     }
@@ -285,10 +285,10 @@ fn http_verdict(input: &[u8], step: usize) -> Result<usize, HttpError> {
             let (used, ev) = r.feed(rest)?;
             rest = &rest[used..];
             match ev {
-                HttpEvent::NeedMore => break,
-                HttpEvent::Head => {}
-                HttpEvent::Body(b) => body += b.len(),
-                HttpEvent::End => break 'reads,
+                Status::Partial => break,
+                Status::Complete(HttpEvent::Head) => {}
+                Status::Complete(HttpEvent::Body(b)) => body += b.len(),
+                Status::Complete(HttpEvent::End) => break 'reads,
             }
         }
     }
@@ -578,7 +578,7 @@ fn check_head_stack(report: &mut Report, head_buf: &mut [u8; HEAD_CAP]) -> usize
     let (ours, ours_stack) = stack::measure(|| {
         let mut reader: Reader<'_> = ResponseReader::with_field_cap(head_buf);
         let fed = reader.feed(core::hint::black_box(input));
-        fed == Ok((exp::HEAD_LEN, HttpEvent::Head))
+        fed == Ok((exp::HEAD_LEN, Status::Complete(HttpEvent::Head)))
             && reader.head().is_some_and(|h| h.status() == exp::STATUS)
     });
     let mut line = Line::new();
