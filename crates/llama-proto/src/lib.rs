@@ -5,6 +5,8 @@
 //!   (or a [`ServerError`]), strings unescaped into a buffer the caller owns;
 //! - [`Assembler`]: folds chunks into one [`Message`], capacities as const generics,
 //!   storage supplied by the caller;
+//! - [`ChatStream`]: the whole path of one response, `http-nostd`'s reader, `sse-nostd`'s
+//!   parser, the decoder and the assembler, with one error type ([`StreamError`]);
 //! - [`text_calls`] / [`parse_text_calls`]: tool calls the model wrote as `<tool_call>` text
 //!   in its content (when the server did not parse them), each a borrowed [`TextCall`] or a
 //!   [`TextCallError`], and the [`prose`] around them;
@@ -33,6 +35,7 @@ mod owned;
 mod raw;
 mod repeat;
 mod scan;
+mod stream;
 mod text_calls;
 mod types;
 mod unescape;
@@ -48,9 +51,12 @@ pub use chunk::{
     MAX_TOOL_CALL_DELTAS,
 };
 pub use decode::{decode_chunk, decode_error_event};
+/// The push shape of [`ChatStream::feed`] and of its parts: httparse's `Status`.
+pub use http_nostd::Status;
 #[cfg(feature = "alloc")]
 pub use owned::{ChatMessage, Completion, ToolCall, ToolSchema};
 pub use repeat::{LoopConfig, LoopConfigError, LoopDetected, LoopDetector, MAX_CYCLE_LINES};
+pub use stream::{ChatStream, StreamError, StreamEvent};
 pub use text_calls::{
     parse_text_calls, prose, text_calls, Prose, TextCall, TextCallBlock, TextCallError,
     TextCallList, TextCalls, TooManyTextCalls,

@@ -52,5 +52,5 @@ pub use event::{is_done, Event, Message};
 /// of input bytes consumed: `(usize, Status<T>)`. `Complete(t)`: call again with the input
 /// after the bytes consumed; `Partial` is not an error and means all of the input was consumed.
 pub use httparse::Status;
-pub use parser::Parser;
+pub use parser::{Found, Parser};
 pub use read::{EventReader, ReadError};

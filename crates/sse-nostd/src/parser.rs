@@ -124,8 +124,13 @@ enum Field {
     Other,
 }
 
-/// An event found by [`Parser::advance`], described without borrowing anything, so that the
-/// pull adapter can loop without holding a borrow.
+/// An event found by [`Parser::advance`], described by positions only: it borrows nothing, so
+/// a caller can go on feeding in a loop and take the [`Event`] out only where it returns it.
+///
+/// Turn it into the event with [`Parser::event`], before the next call that feeds the parser.
+#[derive(Debug, Clone, Copy)]
+pub struct Found(pub(crate) Ready);
+
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Ready {
     Message {
@@ -167,9 +172,9 @@ impl<S: BorrowMut<[u8; N]>, const N: usize> Parser<S, N> {
     /// [`Status::Complete`] call again with the unconsumed rest. An error is final for the
     /// stream (see [`SseError`]).
     pub fn feed<'a>(&'a mut self, input: &'a [u8]) -> Result<(usize, Status<Event<'a>>), SseError> {
-        let (used, ready) = self.advance(input)?;
+        let (used, ready) = self.step(input)?;
         Ok(match ready {
-            Some(r) => (used, Status::Complete(self.event(r, input))),
+            Some(r) => (used, Status::Complete(self.ready_event(r, input))),
             None => (used, Status::Partial),
         })
     }
@@ -289,9 +294,41 @@ impl<S: BorrowMut<[u8; N]>, const N: usize> Parser<S, N> {
         e
     }
 
-    /// The parse itself; see [`feed`](Self::feed). The result borrows nothing.
+    /// [`feed`](Self::feed) in two steps, for a caller that feeds in a loop and returns an
+    /// event from inside it (as a composition of parsers does): the event comes back as a
+    /// [`Found`] that borrows nothing, and [`event`](Self::event) gives the [`Event`] itself.
+    /// (The borrow checker cannot yet see that a `feed` result which is not returned leaves
+    /// the parser free for the next turn of the loop.)
+    ///
+    /// ```
+    /// use sse_nostd::{Event, Parser, Status};
+    ///
+    /// let mut parser = Parser::new([0u8; 64]);
+    /// let input = b": hi\ndata: a\n\n";
+    /// let mut rest = &input[..];
+    /// let data = loop {
+    ///     let (used, status) = parser.advance(rest).unwrap();
+    ///     match status {
+    ///         Status::Complete(found) => match parser.event(found, rest) {
+    ///             Event::Message(m) => break m.data,
+    ///             _ => rest = &rest[used..],
+    ///         },
+    ///         Status::Partial => unreachable!("the event is in the input"),
+    ///     }
+    /// };
+    /// assert_eq!(data, b"a");
+    /// ```
     #[inline]
-    pub(crate) fn advance(&mut self, input: &[u8]) -> Result<(usize, Option<Ready>), SseError> {
+    pub fn advance(&mut self, input: &[u8]) -> Result<(usize, Status<Found>), SseError> {
+        Ok(match self.step(input)? {
+            (used, Some(ready)) => (used, Status::Complete(Found(ready))),
+            (used, None) => (used, Status::Partial),
+        })
+    }
+
+    /// The parse itself, its result borrowing nothing.
+    #[inline]
+    pub(crate) fn step(&mut self, input: &[u8]) -> Result<(usize, Option<Ready>), SseError> {
         if let Some(e) = self.failed {
             return Err(e);
         }
@@ -380,7 +417,8 @@ impl<S: BorrowMut<[u8; N]>, const N: usize> Parser<S, N> {
 
     fn bytes<'a>(&'a self, input: &'a [u8], span: Span) -> &'a [u8] {
         match span {
-            Span::Input(s, e) => &input[s..e],
+            // Checked: `event` may be handed another input than `advance` saw.
+            Span::Input(s, e) => input.get(s..e).unwrap_or_default(),
             Span::Buffer(s, e) => &self.buf()[s..e],
         }
     }
@@ -554,9 +592,15 @@ impl<S: BorrowMut<[u8; N]>, const N: usize> Parser<S, N> {
         }
     }
 
-    /// Turns a [`Ready`] from [`advance`](Self::advance) on `input` into the event it describes.
+    /// The event `found` describes, from the same `input` that was given to
+    /// [`advance`](Self::advance) (given another, its bytes are wrong or empty, never a panic).
     #[inline]
-    pub(crate) fn event<'a>(&'a self, ready: Ready, input: &'a [u8]) -> Event<'a> {
+    pub fn event<'a>(&'a self, found: Found, input: &'a [u8]) -> Event<'a> {
+        self.ready_event(found.0, input)
+    }
+
+    #[inline]
+    pub(crate) fn ready_event<'a>(&'a self, ready: Ready, input: &'a [u8]) -> Event<'a> {
         match ready {
             Ready::Message { event, data, id } => Event::Message(Message {
                 event: match event {
