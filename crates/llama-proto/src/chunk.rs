@@ -30,6 +30,9 @@ pub struct Chunk<'a> {
     pub content: Option<&'a str>,
     /// `choices[0].delta.reasoning_content`.
     pub reasoning_content: Option<&'a str>,
+    // Slots and a length rather than a `heapless::Vec`: that has drop glue, and a value with
+    // drop glue returned from `ChatStream::feed` keeps the stream borrowed to the end of the
+    // `match` on it (no call on the stream in an arm). `Chunk` stays `Copy`.
     pub(crate) tool_calls: [ToolCallDelta<'a>; MAX_TOOL_CALL_DELTAS],
     pub(crate) tool_calls_len: usize,
     /// `choices[0].finish_reason`.

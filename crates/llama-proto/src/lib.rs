@@ -14,6 +14,13 @@
 //!   a short cycle of them started repeating, with thresholds by length ([`LoopConfig`]);
 //! - [`cache_outcome`] and [`hash`].
 //!
+//! Fixed-capacity collections: the assembler's tool-call table and its short ids and names
+//! are `heapless` (`Vec`, `String`). The large buffers (content, reasoning, arguments, the
+//! decoder's text) are the caller's storage instead, since a `heapless` collection holds its
+//! storage inline and these must never pass through the stack; and a [`Chunk`]'s tool-call
+//! deltas are slots and a length, since a `heapless::Vec` has drop glue and would keep a
+//! [`ChatStream`] borrowed through a `match` on what it returned.
+//!
 //! The `alloc` feature adds the owned types `loopd` builds requests from and returns at the
 //! end of a request ([`ChatMessage`], [`ToolCall`], [`ToolSchema`], [`Completion`]).
 #![no_std]
