@@ -10,6 +10,8 @@
 //! - The body comes out as slices of the caller's input ([`Event::Body`], no copy; for SSE) or is
 //!   collected into a [`BodyBuffer`] of `N` bytes ([`BODY_CAP`], 4 MiB; for JSON).
 //! - Large buffers are always the caller's storage, so none is ever built on the stack.
+//! - [`BodyReader`] pulls the same from any [`embedded_io::Read`]: the head, then the decoded
+//!   body as an `embedded_io::Read` itself (for `sse-nostd`'s `EventReader`, say).
 //!
 //! ```
 //! use http_nostd::{Event, Framing, ResponseReader, Status, HEAD_CAP};
@@ -80,6 +82,7 @@ mod chunked;
 mod error;
 mod framing;
 mod head;
+mod read;
 mod reader;
 #[cfg(test)]
 mod tests;
@@ -94,6 +97,7 @@ pub use head::{Head, Version};
 /// of input bytes consumed: `(usize, Status<T>)`. `Complete(t)`: call again with the input
 /// after the bytes consumed; `Partial` is not an error and means all of the input was consumed.
 pub use httparse::Status;
+pub use read::{BodyReader, ReadError};
 pub use reader::{Event, ResponseReader};
 
 /// The head buffer size the design uses: 16 KiB of status line and headers.
