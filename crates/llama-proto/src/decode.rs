@@ -45,7 +45,8 @@ pub fn decode_chunk<'a>(payload: &'a [u8], text: &'a mut [u8]) -> Result<Payload
     }
     // The same checks in the same order as when the chunk was first parsed whole: the id,
     // `choices`, `finish_reason`, the delta's strings, then `tool_calls`.
-    let mut chunk = raw.chunk;
+    // In place: the chunk is moved once, into the result.
+    let chunk = &mut raw.chunk;
     chunk.id = out.opt(chunk.id)?;
     if raw.too_many_choices {
         return Err(DecodeError::TooManyChoices);
@@ -64,7 +65,7 @@ pub fn decode_chunk<'a>(payload: &'a [u8], text: &'a mut [u8]) -> Result<Payload
         call.name = out.opt(call.name)?;
         call.arguments = out.opt(call.arguments)?;
     }
-    Ok(Payload::Chunk(chunk))
+    Ok(Payload::Chunk(raw.chunk))
 }
 
 /// Decodes the data of an `event: error` SSE event (the older form): either the bare

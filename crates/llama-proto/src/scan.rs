@@ -198,9 +198,11 @@ struct Scan<'a> {
 
 impl<'a> Scan<'a> {
     /// Skips whitespace; returns the next byte.
+    #[inline(always)]
     fn ws(&mut self) -> Option<u8> {
         while let Some(&c) = self.b.get(self.i) {
-            if !matches!(c, b' ' | b'\n' | b'\t' | b'\r') {
+            // Every byte that is not whitespace and starts a token is above the space.
+            if c > b' ' || !matches!(c, b' ' | b'\n' | b'\t' | b'\r') {
                 return Some(c);
             }
             self.i += 1;
@@ -539,7 +541,7 @@ impl<'a> Scan<'a> {
     #[inline(always)]
     fn counts<const N: usize>(
         &mut self,
-        field: fn(&[u8]) -> Option<usize>,
+        field: impl Fn(&[u8]) -> Option<usize>,
     ) -> Result<Option<[u64; N]>> {
         let mut vals = [0u64; N];
         let mut seen = 0u32;
@@ -609,6 +611,12 @@ const HIGH: u64 = 0x8080_8080_8080_8080;
 fn eq(w: u64, b: u8) -> u64 {
     let x = w ^ (ONES * u64::from(b));
     x.wrapping_sub(ONES) & !x & HIGH
+}
+
+/// `\` or a byte below the space: a string that needs unescaping (or is invalid). A set
+/// bit above a true one may be spurious; only whether any is set counts.
+pub(crate) fn escape_or_control(w: u64) -> u64 {
+    eq(w, b'\\') | (w.wrapping_sub(ONES * 0x20) & !w & HIGH)
 }
 
 /// `"` or `\`: the end of a string or an escape in it.

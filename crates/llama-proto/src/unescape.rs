@@ -16,7 +16,17 @@ pub(crate) enum UnescapeError {
 /// True when `raw` can be used as is: no escapes and no control characters.
 #[inline]
 pub(crate) fn is_plain(raw: &str) -> bool {
-    !raw.bytes().any(|b| b == b'\\' || b < 0x20)
+    // Eight bytes at a time, the rest one by one (zero padding would read as a control byte).
+    let mut words = raw.as_bytes().chunks_exact(8);
+    for word in words.by_ref() {
+        let Ok(bytes) = <[u8; 8]>::try_from(word) else {
+            return false;
+        };
+        if crate::scan::escape_or_control(u64::from_le_bytes(bytes)) != 0 {
+            return false;
+        }
+    }
+    !words.remainder().iter().any(|&b| b == b'\\' || b < 0x20)
 }
 
 /// Unescapes `raw` (the text between the quotes) into `out`; returns the bytes written.
