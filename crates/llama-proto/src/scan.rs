@@ -191,6 +191,9 @@ impl<'a> ErrorFields<'a> {
     }
 }
 
+// The walk's small steps are forced inline on 64-bit hosts, where that made the decode
+// fast; on a 32-bit device the optimizer decides, and one copy per call site would cost
+// flash (docs/benchmarks/embedded.md).
 struct Scan<'a> {
     b: &'a [u8],
     i: usize,
@@ -198,7 +201,7 @@ struct Scan<'a> {
 
 impl<'a> Scan<'a> {
     /// Skips whitespace; returns the next byte.
-    #[inline(always)]
+    #[cfg_attr(target_pointer_width = "64", inline(always))]
     fn ws(&mut self) -> Option<u8> {
         while let Some(&c) = self.b.get(self.i) {
             // Every byte that is not whitespace and starts a token is above the space.
@@ -219,7 +222,7 @@ impl<'a> Scan<'a> {
     }
 
     /// A string at `self.i` (the opening quote); returns the raw bytes between the quotes.
-    #[inline(always)]
+    #[cfg_attr(target_pointer_width = "64", inline(always))]
     fn string(&mut self) -> Result<&'a [u8]> {
         let start = self.i + 1;
         let mut at = start;
@@ -254,6 +257,7 @@ impl<'a> Scan<'a> {
         Ok(self.b.get(start..self.i).unwrap_or_default())
     }
 
+    #[cfg(target_pointer_width = "64")]
     /// Skips the array or object whose opening bracket is at `self.i`, to its matching close.
     /// One pass over eight bytes at a time: the quotes, backslashes and brackets of a word are
     /// handled from its masks without going back to memory, so a word with no bracket
@@ -287,6 +291,46 @@ impl<'a> Scan<'a> {
         }
     }
 
+    /// Skips the array or object whose opening bracket is at `self.i`, to its matching close,
+    /// a byte at a time (smaller on a 32-bit device than the word walk above). `outer` arrays
+    /// and objects enclose this one.
+    #[cfg(not(target_pointer_width = "64"))]
+    fn nested(&mut self, outer: usize) -> Result<()> {
+        let room = MAX_NESTING.saturating_sub(outer);
+        let (mut depth, mut in_str, mut escaped) = (0usize, false, false);
+        let mut at = self.i;
+        while let Some(&b) = self.b.get(at) {
+            at += 1;
+            if in_str {
+                match b {
+                    _ if escaped => escaped = false,
+                    b'\\' => escaped = true,
+                    b'"' => in_str = false,
+                    _ => {}
+                }
+                continue;
+            }
+            match b {
+                b'"' => in_str = true,
+                b'{' | b'[' => {
+                    depth += 1;
+                    if depth > room {
+                        return Err(DecodeError::TooDeep);
+                    }
+                }
+                b'}' | b']' => {
+                    depth = depth.saturating_sub(1);
+                    if depth == 0 {
+                        self.i = at;
+                        return Ok(());
+                    }
+                }
+                _ => {}
+            }
+        }
+        Err(Error::EofWhileParsingValue.into())
+    }
+
     /// `null` or a string, as `Option<&str>` from `serde-json-core` (escapes kept).
     fn opt_str(&mut self) -> Result<Option<&'a str>> {
         match self.ws().ok_or(Error::EofWhileParsingValue)? {
@@ -313,8 +357,19 @@ impl<'a> Scan<'a> {
 
     /// The object whose `{` is at `self.i`, to its `}`: `field` is called with each key (the
     /// raw bytes between its quotes) and must consume the value after the colon.
-    #[inline(always)]
-    fn object(&mut self, mut field: impl FnMut(&mut Self, &'a [u8]) -> Result<()>) -> Result<()> {
+    #[cfg_attr(target_pointer_width = "64", inline(always))]
+    fn object(&mut self, field: impl FnMut(&mut Self, &'a [u8]) -> Result<()>) -> Result<()> {
+        // One copy of the loop on a 32-bit device (flash), one per call site on a 64-bit host.
+        #[cfg(not(target_pointer_width = "64"))]
+        let field: &mut dyn FnMut(&mut Self, &'a [u8]) -> Result<()> = &mut { field };
+        self.object_with(field)
+    }
+
+    #[cfg_attr(target_pointer_width = "64", inline(always))]
+    fn object_with<F>(&mut self, mut field: F) -> Result<()>
+    where
+        F: FnMut(&mut Self, &'a [u8]) -> Result<()>,
+    {
         self.i += 1;
         match self.ws().ok_or(Error::EofWhileParsingObject)? {
             b'}' => {
@@ -348,11 +403,18 @@ impl<'a> Scan<'a> {
 
     /// `null`, or the array whose `[` is next: `element` is called with each element's
     /// position and must consume it. False for `null`.
-    #[inline(always)]
-    fn opt_array(
-        &mut self,
-        mut element: impl FnMut(&mut Self, usize) -> Result<()>,
-    ) -> Result<bool> {
+    #[cfg_attr(target_pointer_width = "64", inline(always))]
+    fn opt_array(&mut self, element: impl FnMut(&mut Self, usize) -> Result<()>) -> Result<bool> {
+        #[cfg(not(target_pointer_width = "64"))]
+        let element: &mut dyn FnMut(&mut Self, usize) -> Result<()> = &mut { element };
+        self.opt_array_with(element)
+    }
+
+    #[cfg_attr(target_pointer_width = "64", inline(always))]
+    fn opt_array_with<F>(&mut self, mut element: F) -> Result<bool>
+    where
+        F: FnMut(&mut Self, usize) -> Result<()>,
+    {
         match self.ws().ok_or(Error::EofWhileParsingValue)? {
             b'n' => return self.null().map(|()| false),
             b'[' => self.i += 1,
@@ -384,7 +446,7 @@ impl<'a> Scan<'a> {
 
     /// `null`, or the object whose `{` is next, walked by `field` as in [`object`](Self::object).
     /// False for `null`.
-    #[inline(always)]
+    #[cfg_attr(target_pointer_width = "64", inline(always))]
     fn opt_object(&mut self, field: impl FnMut(&mut Self, &'a [u8]) -> Result<()>) -> Result<bool> {
         match self.ws().ok_or(Error::EofWhileParsingValue)? {
             b'n' => self.null().map(|()| false),
@@ -395,7 +457,7 @@ impl<'a> Scan<'a> {
 
     /// Skips a value the decoder does not read, inside `depth` arrays and objects; a number,
     /// the usual case, is passed to the next delimiter without looking at its digits.
-    #[inline(always)]
+    #[cfg_attr(target_pointer_width = "64", inline(always))]
     fn skip(&mut self, depth: usize) -> Result<()> {
         self.value(depth).map(drop)
     }
@@ -538,7 +600,7 @@ impl<'a> Scan<'a> {
 
     /// `null`, or an object whose fields `field` numbers are all unsigned integers and required
     /// (other fields skipped), as a derived struct of `u64`s reads it.
-    #[inline(always)]
+    #[cfg_attr(target_pointer_width = "64", inline(always))]
     fn counts<const N: usize>(
         &mut self,
         field: impl Fn(&[u8]) -> Option<usize>,
@@ -615,6 +677,7 @@ fn eq(w: u64, b: u8) -> u64 {
 
 /// `\` or a byte below the space: a string that needs unescaping (or is invalid). A set
 /// bit above a true one may be spurious; only whether any is set counts.
+#[cfg(target_pointer_width = "64")]
 pub(crate) fn escape_or_control(w: u64) -> u64 {
     eq(w, b'\\') | (w.wrapping_sub(ONES * 0x20) & !w & HIGH)
 }
@@ -626,6 +689,7 @@ fn in_string(w: u64) -> u64 {
 
 /// The high bit of each byte of `w` equal to `b`, exactly (no borrow between bytes), for
 /// masks whose every bit is used.
+#[cfg(target_pointer_width = "64")]
 #[inline(always)]
 fn eq_exact(w: u64, b: u8) -> u64 {
     let x = w ^ (ONES * u64::from(b));
@@ -633,6 +697,7 @@ fn eq_exact(w: u64, b: u8) -> u64 {
 }
 
 /// Where [`Scan::nested`] is between words.
+#[cfg(target_pointer_width = "64")]
 #[derive(Default)]
 struct Nesting {
     depth: usize,
@@ -643,6 +708,7 @@ struct Nesting {
     skip_first: bool,
 }
 
+#[cfg(target_pointer_width = "64")]
 impl Nesting {
     /// Walks one word (little-endian bytes); returns the byte index of the close that ends
     /// the value, if it is in this word.
@@ -695,6 +761,7 @@ fn delimiter(w: u64) -> u64 {
 }
 
 /// The position of the first byte of `s` that `set` marks.
+#[cfg(target_pointer_width = "64")]
 #[inline(always)]
 fn find(s: &[u8], set: fn(u64) -> u64) -> Option<usize> {
     let mut words = s.chunks_exact(8);
@@ -715,6 +782,14 @@ fn find(s: &[u8], set: fn(u64) -> u64) -> Option<usize> {
     // The zero padding is in none of the sets.
     let m = set(u64::from_le_bytes(tail));
     (m != 0).then(|| at + m.trailing_zeros() as usize / 8)
+}
+
+/// The position of the first byte of `s` that `set` marks, a byte at a time: on a 32-bit
+/// device each 64-bit word operation is several instructions, and the word loop costs flash.
+/// The mask of a lone byte is exact (nothing below it to borrow from).
+#[cfg(not(target_pointer_width = "64"))]
+fn find(s: &[u8], set: fn(u64) -> u64) -> Option<usize> {
+    s.iter().position(|&b| set(u64::from(b)) & 0x80 != 0)
 }
 
 #[cfg(test)]

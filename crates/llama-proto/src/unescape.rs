@@ -15,6 +15,7 @@ pub(crate) enum UnescapeError {
 
 /// True when `raw` can be used as is: no escapes and no control characters.
 #[inline]
+#[cfg(target_pointer_width = "64")]
 pub(crate) fn is_plain(raw: &str) -> bool {
     // Eight bytes at a time, the rest one by one (zero padding would read as a control byte).
     let mut words = raw.as_bytes().chunks_exact(8);
@@ -27,6 +28,13 @@ pub(crate) fn is_plain(raw: &str) -> bool {
         }
     }
     !words.remainder().iter().any(|&b| b == b'\\' || b < 0x20)
+}
+
+/// True when `raw` can be used as is, a byte at a time (smaller on a 32-bit device).
+#[cfg(not(target_pointer_width = "64"))]
+#[inline]
+pub(crate) fn is_plain(raw: &str) -> bool {
+    !raw.bytes().any(|b| b == b'\\' || b < 0x20)
 }
 
 /// Unescapes `raw` (the text between the quotes) into `out`; returns the bytes written.
