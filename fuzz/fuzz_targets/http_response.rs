@@ -56,7 +56,10 @@ fn stream<'a>(pieces: impl Iterator<Item = &'a [u8]>) -> Result<Outcome, HttpErr
     Ok(Outcome {
         status: head.status(),
         framing: head.framing().as_str(),
-        headers: head.headers().map(|(n, v)| (n.to_string(), v.to_vec())).collect(),
+        headers: head
+            .headers()
+            .map(|(n, v)| (n.to_string(), v.to_vec()))
+            .collect(),
         body,
     })
 }
@@ -102,7 +105,11 @@ fuzz_target!(|data: &[u8]| {
         (Ok(o), Ok(body)) => assert_eq!(o.body, body),
         (Ok(o), Err(HttpError::BodyTooLarge)) => {
             let announced = o.framing == "length" && o.body.len() > N;
-            assert!(o.body.len() > N || announced, "BodyTooLarge for {} bytes", o.body.len());
+            assert!(
+                o.body.len() > N || announced,
+                "BodyTooLarge for {} bytes",
+                o.body.len()
+            );
         }
         (Err(e), Err(c)) => assert!(*e == c || c == HttpError::BodyTooLarge, "{e:?} vs {c:?}"),
         (w, c) => panic!("stream {w:?} vs collect {c:?}"),

@@ -42,7 +42,11 @@ fn run<const N: usize>(input: &[u8], sizes: &[usize]) -> Vec<Ev> {
 
 fn check<const N: usize>(input: &[u8], sizes: &[usize]) {
     let whole = run::<N>(input, &[]);
-    assert_eq!(run::<N>(input, sizes), whole, "fuzzer-sized pieces {sizes:?}");
+    assert_eq!(
+        run::<N>(input, sizes),
+        whole,
+        "fuzzer-sized pieces {sizes:?}"
+    );
     if input.len() <= 1024 {
         assert_eq!(run::<N>(input, &[1]), whole, "byte by byte");
     }
@@ -53,7 +57,11 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     // Piece sizes from the control byte: small pieces hit every CR|LF and BOM split.
-    let sizes = [usize::from(control % 16) + 1, usize::from(control / 16) + 1, 3];
+    let sizes = [
+        usize::from(control % 16) + 1,
+        usize::from(control / 16) + 1,
+        3,
+    ];
     check::<32>(input, &sizes);
     check::<4096>(input, &sizes);
 });

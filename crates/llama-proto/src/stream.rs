@@ -54,7 +54,7 @@ pub enum StreamError {
     Decode(DecodeError),
     /// A chunk does not fit the message or contradicts an earlier one ([`AssembleError`]).
     Assemble(AssembleError),
-    /// A `200` whose `Content-Type` is not `text/event-stream`.
+    /// A `200` whose `Content-Type` is not `text/event-stream` (none at all is accepted).
     NotEventStream,
     /// [`finish`](ChatStream::finish) of a response whose status is not `200`.
     Status(u16),
@@ -348,10 +348,11 @@ impl<
         pos: usize,
     ) -> Result<(usize, Status<StreamEvent<'a>>), StreamError> {
         let (status, event_stream) = self.reader.head().map_or((0, false), |h| {
-            let media = h.header("content-type").unwrap_or_default();
-            let prefix = b"text/event-stream";
-            let sse =
-                media.len() >= prefix.len() && media[..prefix.len()].eq_ignore_ascii_case(prefix);
+            // No Content-Type at all is taken as the stream a 200 to a streamed request is.
+            let sse = h.header("content-type").is_none_or(|media| {
+                let prefix = b"text/event-stream";
+                media.len() >= prefix.len() && media[..prefix.len()].eq_ignore_ascii_case(prefix)
+            });
             (h.status(), sse)
         });
         self.phase = match status {

@@ -210,9 +210,11 @@ fn a_200_that_is_not_an_event_stream_is_refused() {
     let (events, msg) = run(input, &[]);
     assert_eq!(events, [Ev::Err(StreamError::NotEventStream)]);
     assert_eq!(msg, Err(StreamError::NotEventStream));
-    // The media type is compared without regard to case, and parameters may follow.
+    // The media type is compared without regard to case, and parameters may follow; a 200
+    // without a Content-Type is taken as the stream.
     let input = b"HTTP/1.1 200 OK\r\nContent-Type: Text/Event-Stream; charset=utf-8\r\n\r\n";
     assert_eq!(run(input, &[]).0, [Ev::Head(200)]);
+    assert_eq!(run(b"HTTP/1.1 200 OK\r\n\r\n", &[]).0, [Ev::Head(200)]);
 }
 
 #[test]
