@@ -1,8 +1,8 @@
 //! JSON string unescaping into a caller-owned buffer, surrogate pairs included.
 //!
-//! `serde-json-core` hands strings over raw (it would reject `\uD83D\uDE00`), so the decoder
-//! unescapes them here exactly as RFC 8259 says: a control character must be escaped, a lone
-//! surrogate is an error.
+//! The walk in `scan` hands strings over raw, so the decoder unescapes the ones it returns
+//! here exactly as RFC 8259 says (surrogate pairs such as `\uD83D\uDE00` included): a control
+//! character must be escaped, a lone surrogate is an error.
 
 /// Why a JSON string could not be unescaped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
