@@ -33,7 +33,8 @@ pub enum StreamEvent<'a> {
     /// `data: [DONE]`: the server has nothing more to say.
     Done,
     /// The server gave up on the request inside the stream (a chunk's `error`, or an
-    /// `event: error`). The stream is over: later calls return [`StreamError::Server`].
+    /// `event: error`, whose data is the message when it is not the error JSON). The stream
+    /// is over: later calls return [`StreamError::Server`].
     ServerError(ServerError<'a>),
     /// A piece of the body of a response that is not a `200`, as it arrived.
     ErrorBody(&'a [u8]),
@@ -392,13 +393,18 @@ impl<
             return Err(*self.failed.insert(StreamError::AfterDone));
         }
         let event = if m.event == b"error" {
-            match decode_error_event(m.data, &mut self.text[..]) {
-                Ok(e) => {
-                    self.failed = Some(StreamError::Server(e.code));
-                    StreamEvent::ServerError(e)
-                }
-                Err(e) => return Err(*self.failed.insert(e.into())),
-            }
+            let e = match decode_error_event(m.data, &mut self.text[..]) {
+                Ok(e) => e,
+                // The event's type says it is the server's error even when its data is not
+                // the error JSON: the data (its UTF-8 part) is the message.
+                Err(_) => ServerError {
+                    code: None,
+                    kind: None,
+                    message: utf8_prefix(m.data),
+                },
+            };
+            self.failed = Some(StreamError::Server(e.code));
+            StreamEvent::ServerError(e)
         } else if m.event != b"message" {
             StreamEvent::Idle
         } else if sse_nostd::is_done(m.data) {
@@ -418,6 +424,14 @@ impl<
             }
         };
         Ok((used, Status::Complete(event)))
+    }
+}
+
+/// The longest prefix of `bytes` that is UTF-8.
+fn utf8_prefix(bytes: &[u8]) -> &str {
+    match core::str::from_utf8(bytes) {
+        Ok(s) => s,
+        Err(e) => core::str::from_utf8(&bytes[..e.valid_up_to()]).unwrap_or_default(),
     }
 }
 

@@ -3,9 +3,7 @@
 //! composition (error statuses, in-stream errors, `[DONE]`, a cut-off body, the caps) has a
 //! test with its bytes inline.
 
-use llama_proto::{
-    AssembleError, Assembler, ChatStream, DecodeError, Status, StreamError, StreamEvent,
-};
+use llama_proto::{AssembleError, Assembler, ChatStream, Status, StreamError, StreamEvent};
 use sse_nostd::SseError;
 
 const HEAD: usize = 512;
@@ -234,12 +232,13 @@ fn in_stream_errors_end_the_stream_in_both_forms() {
     assert_eq!(events[1], Ev::Server(None, "gone".into()));
     assert_eq!(msg, Err(StreamError::Server(None)));
 
-    let garbled = format!("{SSE_HEAD}\r\nevent: error\ndata: gone\n\n");
-    let (events, _) = run(garbled.as_bytes(), &[]);
-    assert!(matches!(
-        events[1],
-        Ev::Err(StreamError::Decode(DecodeError::Json(_)))
-    ));
+    // An `event: error` whose data is not the error JSON: the data (its UTF-8 part) is the
+    // message.
+    let mut garbled = format!("{SSE_HEAD}\r\nevent: error\ndata: gone ").into_bytes();
+    garbled.extend_from_slice(b"\xff\n\n");
+    let (events, msg) = run(&garbled, &[]);
+    assert_eq!(events[1], Ev::Server(None, "gone ".into()));
+    assert_eq!(msg, Err(StreamError::Server(None)));
 }
 
 #[test]
