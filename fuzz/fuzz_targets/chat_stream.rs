@@ -8,7 +8,11 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use llama_proto::{Assembler, ChatStream, Status, StreamError, StreamEvent};
+use llama_proto::{Assembler, ChatStream, StreamError, StreamEvent};
+
+#[path = "../../crates/llama-proto/tests/common/stream_feed.rs"]
+mod stream_feed;
+use stream_feed::feed_pieces;
 
 const HEAD: usize = 256;
 const LINE: usize = 512;
@@ -20,53 +24,39 @@ fn run(input: &[u8], sizes: &[usize]) -> (Vec<String>, Result<String, StreamErro
     let assembler = Assembler::new(&mut content, &mut reasoning, &mut args);
     let mut stream =
         ChatStream::<HEAD, 8, LINE, 64, 64, 2, 32>::new(&mut head, &mut line, &mut text, assembler);
-    let mut out: Vec<String> = Vec::new();
+    let mut pieces = Vec::new();
     let mut at = 0;
-    let mut k = 0;
-    'input: while at < input.len() {
+    for k in 0.. {
+        if at >= input.len() {
+            break;
+        }
         let size = if sizes.is_empty() {
             input.len()
         } else {
             sizes[k % sizes.len()]
         };
-        k += 1;
-        let mut rest = &input[at..(at + size).min(input.len())];
+        pieces.push(&input[at..(at + size).min(input.len())]);
         at += size;
-        loop {
-            let (used, status) = match stream.feed(rest) {
-                Ok(r) => r,
-                Err(e) => {
-                    // `finish` below returns it again. (Whether a fault shows in `feed` or
-                    // only at `finish` may depend on the split: a head is parsed at its
-                    // line ends.)
-                    assert_eq!(stream.feed(b"\n").err(), Some(e), "errors are final");
-                    break 'input;
-                }
-            };
-            assert!(used <= rest.len());
-            rest = &rest[used..];
-            let ev = match status {
-                Status::Partial => {
-                    assert!(rest.is_empty(), "Partial must mean all consumed");
-                    break;
-                }
-                Status::Complete(StreamEvent::ErrorBody(b)) => format!("body {}", b.len()),
-                Status::Complete(ev) => format!("{ev:?}"),
-            };
-            // Error-body pieces are cut where the reads are: only their total counts.
-            match (out.last_mut(), ev.strip_prefix("body ")) {
-                (Some(last), Some(n)) if last.starts_with("body ") => {
-                    let sum: usize =
-                        last[5..].parse::<usize>().unwrap() + n.parse::<usize>().unwrap();
-                    *last = format!("body {sum}");
-                }
-                _ => out.push(ev.clone()),
-            }
-            if ev == "End" {
-                break 'input;
-            }
-        }
     }
+    let mut out: Vec<String> = Vec::new();
+    // An error is compared through `finish`, which returns it again: whether a fault shows
+    // in `feed` or only at `finish` may depend on the split (a head is parsed at its line
+    // ends).
+    feed_pieces(&mut stream, pieces, |event| {
+        let ev = match event {
+            StreamEvent::ErrorBody(b) => format!("body {}", b.len()),
+            ev => format!("{ev:?}"),
+        };
+        // Error-body pieces are cut where the reads are: only their total counts.
+        match (out.last_mut(), ev.strip_prefix("body ")) {
+            (Some(last), Some(n)) if last.starts_with("body ") => {
+                let sum: usize = last[5..].parse::<usize>().unwrap() + n.parse::<usize>().unwrap();
+                *last = format!("body {sum}");
+            }
+            _ => out.push(ev.clone()),
+        }
+        ev != "End"
+    });
     let end = stream.finish().map(|m| format!("{m:?}"));
     (out, end)
 }

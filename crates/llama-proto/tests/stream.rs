@@ -6,6 +6,10 @@
 use llama_proto::{AssembleError, Assembler, ChatStream, Status, StreamError, StreamEvent};
 use sse_nostd::SseError;
 
+#[path = "common/stream_feed.rs"]
+mod stream_feed;
+use stream_feed::feed_pieces;
+
 const HEAD: usize = 512;
 const FIELDS: usize = 16;
 const LINE: usize = 1024;
@@ -13,6 +17,34 @@ const CONTENT: usize = 256;
 const REASONING: usize = 256;
 const CALLS: usize = 2;
 const ARGS: usize = 128;
+
+/// The caller's buffers, with the firmware's caps.
+struct Storage {
+    head: [u8; HEAD],
+    line: [u8; LINE],
+    text: [u8; LINE],
+    content: [u8; CONTENT],
+    reasoning: [u8; REASONING],
+    args: [[u8; ARGS]; CALLS],
+}
+
+impl Storage {
+    fn new() -> Self {
+        Storage {
+            head: [0; HEAD],
+            line: [0; LINE],
+            text: [0; LINE],
+            content: [0; CONTENT],
+            reasoning: [0; REASONING],
+            args: [[0; ARGS]; CALLS],
+        }
+    }
+
+    fn stream(&mut self) -> ChatStream<'_, HEAD, FIELDS, LINE, CONTENT, REASONING, CALLS, ARGS> {
+        let assembler = Assembler::new(&mut self.content, &mut self.reasoning, &mut self.args);
+        ChatStream::new(&mut self.head, &mut self.line, &mut self.text, assembler)
+    }
+}
 
 /// One thing the stream said, owned.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,59 +72,37 @@ type Msg = (
 /// Feeds `input` cut at `cuts` (sorted offsets) into a stream with the firmware's caps, then
 /// finishes it; an error ends the events.
 fn run(input: &[u8], cuts: &[usize]) -> (Vec<Ev>, Result<Msg, StreamError>) {
-    let (mut head, mut line, mut text) = ([0u8; HEAD], [0u8; LINE], [0u8; LINE]);
-    let (mut content, mut reasoning) = ([0u8; CONTENT], [0u8; REASONING]);
-    let mut args = [[0u8; ARGS]; CALLS];
-    let assembler = Assembler::new(&mut content, &mut reasoning, &mut args);
-    let mut stream = ChatStream::<HEAD, FIELDS, LINE, CONTENT, REASONING, CALLS, ARGS>::new(
-        &mut head, &mut line, &mut text, assembler,
-    );
-    let mut out = Vec::new();
+    let mut storage = Storage::new();
+    let mut stream = storage.stream();
     let mut from = 0;
-    'input: for to in cuts.iter().copied().chain([input.len()]) {
-        let mut rest = &input[from..to.max(from)];
+    let pieces = cuts.iter().copied().chain([input.len()]).map(|to| {
+        let piece = &input[from..to.max(from)];
         from = to.max(from);
-        loop {
-            let (used, status) = match stream.feed(rest) {
-                Ok(r) => r,
-                Err(e) => {
-                    assert_eq!(stream.feed(b"x").err(), Some(e), "errors are final");
-                    out.push(Ev::Err(e));
-                    return (out, stream.finish().map(|_| unreachable!()));
-                }
-            };
-            assert!(used <= rest.len());
-            rest = &rest[used..];
-            let ev = match status {
-                Status::Partial => {
-                    assert!(rest.is_empty(), "Partial must mean all consumed");
-                    break;
-                }
-                Status::Complete(StreamEvent::Head(s)) => Ev::Head(s),
-                Status::Complete(StreamEvent::Chunk(c)) => Ev::Chunk(format!("{c:?}")),
-                Status::Complete(StreamEvent::Idle) => Ev::Idle,
-                Status::Complete(StreamEvent::Done) => Ev::Done,
-                Status::Complete(StreamEvent::ServerError(e)) => {
-                    Ev::Server(e.code, e.message.to_owned())
-                }
-                Status::Complete(StreamEvent::ErrorBody(b)) => Ev::ErrorBody(b.to_vec()),
-                Status::Complete(StreamEvent::End) => Ev::End,
-                Status::Complete(other) => panic!("an event this test does not know: {other:?}"),
-            };
-            let end = ev == Ev::End;
-            // Pieces of an error body are joined: how they are cut depends on the reads.
-            match (out.last_mut(), ev) {
-                (Some(Ev::ErrorBody(all)), Ev::ErrorBody(more)) => all.extend(more),
-                (_, ev) => out.push(ev),
-            }
-            if end {
-                assert_eq!(
-                    stream.feed(rest).ok(),
-                    Some((0, Status::Complete(StreamEvent::End)))
-                );
-                break 'input;
-            }
+        piece
+    });
+    let mut out: Vec<Ev> = Vec::new();
+    let failed = feed_pieces(&mut stream, pieces, |event| {
+        let ev = match event {
+            StreamEvent::Head(s) => Ev::Head(s),
+            StreamEvent::Chunk(c) => Ev::Chunk(format!("{c:?}")),
+            StreamEvent::Idle => Ev::Idle,
+            StreamEvent::Done => Ev::Done,
+            StreamEvent::ServerError(e) => Ev::Server(e.code, e.message.to_owned()),
+            StreamEvent::ErrorBody(b) => Ev::ErrorBody(b.to_vec()),
+            StreamEvent::End => Ev::End,
+            other => panic!("an event this test does not know: {other:?}"),
+        };
+        let end = ev == Ev::End;
+        // Pieces of an error body are joined: how they are cut depends on the reads.
+        match (out.last_mut(), ev) {
+            (Some(Ev::ErrorBody(all)), Ev::ErrorBody(more)) => all.extend(more),
+            (_, ev) => out.push(ev),
         }
+        !end
+    });
+    if let Some(e) = failed {
+        out.push(Ev::Err(e));
+        return (out, stream.finish().map(|_| unreachable!()));
     }
     let msg = stream.finish().map(|m| {
         (
@@ -323,5 +333,32 @@ fn the_caps_are_the_parts_caps_at_the_limit_and_one_past() {
         [Ev::Err(StreamError::Http(
             http_nostd::HttpError::HeadersTooLarge
         ))]
+    );
+}
+
+#[test]
+fn after_the_end_nothing_more_is_consumed() {
+    let mut storage = Storage::new();
+    let mut stream = storage.stream();
+    let input = format!(
+        "{SSE_HEAD}Content-Length: {}\r\n\r\n{STOP}\n\n",
+        STOP.len() + 2
+    );
+    let mut rest = input.as_bytes();
+    let mut events = 0;
+    loop {
+        let (used, status) = stream.feed(rest).unwrap();
+        rest = &rest[used..];
+        events += 1;
+        if status == Status::Complete(StreamEvent::End) {
+            break;
+        }
+    }
+    assert_eq!((events, rest), (3, &b""[..]));
+    let end = Ok((0, Status::Complete(StreamEvent::End)));
+    assert_eq!(stream.feed(b"after the body"), end);
+    assert_eq!(
+        stream.finish().map(|m| m.finish_reason.as_str()),
+        Ok("stop")
     );
 }
