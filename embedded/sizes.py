@@ -52,6 +52,7 @@ def bucket_of_file(path, line):
         ("/crates/llama-proto/", "llama-proto"),
         ("/httparse-", "httparse"),
         ("/memchr-", "memchr"),
+        ("/heapless-", "heapless"),
         ("/serde-json-core-", "serde-json-core"),
         ("/serde_json_core-", "serde-json-core"),
         ("/serde_core-", "serde"),
@@ -209,7 +210,7 @@ def main():
     for name, label in [
         ("http", "http-nostd (and httparse)"),
         ("http_sse", "+ sse-nostd (and memchr)"),
-        ("path", "+ llama-proto (and serde-json-core): the whole path"),
+        ("path", "+ llama-proto (and heapless): the whole path, `ChatStream`"),
     ]:
         print(f"| {label}, `{name}` | {flash(name) - base} | {flash(name) - prev} |")
         prev = flash(name)

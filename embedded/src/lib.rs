@@ -1,16 +1,15 @@
 //! The no_std path on a small device: a recorded llama-server response through
-//! `http-nostd` -> `sse-nostd` -> `llama-proto`, with the caps a small host picks.
+//! `llama-proto`'s `ChatStream` (`http-nostd` -> `sse-nostd` -> decoder -> assembler), with the
+//! caps a small host picks.
 //!
 //! Shared by the images in `src/bin/`: `check` (what `make embedded` runs under QEMU), `path`
 //! (the path alone, for its flash and RAM), `baseline` (the runtime alone, subtracted from the
 //! others) and `httparse_head` (httparse alone parsing the same head: the anchor).
 #![no_std]
 
-use http_nostd::{Event as HttpEvent, Framing, HttpError, ResponseReader};
-use llama_proto::{
-    decode_chunk, decode_error_event, AssembleError, Assembler, DecodeError, Payload,
-};
-use sse_nostd::{Event as SseEvent, Parser, SseError};
+use http_nostd::ResponseReader;
+use llama_proto::{Assembler, ChatStream, Status, StreamError, StreamEvent};
+use sse_nostd::Parser;
 
 /// The expected answer, computed on the host from the same fixture by `build.rs`.
 pub mod expected {
@@ -53,133 +52,68 @@ impl Buffers {
     };
 }
 
-pub type Asm<'b> = Assembler<'b, CONTENT_CAP, REASONING_CAP, CALLS_CAP, ARGS_CAP>;
+/// The layers alone, for the images that size them one at a time (`http`, `http_sse`).
 pub type Reader<'b> = ResponseReader<&'b mut [u8; HEAD_CAP], HEAD_CAP, HEADER_FIELDS>;
 pub type Sse<'b> = Parser<&'b mut [u8; LINE_CAP], LINE_CAP>;
 
-/// Why the path gave up, each layer's typed error kept as it is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PathError {
-    Http(HttpError),
-    Sse(SseError),
-    Decode(DecodeError),
-    Assemble(AssembleError),
-    /// Not a `200` with a chunked (or otherwise delimited) `text/event-stream` body.
-    NotAStream(u16),
-    /// The server sent an error inside the stream.
-    ServerError,
-    /// A payload after `[DONE]`, or the stream ended without it.
-    Done(bool),
-}
-
-impl From<HttpError> for PathError {
-    fn from(e: HttpError) -> Self {
-        PathError::Http(e)
-    }
-}
-impl From<SseError> for PathError {
-    fn from(e: SseError) -> Self {
-        PathError::Sse(e)
-    }
-}
-impl From<DecodeError> for PathError {
-    fn from(e: DecodeError) -> Self {
-        PathError::Decode(e)
-    }
-}
-impl From<AssembleError> for PathError {
-    fn from(e: AssembleError) -> Self {
-        PathError::Assemble(e)
+impl Buffers {
+    /// The whole path over these buffers, at the start of a response.
+    pub fn stream(&mut self) -> Path<'_> {
+        let assembler = Assembler::new(&mut self.content, &mut self.reasoning, &mut self.args);
+        ChatStream::new(&mut self.head, &mut self.line, &mut self.text, assembler)
     }
 }
 
-/// What the stream looked like, besides the message the assembler holds.
+/// `llama-proto`'s `ChatStream` with this host's caps: the whole path, HTTP to message.
+pub type Path<'b> = ChatStream<
+    'b,
+    HEAD_CAP,
+    HEADER_FIELDS,
+    LINE_CAP,
+    CONTENT_CAP,
+    REASONING_CAP,
+    CALLS_CAP,
+    ARGS_CAP,
+>;
+
+/// What the stream looked like, besides the message the stream's assembler holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Stream {
     pub status: u16,
+    /// Chunks and `[DONE]`.
     pub events: usize,
     pub done: bool,
-    pub body_len: usize,
 }
 
 /// Runs `input`, a whole recorded response, through the path in reads of `read` bytes (as a
-/// socket would deliver it); the finished message is left in `asm`.
-pub fn run(
-    input: &[u8],
-    read: usize,
-    reader: &mut Reader<'_>,
-    sse: &mut Sse<'_>,
-    text: &mut [u8; TEXT_CAP],
-    asm: &mut Asm<'_>,
-) -> Result<Stream, PathError> {
-    let mut stream = Stream::default();
+/// socket would deliver it); the finished message is left in `stream`'s assembler.
+pub fn run(input: &[u8], read: usize, stream: &mut Path<'_>) -> Result<Stream, StreamError> {
+    let mut seen = Stream::default();
     'reads: for piece in input.chunks(read.max(1)) {
         let mut rest = piece;
         loop {
-            let (used, event) = reader.feed(rest)?;
+            let (used, status) = stream.feed(rest)?;
             rest = &rest[used..];
-            match event {
-                HttpEvent::NeedMore => break,
-                HttpEvent::Head => {
-                    let head = reader.head().ok_or(PathError::NotAStream(0))?;
-                    stream.status = head.status();
-                    let sse_type = head
-                        .header("content-type")
-                        .is_some_and(|v| v.starts_with(b"text/event-stream"));
-                    if head.status() != 200 || !sse_type || head.framing() == Framing::None {
-                        return Err(PathError::NotAStream(head.status()));
-                    }
+            match status {
+                Status::Partial => break,
+                Status::Complete(StreamEvent::Head(s)) => seen.status = s,
+                Status::Complete(StreamEvent::Chunk(_) | StreamEvent::Done) => seen.events += 1,
+                Status::Complete(StreamEvent::ServerError(e)) => {
+                    return Err(StreamError::Server(e.code))
                 }
-                HttpEvent::Body(bytes) => {
-                    stream.body_len += bytes.len();
-                    events(bytes, sse, text, asm, &mut stream)?;
-                }
-                HttpEvent::End => break 'reads,
+                Status::Complete(StreamEvent::End) => break 'reads,
+                Status::Complete(_) => {}
             }
         }
     }
-    reader.finish()?;
-    sse.finish()?;
-    if !stream.done {
-        return Err(PathError::Done(false));
+    // The message is the caller's to check (`stream.assembler().finish()`): a path that
+    // accepted every byte but ended without a `finish_reason` is still the path's success.
+    match stream.finish() {
+        Ok(_) | Err(StreamError::Assemble(_)) => {}
+        Err(e) => return Err(e),
     }
-    Ok(stream)
-}
-
-/// Feeds one slice of the body to the SSE parser and every event it completes to the decoder
-/// and the assembler.
-fn events(
-    mut bytes: &[u8],
-    sse: &mut Sse<'_>,
-    text: &mut [u8; TEXT_CAP],
-    asm: &mut Asm<'_>,
-    stream: &mut Stream,
-) -> Result<(), PathError> {
-    loop {
-        let (used, event) = sse.feed(bytes)?;
-        let Some(event) = event else {
-            return Ok(());
-        };
-        if let SseEvent::Message(m) = event {
-            stream.events += 1;
-            if stream.done {
-                return Err(PathError::Done(true));
-            }
-            if m.event == b"error" {
-                decode_error_event(m.data, text)?;
-                return Err(PathError::ServerError);
-            }
-            if sse_nostd::is_done(m.data) {
-                stream.done = true;
-            } else {
-                match decode_chunk(m.data, text)? {
-                    Payload::Chunk(c) => asm.push(&c)?,
-                    Payload::Error(_) => return Err(PathError::ServerError),
-                }
-            }
-        }
-        bytes = &bytes[used..];
-    }
+    seen.done = stream.is_done();
+    Ok(seen)
 }
 
 /// Ends the run: exit status 0 or 1 through semihosting (QEMU exits with it).

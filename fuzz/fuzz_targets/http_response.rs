@@ -4,7 +4,7 @@
 //! the HeadersTooLarge and TrailersTooLarge paths reachable.
 #![no_main]
 
-use http_nostd::{BodyBuffer, Event, HttpError, Progress, ResponseReader, MAX_HEADERS};
+use http_nostd::{BodyBuffer, Event, HttpError, ResponseReader, Status, MAX_HEADERS};
 use libfuzzer_sys::fuzz_target;
 
 const H: usize = 512;
@@ -30,19 +30,19 @@ fn stream<'a>(pieces: impl Iterator<Item = &'a [u8]>) -> Result<Outcome, HttpErr
             let rest = &piece[pos..];
             pos += used;
             match event {
-                Event::NeedMore => {
+                Status::Partial => {
                     assert_eq!(pos, piece.len(), "NeedMore with input left");
                     break;
                 }
-                Event::Head => assert!(reader.head().is_some()),
-                Event::Body(b) => {
+                Status::Complete(Event::Head) => assert!(reader.head().is_some()),
+                Status::Complete(Event::Body(b)) => {
                     assert!(!b.is_empty());
                     // A body slice lies inside the bytes this call consumed.
                     let start = b.as_ptr() as usize - rest.as_ptr() as usize;
                     assert!(start + b.len() <= used);
                     body.extend_from_slice(b);
                 }
-                Event::End => {
+                Status::Complete(Event::End) => {
                     assert!(reader.is_done());
                     break 'outer;
                 }
@@ -55,8 +55,11 @@ fn stream<'a>(pieces: impl Iterator<Item = &'a [u8]>) -> Result<Outcome, HttpErr
     assert!((100..1000).contains(&head.status()));
     Ok(Outcome {
         status: head.status(),
-        framing: head.framing().name(),
-        headers: head.headers().map(|(n, v)| (n.to_string(), v.to_vec())).collect(),
+        framing: head.framing().as_str(),
+        headers: head
+            .headers()
+            .map(|(n, v)| (n.to_string(), v.to_vec()))
+            .collect(),
         body,
     })
 }
@@ -69,7 +72,7 @@ fn collect(input: &[u8], step: usize) -> Result<Vec<u8>, HttpError> {
     for piece in input.chunks(step) {
         let (used, progress) = reader.feed_into(piece, &mut body)?;
         assert!(body.len() <= N);
-        if progress == Progress::Done {
+        if progress == Status::Complete(()) {
             return Ok(body.as_bytes().to_vec());
         }
         assert_eq!(used, piece.len());
@@ -102,7 +105,11 @@ fuzz_target!(|data: &[u8]| {
         (Ok(o), Ok(body)) => assert_eq!(o.body, body),
         (Ok(o), Err(HttpError::BodyTooLarge)) => {
             let announced = o.framing == "length" && o.body.len() > N;
-            assert!(o.body.len() > N || announced, "BodyTooLarge for {} bytes", o.body.len());
+            assert!(
+                o.body.len() > N || announced,
+                "BodyTooLarge for {} bytes",
+                o.body.len()
+            );
         }
         (Err(e), Err(c)) => assert!(*e == c || c == HttpError::BodyTooLarge, "{e:?} vs {c:?}"),
         (w, c) => panic!("stream {w:?} vs collect {c:?}"),

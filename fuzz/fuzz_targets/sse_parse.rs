@@ -4,20 +4,14 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use sse_nostd::{Event, Parser};
 
-#[derive(Debug, PartialEq, Eq)]
-enum Owned {
-    Msg(Vec<u8>, Vec<u8>, Vec<u8>),
-    Comment(Vec<u8>),
-    Retry(u64),
-    Err(sse_nostd::SseError),
-}
+#[path = "../../crates/sse-nostd/tests/common/owned.rs"]
+mod owned;
+use owned::{parse_pieces, Ev};
 
-fn run<const N: usize>(input: &[u8], sizes: &[usize]) -> Vec<Owned> {
-    let storage: Box<[u8; N]> = vec![0u8; N].into_boxed_slice().try_into().unwrap();
-    let mut parser = Parser::new(storage);
-    let mut out = Vec::new();
+/// The events of `input` in pieces of `sizes` (cycled; whole when empty), each checked
+/// against the cap `N`.
+fn run<const N: usize>(input: &[u8], sizes: &[usize]) -> Vec<Ev> {
     let mut pieces = Vec::new();
     let mut at = 0;
     for &size in sizes.iter().cycle() {
@@ -30,51 +24,29 @@ fn run<const N: usize>(input: &[u8], sizes: &[usize]) -> Vec<Owned> {
     if sizes.is_empty() {
         pieces.push(input);
     }
-    for piece in pieces {
-        let mut rest = piece;
-        loop {
-            match parser.feed(rest) {
-                Ok((used, event)) => {
-                    assert!(used <= rest.len());
-                    let Some(event) = event else {
-                        assert_eq!(used, rest.len(), "None must mean all consumed");
-                        break;
-                    };
-                    out.push(match event {
-                        Event::Message(m) => {
-                            let event_len = if m.event == b"message" { 0 } else { m.event.len() };
-                            // The cap: data, event type and id all lived in the N-byte buffer.
-                            assert!(m.data.len() + event_len + m.id.len() <= N);
-                            assert!(!m.event.is_empty());
-                            Owned::Msg(m.event.to_vec(), m.data.to_vec(), m.id.to_vec())
-                        }
-                        Event::Comment(c) => {
-                            assert!(c.len() < N);
-                            Owned::Comment(c.to_vec())
-                        }
-                        Event::Retry(ms) => Owned::Retry(ms),
-                        _ => unreachable!("no other event kinds"),
-                    });
-                    rest = &rest[used..];
-                }
-                Err(e) => {
-                    // Errors are final.
-                    assert_eq!(parser.feed(b"\n\n"), Err(e));
-                    out.push(Owned::Err(e));
-                    return out;
-                }
+    let out = parse_pieces::<N>(pieces);
+    for ev in &out {
+        match ev {
+            Ev::Msg(event, data, id) => {
+                let event_len = if event == b"message" { 0 } else { event.len() };
+                // The cap: data, event type and id all lived in the N-byte buffer.
+                assert!(data.len() + event_len + id.len() <= N);
+                assert!(!event.is_empty());
             }
+            Ev::Comment(c) => assert!(c.len() < N),
+            Ev::Retry(_) | Ev::Err(_) => {}
         }
-    }
-    if let Err(e) = parser.finish() {
-        out.push(Owned::Err(e));
     }
     out
 }
 
 fn check<const N: usize>(input: &[u8], sizes: &[usize]) {
     let whole = run::<N>(input, &[]);
-    assert_eq!(run::<N>(input, sizes), whole, "fuzzer-sized pieces {sizes:?}");
+    assert_eq!(
+        run::<N>(input, sizes),
+        whole,
+        "fuzzer-sized pieces {sizes:?}"
+    );
     if input.len() <= 1024 {
         assert_eq!(run::<N>(input, &[1]), whole, "byte by byte");
     }
@@ -85,7 +57,11 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     // Piece sizes from the control byte: small pieces hit every CR|LF and BOM split.
-    let sizes = [usize::from(control % 16) + 1, usize::from(control / 16) + 1, 3];
+    let sizes = [
+        usize::from(control % 16) + 1,
+        usize::from(control / 16) + 1,
+        3,
+    ];
     check::<32>(input, &sizes);
     check::<4096>(input, &sizes);
 });

@@ -4,7 +4,7 @@
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use http_nostd::{Chunk, ChunkedDecoder, Event, ResponseReader, HEAD_CAP, MAX_HEADERS};
+use http_nostd::{Chunk, ChunkedDecoder, Event, ResponseReader, Status, HEAD_CAP, MAX_HEADERS};
 
 mod inputs;
 use inputs::{chunked_response, HEADS};
@@ -65,11 +65,11 @@ fn chunked(c: &mut Criterion) {
             let (mut pos, mut total) = (0, 0);
             loop {
                 match reader.feed(&black_box(&wire[..])[pos..]).unwrap() {
-                    (n, Event::Body(d)) => {
+                    (n, Status::Complete(Event::Body(d))) => {
                         total += black_box(d).len();
                         pos += n;
                     }
-                    (n, Event::Head) => pos += n,
+                    (n, Status::Complete(Event::Head)) => pos += n,
                     (_, _) => break,
                 }
             }
@@ -82,7 +82,8 @@ fn chunked(c: &mut Criterion) {
             let mut decoder = ChunkedDecoder::<HEAD_CAP>::new();
             let body = &black_box(&wire[..])[head_len..];
             let (mut pos, mut total) = (0, 0);
-            while let (n, Chunk::Data(d)) = decoder.decode(&body[pos..]).unwrap() {
+            while let (n, Status::Complete(Chunk::Data(d))) = decoder.decode(&body[pos..]).unwrap()
+            {
                 total += black_box(d).len();
                 pos += n;
             }
@@ -103,12 +104,12 @@ fn chunked(c: &mut Criterion) {
                     let mut pos = 0;
                     loop {
                         match reader.feed(&piece[pos..]).unwrap() {
-                            (n, Event::Body(d)) => {
+                            (n, Status::Complete(Event::Body(d))) => {
                                 out[at..at + d.len()].copy_from_slice(d);
                                 at += d.len();
                                 pos += n;
                             }
-                            (n, Event::Head) => pos += n,
+                            (n, Status::Complete(Event::Head)) => pos += n,
                             (_, _) => break,
                         }
                     }

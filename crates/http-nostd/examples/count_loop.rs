@@ -8,7 +8,7 @@
 //! Run each case at N and 2N iterations; the difference over N is the count per iteration, free
 //! of the setup. Cases: `httparse-<head>` and `ours-<head>` (head: sse, json, 20-fields), `zc`
 //! (the reader, zero-copy), `dec` (the chunked decoder alone), `reads` (1460-byte reads, copied).
-use http_nostd::{Chunk, ChunkedDecoder, Event, ResponseReader, HEAD_CAP, MAX_HEADERS};
+use http_nostd::{Chunk, ChunkedDecoder, Event, ResponseReader, Status, HEAD_CAP, MAX_HEADERS};
 use std::hint::black_box;
 
 #[path = "../benches/inputs/mod.rs"]
@@ -62,11 +62,11 @@ fn main() {
                 let (mut pos, mut total) = (0, 0);
                 loop {
                     match reader.feed(&black_box(&wire[..])[pos..]).unwrap() {
-                        (n, Event::Body(d)) => {
+                        (n, Status::Complete(Event::Body(d))) => {
                             total += black_box(d).len();
                             pos += n;
                         }
-                        (n, Event::Head) => pos += n,
+                        (n, Status::Complete(Event::Head)) => pos += n,
                         (_, _) => break,
                     }
                 }
@@ -78,7 +78,9 @@ fn main() {
                 let mut decoder = ChunkedDecoder::<HEAD_CAP>::new();
                 let body = &black_box(&wire[..])[head_len..];
                 let (mut pos, mut total) = (0, 0);
-                while let (n, Chunk::Data(d)) = decoder.decode(&body[pos..]).unwrap() {
+                while let (n, Status::Complete(Chunk::Data(d))) =
+                    decoder.decode(&body[pos..]).unwrap()
+                {
                     total += black_box(d).len();
                     pos += n;
                 }
@@ -93,12 +95,12 @@ fn main() {
                     let mut pos = 0;
                     loop {
                         match reader.feed(&piece[pos..]).unwrap() {
-                            (n, Event::Body(d)) => {
+                            (n, Status::Complete(Event::Body(d))) => {
                                 out[at..at + d.len()].copy_from_slice(d);
                                 at += d.len();
                                 pos += n;
                             }
-                            (n, Event::Head) => pos += n,
+                            (n, Status::Complete(Event::Head)) => pos += n,
                             (_, _) => break,
                         }
                     }

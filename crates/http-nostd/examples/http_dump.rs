@@ -7,14 +7,14 @@
 use std::io::{Read, Write};
 use std::process::ExitCode;
 
-use http_nostd::{Event, HttpError, ResponseReader, HEAD_CAP};
+use http_nostd::{Event, HttpError, ResponseReader, Status, HEAD_CAP};
 
 fn main() -> ExitCode {
     let mut out = std::io::stdout().lock();
     let line = match dump(std::io::stdin().lock()) {
         Ok(json) => json,
         Err(e) => {
-            let _ = writeln!(out, "{{\"error\":\"{}\"}}", e.kind());
+            let _ = writeln!(out, "{{\"error\":\"{}\"}}", e.as_str());
             return ExitCode::FAILURE;
         }
     };
@@ -40,10 +40,10 @@ fn dump(mut input: impl Read) -> Result<String, HttpError> {
             let (used, event) = reader.feed(&buf[pos..n])?;
             pos += used;
             match event {
-                Event::NeedMore => break,
-                Event::Head => {}
-                Event::Body(bytes) => body.extend_from_slice(bytes),
-                Event::End => break 'read,
+                Status::Partial => break,
+                Status::Complete(Event::Head) => {}
+                Status::Complete(Event::Body(bytes)) => body.extend_from_slice(bytes),
+                Status::Complete(Event::End) => break 'read,
             }
         }
     }
@@ -67,7 +67,7 @@ fn dump(mut input: impl Read) -> Result<String, HttpError> {
     }
     json.push_str(&format!(
         "],\"framing\":\"{}\",\"body\":\"{}\"}}",
-        head.framing().name(),
+        head.framing().as_str(),
         base64(&body)
     ));
     Ok(json)

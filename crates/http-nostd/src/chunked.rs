@@ -8,13 +8,11 @@
 //! discarded, at most `T` bytes of them.
 
 use crate::framing::is_tchar;
-use crate::{HttpError, CHUNK_LINE_CAP, HEAD_CAP, MAX_CHUNK_SIZE_DIGITS};
+use crate::{HttpError, Status, CHUNK_LINE_CAP, HEAD_CAP, MAX_CHUNK_SIZE_DIGITS};
 
 /// What [`ChunkedDecoder::decode`] found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Chunk<'i> {
-    /// All input was consumed and no data is ready: feed more.
-    NeedMore,
     /// Decoded body bytes, a non-empty slice of the input.
     Data(&'i [u8]),
     /// The last chunk and the trailer section were read; the body is complete.
@@ -105,24 +103,27 @@ impl<const T: usize> ChunkedDecoder<T> {
 
     /// Decodes from `input`; returns how many input bytes were used and what was found.
     ///
-    /// `Chunk::NeedMore` is returned only when all of `input` was used. After `End`, nothing more
+    /// [`Status::Partial`] is returned only when all of `input` was used. After `End`, nothing more
     /// is used (`(0, End)`): bytes after the body are not part of it. After an error, the same
     /// error is returned again.
     // Always inlined: the call and its result in memory cost about as much as the fast path.
     #[inline(always)]
-    pub fn decode<'i>(&mut self, input: &'i [u8]) -> Result<(usize, Chunk<'i>), HttpError> {
+    pub fn decode<'i>(&mut self, input: &'i [u8]) -> Result<(usize, Status<Chunk<'i>>), HttpError> {
         // The steady state of a stream: a whole `size CRLF data CRLF` chunk in the input. This
         // stays small enough to inline into the caller's loop; everything else is out of line.
         if self.state == State::SizeLine && self.line.len == 0 {
             if let Some((used, data)) = whole_chunk(input) {
-                return Ok((used, Chunk::Data(data)));
+                return Ok((used, Status::Complete(Chunk::Data(data))));
             }
         }
         self.decode_general(input)
     }
 
     #[inline(never)]
-    fn decode_general<'i>(&mut self, input: &'i [u8]) -> Result<(usize, Chunk<'i>), HttpError> {
+    fn decode_general<'i>(
+        &mut self,
+        input: &'i [u8],
+    ) -> Result<(usize, Status<Chunk<'i>>), HttpError> {
         match self.decode_inner(input) {
             Ok(r) => Ok(r),
             Err(e) => {
@@ -132,20 +133,23 @@ impl<const T: usize> ChunkedDecoder<T> {
         }
     }
 
-    fn decode_inner<'i>(&mut self, input: &'i [u8]) -> Result<(usize, Chunk<'i>), HttpError> {
+    fn decode_inner<'i>(
+        &mut self,
+        input: &'i [u8],
+    ) -> Result<(usize, Status<Chunk<'i>>), HttpError> {
         let mut pos = 0;
         loop {
             let rest = &input[pos..];
             match self.state {
                 State::Failed(e) => return Err(e),
-                State::Done => return Ok((pos, Chunk::End)),
+                State::Done => return Ok((pos, Status::Complete(Chunk::End))),
                 State::SizeLine => match self.size_line(rest)? {
                     Some(used) => pos += used,
-                    None => return Ok((input.len(), Chunk::NeedMore)),
+                    None => return Ok((input.len(), Status::Partial)),
                 },
                 State::Data(left) => {
                     if rest.is_empty() {
-                        return Ok((pos, Chunk::NeedMore));
+                        return Ok((pos, Status::Partial));
                     }
                     // `left as usize` would truncate on 32-bit targets; compare in u64 instead.
                     let take = if left < rest.len() as u64 {
@@ -164,11 +168,11 @@ impl<const T: usize> ChunkedDecoder<T> {
                     } else {
                         State::DataCr
                     };
-                    return Ok((pos + used, Chunk::Data(&rest[..take])));
+                    return Ok((pos + used, Status::Complete(Chunk::Data(&rest[..take]))));
                 }
                 State::DataCr | State::DataLf => {
                     let Some(&b) = rest.first() else {
-                        return Ok((pos, Chunk::NeedMore));
+                        return Ok((pos, Status::Partial));
                     };
                     self.state = match (self.state, b) {
                         (State::DataCr, b'\r') => State::DataLf,
@@ -183,7 +187,7 @@ impl<const T: usize> ChunkedDecoder<T> {
                     match phase {
                         Some(phase) => {
                             self.state = State::Trailer(phase);
-                            return Ok((pos, Chunk::NeedMore));
+                            return Ok((pos, Status::Partial));
                         }
                         None => self.state = State::Done,
                     }

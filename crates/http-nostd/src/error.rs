@@ -58,7 +58,7 @@ pub enum HttpError {
 
 impl HttpError {
     /// The variant name, for machine-readable output (`{"error":"Truncated"}`).
-    pub fn kind(self) -> &'static str {
+    pub const fn as_str(self) -> &'static str {
         match self {
             Self::HeadersTooLarge => "HeadersTooLarge",
             Self::TooManyHeaders => "TooManyHeaders",

@@ -19,7 +19,7 @@ pub enum Framing {
 
 impl Framing {
     /// The name printed by the `http_dump` example: `none`, `length`, `chunked` or `close`.
-    pub fn name(self) -> &'static str {
+    pub fn as_str(self) -> &'static str {
         match self {
             Framing::None => "none",
             Framing::Length(_) => "length",

@@ -1,6 +1,7 @@
 //! Sans-IO reader for one HTTP/1.1 (or 1.0) response: `no_std`, no `alloc`, no panics.
 //!
-//! Feed it bytes as they arrive, split anywhere; it gives back the head and the decoded body.
+//! Feed it bytes as they arrive, split anywhere; it gives back the head and the decoded body, in
+//! the shape of every push parser here: `(bytes consumed, `[`Status`]`)`.
 //! httparse tokenizes the head and the chunk-size lines; the framing (RFC 9112 6.3), the caps and
 //! the body state machine are this crate's.
 //!
@@ -9,9 +10,11 @@
 //! - The body comes out as slices of the caller's input ([`Event::Body`], no copy; for SSE) or is
 //!   collected into a [`BodyBuffer`] of `N` bytes ([`BODY_CAP`], 4 MiB; for JSON).
 //! - Large buffers are always the caller's storage, so none is ever built on the stack.
+//! - [`BodyReader`] pulls the same from any [`embedded_io::Read`]: the head, then the decoded
+//!   body as an `embedded_io::Read` itself (for `sse-nostd`'s `EventReader`, say).
 //!
 //! ```
-//! use http_nostd::{Event, Framing, ResponseReader, HEAD_CAP};
+//! use http_nostd::{Event, Framing, ResponseReader, Status, HEAD_CAP};
 //!
 //! let mut head_buf = [0u8; HEAD_CAP];
 //! let mut reader = ResponseReader::new(&mut head_buf);
@@ -22,13 +25,15 @@
 //!     let (used, event) = reader.feed(&input[pos..]).unwrap();
 //!     pos += used;
 //!     match event {
-//!         Event::Head => assert_eq!(reader.head().unwrap().framing(), Framing::Chunked),
-//!         Event::Body(bytes) => {
+//!         Status::Complete(Event::Head) => {
+//!             assert_eq!(reader.head().unwrap().framing(), Framing::Chunked)
+//!         }
+//!         Status::Complete(Event::Body(bytes)) => {
 //!             body[body_len..body_len + bytes.len()].copy_from_slice(bytes);
 //!             body_len += bytes.len();
 //!         }
-//!         Event::End => break,
-//!         Event::NeedMore => unreachable!("the whole response was given"),
+//!         Status::Complete(Event::End) => break,
+//!         Status::Partial => unreachable!("the whole response was given"),
 //!     }
 //! }
 //! assert_eq!(&body, b"hello");
@@ -40,7 +45,7 @@
 //!
 //! ```
 //! use std::io::Read;
-//! use http_nostd::{BodyBuffer, Progress, ResponseReader, BODY_CAP, HEAD_CAP};
+//! use http_nostd::{BodyBuffer, ResponseReader, Status, BODY_CAP, HEAD_CAP};
 //!
 //! fn fetch(mut conn: impl Read) -> Result<(u16, Vec<u8>), Box<dyn std::error::Error>> {
 //!     let head: Box<[u8; HEAD_CAP]> = vec![0; HEAD_CAP].into_boxed_slice().try_into().unwrap();
@@ -54,7 +59,7 @@
 //!             break;
 //!         }
 //!         // feed_into consumes all of `buf[..n]` unless the body ended inside it.
-//!         if reader.feed_into(&buf[..n], &mut body)?.1 == Progress::Done {
+//!         if reader.feed_into(&buf[..n], &mut body)?.1 == Status::Complete(()) {
 //!             break;
 //!         }
 //!     }
@@ -77,6 +82,7 @@ mod chunked;
 mod error;
 mod framing;
 mod head;
+mod read;
 mod reader;
 #[cfg(test)]
 mod tests;
@@ -86,7 +92,13 @@ pub use chunked::{Chunk, ChunkedDecoder};
 pub use error::HttpError;
 pub use framing::Framing;
 pub use head::{Head, Version};
-pub use reader::{Event, Progress, ResponseReader};
+/// What one call of a push parser found: httparse's own `Status`, the one type every push
+/// parser of these crates (`sse-nostd`, `http-nostd`, `llama-proto`) returns, with the count
+/// of input bytes consumed: `(usize, Status<T>)`. `Complete(t)`: call again with the input
+/// after the bytes consumed; `Partial` is not an error and means all of the input was consumed.
+pub use httparse::Status;
+pub use read::{BodyReader, ReadError};
+pub use reader::{Event, ResponseReader};
 
 /// The head buffer size the design uses: 16 KiB of status line and headers.
 pub const HEAD_CAP: usize = 16 * 1024;

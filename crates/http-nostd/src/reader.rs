@@ -5,28 +5,17 @@ use core::borrow::BorrowMut;
 use crate::body::BodyBuffer;
 use crate::chunked::{Chunk, ChunkedDecoder};
 use crate::head::{self, Head, HeadIndex};
-use crate::{Framing, HttpError, MAX_HEADERS, MAX_INTERIM_RESPONSES};
+use crate::{Framing, HttpError, Status, MAX_HEADERS, MAX_INTERIM_RESPONSES};
 
 /// What [`ResponseReader::feed`] found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Event<'i> {
-    /// All input was consumed and nothing is ready: read more (or call `finish` at end of input).
-    NeedMore,
     /// The final (non-1xx) head is complete; [`ResponseReader::head`] returns it from now on.
     Head,
     /// Decoded body bytes: a non-empty slice of the input passed to this call, not a copy.
     Body(&'i [u8]),
     /// The body is complete. Nothing more is consumed; bytes after it are not part of the response.
     End,
-}
-
-/// Progress of [`ResponseReader::feed_into`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Progress {
-    /// All input was consumed and the body is not complete yet.
-    NeedMore,
-    /// The body is complete and collected.
-    Done,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -122,11 +111,11 @@ impl<S: BorrowMut<[u8; H]>, const H: usize, const F: usize> ResponseReader<S, H,
 
     /// Consumes a prefix of `input` and says what it found; returns the bytes consumed.
     ///
-    /// Call it again with the rest of the input until it returns [`Event::NeedMore`] (then all
+    /// Call it again with the rest of the input until it returns [`Status::Partial`] (then all
     /// input was consumed) or [`Event::End`]. Body slices borrow `input`. An error is final: every
     /// later call returns it again.
     #[inline]
-    pub fn feed<'i>(&mut self, input: &'i [u8]) -> Result<(usize, Event<'i>), HttpError> {
+    pub fn feed<'i>(&mut self, input: &'i [u8]) -> Result<(usize, Status<Event<'i>>), HttpError> {
         match self.feed_inner(input) {
             Ok(r) => Ok(r),
             Err(e) => {
@@ -137,28 +126,29 @@ impl<S: BorrowMut<[u8; H]>, const H: usize, const F: usize> ResponseReader<S, H,
     }
 
     /// Like [`feed`](Self::feed) in a loop, appending the body to `body`; stops when all input is
-    /// consumed or the body is complete. A `Content-Length` over the room left in `body` fails at
+    /// consumed ([`Status::Partial`]) or the body is complete (`Status::Complete(())`). A
+    /// `Content-Length` over the room left in `body` fails at
     /// once with [`HttpError::BodyTooLarge`], before any body byte is read.
     pub fn feed_into<B: BorrowMut<[u8; N]>, const N: usize>(
         &mut self,
         input: &[u8],
         body: &mut BodyBuffer<B, N>,
-    ) -> Result<(usize, Progress), HttpError> {
+    ) -> Result<(usize, Status<()>), HttpError> {
         let mut pos = 0;
         loop {
             let (used, event) = self.feed(&input[pos..])?;
             pos += used;
             match event {
-                Event::NeedMore => return Ok((pos, Progress::NeedMore)),
-                Event::End => return Ok((pos, Progress::Done)),
-                Event::Head => {
+                Status::Partial => return Ok((pos, Status::Partial)),
+                Status::Complete(Event::End) => return Ok((pos, Status::Complete(()))),
+                Status::Complete(Event::Head) => {
                     if let Some(Framing::Length(n)) = self.head().map(|h| h.framing()) {
                         if n > body.room() as u64 {
                             return Err(self.fail(HttpError::BodyTooLarge));
                         }
                     }
                 }
-                Event::Body(bytes) => {
+                Status::Complete(Event::Body(bytes)) => {
                     if let Err(e) = body.push(bytes) {
                         return Err(self.fail(e));
                     }
@@ -198,14 +188,14 @@ impl<S: BorrowMut<[u8; H]>, const H: usize, const F: usize> ResponseReader<S, H,
     }
 
     #[inline]
-    fn feed_inner<'i>(&mut self, input: &'i [u8]) -> Result<(usize, Event<'i>), HttpError> {
+    fn feed_inner<'i>(&mut self, input: &'i [u8]) -> Result<(usize, Status<Event<'i>>), HttpError> {
         match self.state {
             State::Failed(e) => Err(e),
-            State::Done => Ok((0, Event::End)),
+            State::Done => Ok((0, Status::Complete(Event::End))),
             State::Head => self.feed_head(input),
             State::Length(left) => {
                 if input.is_empty() {
-                    return Ok((0, Event::NeedMore));
+                    return Ok((0, Status::Partial));
                 }
                 let take = if left < input.len() as u64 {
                     left as usize
@@ -218,27 +208,27 @@ impl<S: BorrowMut<[u8; H]>, const H: usize, const F: usize> ResponseReader<S, H,
                 } else {
                     State::Length(left)
                 };
-                Ok((take, Event::Body(&input[..take])))
+                Ok((take, Status::Complete(Event::Body(&input[..take]))))
             }
             State::Chunked => {
                 let (used, chunk) = self.chunked.decode(input)?;
                 Ok(match chunk {
-                    Chunk::NeedMore => (used, Event::NeedMore),
-                    Chunk::Data(d) => (used, Event::Body(d)),
-                    Chunk::End => {
+                    Status::Partial => (used, Status::Partial),
+                    Status::Complete(Chunk::Data(d)) => (used, Status::Complete(Event::Body(d))),
+                    Status::Complete(Chunk::End) => {
                         self.state = State::Done;
-                        (used, Event::End)
+                        (used, Status::Complete(Event::End))
                     }
                 })
             }
-            State::Close if input.is_empty() => Ok((0, Event::NeedMore)),
-            State::Close => Ok((input.len(), Event::Body(input))),
+            State::Close if input.is_empty() => Ok((0, Status::Partial)),
+            State::Close => Ok((input.len(), Status::Complete(Event::Body(input)))),
         }
     }
 
     /// Gathers the head; skips interim responses. Returns `Head` with the bytes it used, or
-    /// `NeedMore` with all of `input` used.
-    fn feed_head<'i>(&mut self, input: &'i [u8]) -> Result<(usize, Event<'i>), HttpError> {
+    /// `Partial` with all of `input` used.
+    fn feed_head<'i>(&mut self, input: &'i [u8]) -> Result<(usize, Status<Event<'i>>), HttpError> {
         let mut pos = 0;
         loop {
             let rest = &input[pos..];
@@ -268,7 +258,7 @@ impl<S: BorrowMut<[u8; H]>, const H: usize, const F: usize> ResponseReader<S, H,
                 if self.len == H {
                     return Err(HttpError::HeadersTooLarge);
                 }
-                return Ok((input.len(), Event::NeedMore));
+                return Ok((input.len(), Status::Partial));
             };
             // The head ended inside this input, at `end` counted from the buffer start.
             let used = end.saturating_sub(old);
@@ -305,7 +295,7 @@ impl<S: BorrowMut<[u8; H]>, const H: usize, const F: usize> ResponseReader<S, H,
                 Framing::Chunked => State::Chunked,
                 Framing::Close => State::Close,
             };
-            return Ok((pos, Event::Head));
+            return Ok((pos, Status::Complete(Event::Head)));
         }
     }
 }

@@ -35,16 +35,16 @@ pub(crate) fn read_pieces<'a>(
             assert!(used <= piece.len() - pos);
             pos += used;
             match event {
-                Event::NeedMore => {
+                Status::Partial => {
                     assert_eq!(pos, piece.len());
                     break;
                 }
-                Event::Head => {}
-                Event::Body(b) => {
+                Status::Complete(Event::Head) => {}
+                Status::Complete(Event::Body(b)) => {
                     assert!(!b.is_empty());
                     body.extend_from_slice(b)
                 }
-                Event::End => break 'outer,
+                Status::Complete(Event::End) => break 'outer,
             }
         }
     }
@@ -109,8 +109,14 @@ fn content_length_zero_ends_without_input() {
     let mut buf = heap_head();
     let mut r = ResponseReader::new(&mut *buf);
     let input = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\nXYZ";
-    assert_eq!(r.feed(input), Ok((input.len() - 3, Event::Head)));
-    assert_eq!(r.feed(&input[input.len() - 3..]), Ok((0, Event::End)));
+    assert_eq!(
+        r.feed(input),
+        Ok((input.len() - 3, Status::Complete(Event::Head)))
+    );
+    assert_eq!(
+        r.feed(&input[input.len() - 3..]),
+        Ok((0, Status::Complete(Event::End)))
+    );
     assert!(r.is_done());
     assert_eq!(r.finish(), Ok(()));
 }
@@ -121,9 +127,15 @@ fn bytes_after_a_length_body_are_left_unconsumed() {
     let mut r = ResponseReader::new(&mut *buf);
     let input = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nhiEXTRA";
     let (n, e) = r.feed(input).unwrap();
-    assert_eq!(e, Event::Head);
-    assert_eq!(r.feed(&input[n..]), Ok((2, Event::Body(b"hi"))));
-    assert_eq!(r.feed(&input[n + 2..]), Ok((0, Event::End)));
+    assert_eq!(e, Status::Complete(Event::Head));
+    assert_eq!(
+        r.feed(&input[n..]),
+        Ok((2, Status::Complete(Event::Body(b"hi"))))
+    );
+    assert_eq!(
+        r.feed(&input[n + 2..]),
+        Ok((0, Status::Complete(Event::End)))
+    );
 }
 
 #[test]
@@ -144,11 +156,14 @@ fn chunk_body_slices_borrow_the_input() {
     let input = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n";
     let (n, _) = r.feed(input).unwrap();
     let (m, e) = r.feed(&input[n..]).unwrap();
-    assert_eq!((m, e), (8, Event::Body(b"abc")));
-    if let Event::Body(b) = e {
+    assert_eq!((m, e), (8, Status::Complete(Event::Body(b"abc"))));
+    if let Status::Complete(Event::Body(b)) = e {
         assert_eq!(b.as_ptr(), input[n + 3..].as_ptr());
     }
-    assert_eq!(r.feed(&input[n + m..]), Ok((5, Event::End)));
+    assert_eq!(
+        r.feed(&input[n + m..]),
+        Ok((5, Status::Complete(Event::End)))
+    );
 }
 
 #[test]
@@ -373,7 +388,7 @@ fn content_length_values() {
     let max = b"HTTP/1.1 200 OK\r\nContent-Length: 18446744073709551615\r\n\r\n";
     let mut buf = heap_head();
     let mut r = ResponseReader::new(&mut *buf);
-    assert_eq!(r.feed(max), Ok((max.len(), Event::Head)));
+    assert_eq!(r.feed(max), Ok((max.len(), Status::Complete(Event::Head))));
     assert_eq!(r.head().unwrap().framing(), Framing::Length(u64::MAX));
     let bad: [(&str, HttpError); 9] = [
         (
@@ -410,8 +425,11 @@ fn no_body_statuses_ignore_framing_headers() {
     let mut buf = heap_head();
     let mut r = ResponseReader::new(&mut *buf);
     let input = b"HTTP/1.1 204 No Content\r\n\r\nstray";
-    assert_eq!(r.feed(input), Ok((input.len() - 5, Event::Head)));
-    assert_eq!(r.feed(b"stray"), Ok((0, Event::End)));
+    assert_eq!(
+        r.feed(input),
+        Ok((input.len() - 5, Status::Complete(Event::Head)))
+    );
+    assert_eq!(r.feed(b"stray"), Ok((0, Status::Complete(Event::End))));
 }
 
 #[test]
@@ -604,7 +622,7 @@ fn collect<const N: usize>(input: &[u8], step: usize) -> Result<Vec<u8>, HttpErr
     let mut body = BodyBuffer::new(storage);
     for piece in input.chunks(step) {
         let (_, p) = r.feed_into(piece, &mut body)?;
-        if p == Progress::Done {
+        if p == Status::Complete(()) {
             return Ok(body.as_bytes().to_vec());
         }
     }
@@ -672,12 +690,12 @@ fn body_cap_4_mib_exactly_and_one_past() {
 
 #[test]
 fn error_kinds_and_messages() {
-    assert_eq!(HttpError::Truncated.kind(), "Truncated");
+    assert_eq!(HttpError::Truncated.as_str(), "Truncated");
     assert_eq!(
         std::format!("{}", HttpError::HeadersTooLarge),
         "response head larger than the head buffer"
     );
-    assert_eq!(Framing::Length(3).name(), "length");
+    assert_eq!(Framing::Length(3).as_str(), "length");
 }
 
 #[test]
@@ -725,10 +743,10 @@ fn read_capped<const H: usize, const F: usize>(
             let (used, event) = reader.feed(&piece[pos..])?;
             pos += used;
             match event {
-                Event::NeedMore => break,
-                Event::Head => {}
-                Event::Body(b) => body.extend_from_slice(b),
-                Event::End => break 'outer,
+                Status::Partial => break,
+                Status::Complete(Event::Head) => {}
+                Status::Complete(Event::Body(b)) => body.extend_from_slice(b),
+                Status::Complete(Event::End) => break 'outer,
             }
         }
     }

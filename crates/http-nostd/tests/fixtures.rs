@@ -7,7 +7,7 @@
 //! trailers; that is checked, not assumed).
 
 use http_nostd::{
-    BodyBuffer, Event, Framing, HttpError, Progress, ResponseReader, Version, BODY_CAP, HEAD_CAP,
+    BodyBuffer, Event, Framing, HttpError, ResponseReader, Status, Version, BODY_CAP, HEAD_CAP,
 };
 
 fn fixture() -> Vec<u8> {
@@ -82,16 +82,16 @@ fn read_in_pieces(input: &[u8], read: usize) -> Read {
                 .expect("the fixture is well formed");
             pos += used;
             match event {
-                Event::NeedMore => {
+                Status::Partial => {
                     assert_eq!(pos, piece.len(), "NeedMore consumed everything");
                     break;
                 }
-                Event::Head => heads += 1,
-                Event::Body(bytes) => {
+                Status::Complete(Event::Head) => heads += 1,
+                Status::Complete(Event::Body(bytes)) => {
                     assert!(!bytes.is_empty(), "body slices are non-empty");
                     body.extend_from_slice(bytes);
                 }
-                Event::End => {
+                Status::Complete(Event::End) => {
                     assert!(reader.is_done());
                     break 'input;
                 }
@@ -169,7 +169,7 @@ fn the_recorded_response_collects_into_a_4_mib_heap_body_buffer() {
     let (mut reader, mut body) = (ResponseReader::new(head), BodyBuffer::new(body));
     assert_eq!(
         reader.feed_into(&bytes, &mut body),
-        Ok((bytes.len(), Progress::Done))
+        Ok((bytes.len(), Status::Complete(())))
     );
     assert_eq!(reader.finish(), Ok(()));
     assert!(body.as_bytes() == dechunk(chunked));

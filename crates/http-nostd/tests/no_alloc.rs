@@ -1,7 +1,7 @@
 //! The reader and the body buffer never touch the heap: a counting global allocator sees zero
 //! allocations while a chunked and a length-framed response are read (storage is made before).
 
-use http_nostd::{BodyBuffer, Event, Progress, ResponseReader, HEAD_CAP};
+use http_nostd::{BodyBuffer, Event, ResponseReader, Status, HEAD_CAP};
 use llama_harness::{allocations, CountingAlloc};
 
 #[global_allocator]
@@ -29,9 +29,9 @@ fn reading_responses_allocates_nothing() {
                 let (used, event) = reader.feed(&piece[pos..]).unwrap();
                 pos += used;
                 match event {
-                    Event::Body(b) => streamed += b.len(),
-                    Event::NeedMore | Event::End => break,
-                    Event::Head => {}
+                    Status::Complete(Event::Body(b)) => streamed += b.len(),
+                    Status::Partial | Status::Complete(Event::End) => break,
+                    Status::Complete(Event::Head) => {}
                 }
             }
         }
@@ -45,7 +45,7 @@ fn reading_responses_allocates_nothing() {
         let mut reader = ResponseReader::new(&mut *head);
         let mut body = BodyBuffer::new(&mut body_storage);
         let (_, progress) = reader.feed_into(LENGTH, &mut body).unwrap();
-        progress == Progress::Done && body.as_bytes() == b"{\"ok\":true}"
+        progress == Status::Complete(()) && body.as_bytes() == b"{\"ok\":true}"
     };
     let after = allocations();
 

@@ -1,7 +1,7 @@
 //! Property: however the input is split into reads, the reader gives the same head, the same
 //! body bytes, and the same error.
 
-use http_nostd::{Event, HttpError, ResponseReader, HEAD_CAP};
+use http_nostd::{Event, HttpError, ResponseReader, Status, HEAD_CAP};
 use proptest::prelude::*;
 
 /// Head fields and body as plain data, for comparisons.
@@ -24,13 +24,13 @@ fn read_pieces<'a>(pieces: impl IntoIterator<Item = &'a [u8]>) -> Result<Outcome
             let (used, event) = reader.feed(&piece[pos..])?;
             pos += used;
             match event {
-                Event::NeedMore => {
+                Status::Partial => {
                     assert_eq!(pos, piece.len());
                     break;
                 }
-                Event::Head => {}
-                Event::Body(b) => body.extend_from_slice(b),
-                Event::End => break 'outer,
+                Status::Complete(Event::Head) => {}
+                Status::Complete(Event::Body(b)) => body.extend_from_slice(b),
+                Status::Complete(Event::End) => break 'outer,
             }
         }
     }
@@ -39,7 +39,7 @@ fn read_pieces<'a>(pieces: impl IntoIterator<Item = &'a [u8]>) -> Result<Outcome
     Ok(Outcome {
         status: head.status(),
         reason: head.reason().to_string(),
-        framing: head.framing().name(),
+        framing: head.framing().as_str(),
         headers: head
             .headers()
             .map(|(n, v)| (n.to_string(), v.to_vec()))

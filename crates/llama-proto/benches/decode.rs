@@ -4,7 +4,10 @@
 //! - `llama_proto`: `decode_chunk` into a reused text buffer, then `Assembler::push`;
 //! - `serde_json_borrowed`: `serde_json::from_slice` into a borrowed struct with the same
 //!   fields (`Cow<str>` so escaped strings still parse), no assembly;
-//! - `serde_json_value`: `serde_json::from_slice::<Value>`.
+//! - `serde_json_value`: `serde_json::from_slice::<Value>`;
+//! - the physical anchor, a `memchr` pass over the same payload bytes: `memchr_newline_count`
+//!   (a byte the payloads never hold: the scan alone, as in sse-nostd's bench) and
+//!   `memchr_quote_count` (every `"`, which any JSON reader must find).
 //!
 //! `cargo bench -p llama-proto --bench decode -- --warm-up-time 1 --measurement-time 3`
 //! (`LLAMA_PROTO_FIXTURES=<dir>` reads the three `.sse` files from another directory).
@@ -12,10 +15,16 @@
 use std::borrow::Cow;
 use std::hint::black_box;
 
+#[path = "../../sse-nostd/tests/common/owned.rs"]
+mod owned;
+use owned::{parse_pieces, Ev};
+
+/// The SSE buffer: loopd's size, the M2a design's 1 MiB cap per line.
+const SSE_CAP: usize = 1024 * 1024;
+
 use criterion::{criterion_group, Criterion, Throughput};
 use llama_proto::{decode_chunk, Assembler, Payload};
 use serde::Deserialize;
-use sse_nostd::{Event, Parser, LOOPD_CAP};
 
 #[derive(Deserialize)]
 #[allow(dead_code)]
@@ -91,9 +100,6 @@ fn transcripts() -> Vec<Vec<Vec<u8>>> {
         || std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures"),
         std::path::PathBuf::from,
     );
-    let mut storage = vec![0u8; LOOPD_CAP];
-    let storage: &mut [u8; LOOPD_CAP] = storage.as_mut_slice().try_into().unwrap();
-    let mut parser = Parser::<_, LOOPD_CAP>::new(storage);
     ["plain", "thinking", "tool_call"]
         .iter()
         .map(|name| {
@@ -104,23 +110,18 @@ fn transcripts() -> Vec<Vec<Vec<u8>>> {
                     path.display()
                 )
             });
-            parser.reset();
-            let mut out = Vec::new();
-            let mut rest = &body[..];
-            loop {
-                let (used, ev) = parser.feed(rest).expect("fixture SSE parses");
-                let exhausted = ev.is_none();
-                if let Some(Event::Message(m)) = ev {
-                    if m.event == b"message" && !sse_nostd::is_done(m.data) {
-                        out.push(m.data.to_vec());
+            parse_pieces::<SSE_CAP>([&body[..]])
+                .into_iter()
+                .filter_map(|ev| match ev {
+                    Ev::Msg(event, data, _)
+                        if event == b"message" && !sse_nostd::is_done(&data) =>
+                    {
+                        Some(data)
                     }
-                }
-                rest = &rest[used..];
-                if exhausted {
-                    break;
-                }
-            }
-            out
+                    Ev::Err(e) => panic!("{}: {e}", path.display()),
+                    _ => None,
+                })
+                .collect()
         })
         .collect()
 }
@@ -185,6 +186,15 @@ impl Setup {
         }
     }
 
+    /// A `memchr` count of `byte` over every chunk.
+    fn memchr(&self, byte: u8) -> usize {
+        self.transcripts
+            .iter()
+            .flatten()
+            .map(|p| memchr::memchr_iter(byte, black_box(p)).count())
+            .sum()
+    }
+
     /// Every chunk into `serde_json::Value`.
     fn value(&self) {
         for p in self.transcripts.iter().flatten() {
@@ -200,6 +210,8 @@ fn bench(c: &mut Criterion) {
     g.bench_function("llama_proto_decode_assemble", |b| b.iter(|| s.ours()));
     g.bench_function("serde_json_borrowed", |b| b.iter(|| s.borrowed()));
     g.bench_function("serde_json_value", |b| b.iter(|| s.value()));
+    g.bench_function("memchr_newline_count", |b| b.iter(|| s.memchr(b'\n')));
+    g.bench_function("memchr_quote_count", |b| b.iter(|| s.memchr(b'"')));
     g.finish();
 }
 
@@ -208,7 +220,7 @@ fn bench(c: &mut Criterion) {
 /// the minimum of interleaved rounds is the figure least touched by it.
 fn interleaved() {
     let mut s = Setup::new();
-    let mut best = [u128::MAX; 3];
+    let mut best = [u128::MAX; 5];
     for _ in 0..2000 {
         let t = std::time::Instant::now();
         s.ours();
@@ -219,18 +231,30 @@ fn interleaved() {
         let t = std::time::Instant::now();
         s.value();
         best[2] = best[2].min(t.elapsed().as_nanos());
+        let t = std::time::Instant::now();
+        black_box(s.memchr(b'\n'));
+        best[3] = best[3].min(t.elapsed().as_nanos());
+        let t = std::time::Instant::now();
+        black_box(s.memchr(b'"'));
+        best[4] = best[4].min(t.elapsed().as_nanos());
     }
     let events = s.events;
     let per = |ns: u128| ns as f64 / events as f64;
     println!(
         "interleaved, best of 2000 rounds, {events} events: llama_proto {:.0} ns/event, \
-         serde_json borrowed {:.0} ns/event, serde_json Value {:.0} ns/event; \
-         borrowed/llama_proto {:.2}x, Value/llama_proto {:.2}x",
+         serde_json borrowed {:.0} ns/event, serde_json Value {:.0} ns/event, \
+         memchr newline count {:.0} ns/event, memchr quote count {:.0} ns/event; \
+         borrowed/llama_proto {:.2}x, Value/llama_proto {:.2}x, \
+         llama_proto/memchr newline {:.1}x, llama_proto/memchr quote {:.1}x",
         per(best[0]),
         per(best[1]),
         per(best[2]),
+        per(best[3]),
+        per(best[4]),
         best[1] as f64 / best[0] as f64,
         best[2] as f64 / best[0] as f64,
+        best[0] as f64 / best[3] as f64,
+        best[0] as f64 / best[4] as f64,
     );
 }
 

@@ -14,7 +14,10 @@ use std::io::Read;
 use std::process::ExitCode;
 
 use llama_proto::{decode_chunk, decode_error_event, AssembleError, Assembler, Message, Payload};
-use sse_nostd::{Event, Parser, LOOPD_CAP};
+use sse_nostd::{Event, Parser, Status};
+
+/// The SSE buffer: loopd's size, the M2a design's 1 MiB cap per line.
+const LOOPD_CAP: usize = 1024 * 1024;
 
 const CONTENT: usize = 1024 * 1024;
 const REASONING: usize = 1024 * 1024;
@@ -58,8 +61,8 @@ fn main() -> ExitCode {
             Ok(x) => x,
             Err(e) => return fail("sse", &e.to_string()),
         };
-        let exhausted = event.is_none();
-        if let Some(Event::Message(m)) = event {
+        let exhausted = event == Status::Partial;
+        if let Status::Complete(Event::Message(m)) = event {
             if m.event == b"error" {
                 return match decode_error_event(m.data, &mut text) {
                     Ok(e) => fail("server", e.message),

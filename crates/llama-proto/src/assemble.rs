@@ -5,6 +5,8 @@
 
 use core::fmt;
 
+use heapless::{String, Vec};
+
 use crate::{Chunk, FinishReason, Timings};
 
 /// Longest completion id kept (llama-server sends `chatcmpl-` and 32 characters).
@@ -112,67 +114,27 @@ impl fmt::Display for AssembleError {
 
 impl core::error::Error for AssembleError {}
 
-/// Bytes of a short string kept inline.
-#[derive(Clone, Copy)]
-struct Short<const N: usize> {
-    buf: [u8; N],
-    len: usize,
-}
-
-impl<const N: usize> Short<N> {
-    const EMPTY: Self = Short {
-        buf: [0; N],
-        len: 0,
-    };
-
-    fn bytes(&self) -> &[u8] {
-        &self.buf[..self.len]
-    }
-
-    fn as_str(&self) -> &str {
-        // Cannot fail: only whole `&str`s are stored.
-        core::str::from_utf8(&self.buf[..self.len]).unwrap_or_default()
-    }
-
-    fn set(&mut self, s: &str) {
-        self.buf[..s.len()].copy_from_slice(s.as_bytes());
-        self.len = s.len();
-    }
-}
-
-// Equality and Debug look at the stored string only, never at stale bytes past it.
-impl<const N: usize> PartialEq for Short<N> {
-    fn eq(&self, other: &Self) -> bool {
-        self.as_str() == other.as_str()
-    }
-}
-
-impl<const N: usize> Eq for Short<N> {}
-
-impl<const N: usize> fmt::Debug for Short<N> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(self.as_str(), f)
-    }
+/// Keeps `s` in `slot`, written in place (no string-sized temporary on the stack); `s` is no
+/// longer than `N` (the caller checked).
+fn keep<const N: usize>(slot: &mut Option<String<N>>, s: &str) {
+    let kept = slot.insert(String::new());
+    let _ = kept.push_str(s);
 }
 
 /// What is known about one tool call; its arguments live in the caller's buffer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 struct CallMeta {
     seen: bool,
-    id: Short<MAX_TOOL_CALL_ID>,
-    has_id: bool,
-    name: Short<MAX_TOOL_NAME>,
-    has_name: bool,
+    id: Option<String<MAX_TOOL_CALL_ID>>,
+    name: Option<String<MAX_TOOL_NAME>>,
     args_len: usize,
 }
 
 impl CallMeta {
     const EMPTY: Self = CallMeta {
         seen: false,
-        id: Short::EMPTY,
-        has_id: false,
-        name: Short::EMPTY,
-        has_name: false,
+        id: None,
+        name: None,
         args_len: 0,
     };
 }
@@ -220,10 +182,9 @@ pub struct Assembler<
     reasoning: &'s mut [u8; REASONING],
     reasoning_len: usize,
     args: &'s mut [[u8; ARGS]; CALLS],
-    calls: [CallMeta; CALLS],
-    calls_len: usize,
-    id: Short<MAX_COMPLETION_ID>,
-    has_id: bool,
+    // The tool-call table, by index: a call's slot exists once it or a later one was seen.
+    calls: Vec<CallMeta, CALLS>,
+    id: Option<String<MAX_COMPLETION_ID>>,
     finish_reason: Option<FinishReason>,
     timings: Option<Timings>,
     last_predicted: u64,
@@ -247,10 +208,8 @@ impl<'s, const CONTENT: usize, const REASONING: usize, const CALLS: usize, const
             reasoning,
             reasoning_len: 0,
             args,
-            calls: [CallMeta::EMPTY; CALLS],
-            calls_len: 0,
-            id: Short::EMPTY,
-            has_id: false,
+            calls: Vec::new(),
+            id: None,
             finish_reason: None,
             timings: None,
             last_predicted: 0,
@@ -277,10 +236,8 @@ impl<'s, const CONTENT: usize, const REASONING: usize, const CALLS: usize, const
         self.content_len = 0;
         self.has_content = false;
         self.reasoning_len = 0;
-        self.calls = [CallMeta::EMPTY; CALLS];
-        self.calls_len = 0;
-        self.id = Short::EMPTY;
-        self.has_id = false;
+        self.calls.clear();
+        self.id = None;
         self.finish_reason = None;
         self.timings = None;
         self.last_predicted = 0;
@@ -292,11 +249,8 @@ impl<'s, const CONTENT: usize, const REASONING: usize, const CALLS: usize, const
     pub fn push(&mut self, chunk: &Chunk<'_>) -> Result<(), AssembleError> {
         self.check(chunk)?;
 
-        if let Some(id) = chunk.id {
-            if !self.has_id {
-                self.id.set(id);
-                self.has_id = true;
-            }
+        if let (Some(id), None) = (chunk.id, &self.id) {
+            keep(&mut self.id, id);
         }
         if let Some(s) = chunk.content {
             self.content[self.content_len..self.content_len + s.len()]
@@ -310,21 +264,24 @@ impl<'s, const CONTENT: usize, const REASONING: usize, const CALLS: usize, const
         }
         for d in chunk.tool_calls() {
             let i = d.index as usize;
-            let meta = &mut self.calls[i];
-            meta.seen = true;
-            if let (Some(id), false) = (d.id, meta.has_id) {
-                meta.id.set(id);
-                meta.has_id = true;
+            if i >= self.calls.len() {
+                // Fits: `check` refused an index past CALLS.
+                let _ = self.calls.resize(i + 1, CallMeta::EMPTY);
             }
-            if let (Some(name), false) = (d.name, meta.has_name) {
-                meta.name.set(name);
-                meta.has_name = true;
+            let (Some(meta), Some(args)) = (self.calls.get_mut(i), self.args.get_mut(i)) else {
+                continue;
+            };
+            meta.seen = true;
+            if let (Some(id), None) = (d.id, &meta.id) {
+                keep(&mut meta.id, id);
+            }
+            if let (Some(name), None) = (d.name, &meta.name) {
+                keep(&mut meta.name, name);
             }
             if let Some(a) = d.arguments {
-                self.args[i][meta.args_len..meta.args_len + a.len()].copy_from_slice(a.as_bytes());
+                args[meta.args_len..meta.args_len + a.len()].copy_from_slice(a.as_bytes());
                 meta.args_len += a.len();
             }
-            self.calls_len = self.calls_len.max(i + 1);
         }
         if chunk.finish_reason.is_some() {
             self.finish_reason = chunk.finish_reason;
@@ -361,7 +318,7 @@ impl<'s, const CONTENT: usize, const REASONING: usize, const CALLS: usize, const
             if id.len() > MAX_COMPLETION_ID {
                 return Err(AssembleError::CompletionIdTooLong);
             }
-            if self.has_id && self.id.bytes() != id.as_bytes() {
+            if self.id.as_deref().is_some_and(|known| known != id) {
                 return Err(AssembleError::CompletionIdChanged);
             }
         }
@@ -385,16 +342,17 @@ impl<'s, const CONTENT: usize, const REASONING: usize, const CALLS: usize, const
         for (k, d) in deltas.iter().enumerate() {
             let index = d.index;
             let i = index as usize;
-            let Some(meta) = self.calls.get(i) else {
+            if i >= CALLS {
                 return Err(AssembleError::TooManyToolCalls { index });
-            };
+            }
+            let meta = self.calls.get(i).unwrap_or(&CallMeta::EMPTY);
             // Earlier deltas of the same chunk for the same call count too.
             let earlier = &deltas[..k];
             if let Some(id) = d.id {
                 if id.len() > MAX_TOOL_CALL_ID {
                     return Err(AssembleError::ToolCallIdTooLong { index });
                 }
-                let known = meta.has_id.then(|| meta.id.as_str()).or_else(|| {
+                let known = meta.id.as_deref().or_else(|| {
                     earlier
                         .iter()
                         .filter(|e| e.index == index)
@@ -408,7 +366,7 @@ impl<'s, const CONTENT: usize, const REASONING: usize, const CALLS: usize, const
                 if name.len() > MAX_TOOL_NAME {
                     return Err(AssembleError::ToolNameTooLong { index });
                 }
-                let known = meta.has_name.then(|| meta.name.as_str()).or_else(|| {
+                let known = meta.name.as_deref().or_else(|| {
                     earlier
                         .iter()
                         .filter(|e| e.index == index)
@@ -432,7 +390,7 @@ impl<'s, const CONTENT: usize, const REASONING: usize, const CALLS: usize, const
 
     /// The completion id, once a chunk carried it.
     pub fn id(&self) -> Option<&str> {
-        self.has_id.then(|| self.id.as_str())
+        self.id.as_deref()
     }
 
     /// The latest timings.
@@ -467,7 +425,7 @@ impl<'s, const CONTENT: usize, const REASONING: usize, const CALLS: usize, const
     /// part-way, so an id or name may be empty and the arguments incomplete.
     pub fn tool_calls(&self) -> ToolCalls<'_> {
         ToolCalls {
-            metas: &self.calls[..self.calls_len],
+            metas: &self.calls,
             args: self.args.as_flattened(),
             stride: ARGS,
         }
@@ -478,8 +436,8 @@ impl<'s, const CONTENT: usize, const REASONING: usize, const CALLS: usize, const
     pub fn finish(&self) -> Result<Message<'_>, AssembleError> {
         let finish_reason = self.finish_reason.ok_or(AssembleError::NoFinishReason)?;
         let id = self.id().ok_or(AssembleError::NoCompletionId)?;
-        for (i, m) in self.calls[..self.calls_len].iter().enumerate() {
-            if !(m.seen && m.has_id && m.has_name) {
+        for (i, m) in self.calls.iter().enumerate() {
+            if !(m.seen && m.id.is_some() && m.name.is_some()) {
                 return Err(AssembleError::IncompleteToolCall { index: i as u32 });
             }
         }
@@ -488,7 +446,7 @@ impl<'s, const CONTENT: usize, const REASONING: usize, const CALLS: usize, const
             content: self.content(),
             reasoning_content: self.reasoning_content(),
             tool_calls: ToolCalls {
-                metas: &self.calls[..self.calls_len],
+                metas: &self.calls,
                 args: self.args.as_flattened(),
                 stride: ARGS,
             },
@@ -554,8 +512,8 @@ impl<'a> ToolCalls<'a> {
         let start = i * self.stride;
         let args = self.args.get(start..start + m.args_len)?;
         Some(ToolCallRef {
-            id: m.id.as_str(),
-            name: m.name.as_str(),
+            id: m.id.as_deref().unwrap_or_default(),
+            name: m.name.as_deref().unwrap_or_default(),
             // Cannot fail: only whole `&str`s are appended.
             arguments: core::str::from_utf8(args).unwrap_or_default(),
         })

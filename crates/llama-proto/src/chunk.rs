@@ -30,6 +30,9 @@ pub struct Chunk<'a> {
     pub content: Option<&'a str>,
     /// `choices[0].delta.reasoning_content`.
     pub reasoning_content: Option<&'a str>,
+    // Slots and a length rather than a `heapless::Vec`: that has drop glue, and a value with
+    // drop glue returned from `ChatStream::feed` keeps the stream borrowed to the end of the
+    // `match` on it (no call on the stream in an arm). `Chunk` stays `Copy`.
     pub(crate) tool_calls: [ToolCallDelta<'a>; MAX_TOOL_CALL_DELTAS],
     pub(crate) tool_calls_len: usize,
     /// `choices[0].finish_reason`.
@@ -92,16 +95,18 @@ pub struct ServerError<'a> {
 /// How deeply arrays and objects may nest anywhere in a payload, the top-level object
 /// included (`{"choices":[{"delta":{}}]}` is 4 deep).
 ///
-/// llama-server never sends more than 6. The limit is what bounds the decoder's stack: the
-/// values it hands to `serde-json-core`, which recurses once per level, are checked against
-/// it first (see `docs/benchmarks/llama-proto.md` for the measured peak).
+/// llama-server never sends more than 6. The decoder does not recurse (it counts the depth of
+/// what it skips), so its stack does not grow with nesting; the limit keeps the answer the
+/// same as when a recursive parser read these payloads, and bounds what any consumer of the
+/// same bytes might meet (`docs/benchmarks/chat-stream.md` has the measured peak).
 pub const MAX_NESTING: usize = 32;
 
 /// Why a payload could not be decoded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum DecodeError {
-    /// Not JSON, or a field the decoder reads has the wrong type.
+    /// Not JSON, or a field the decoder reads has the wrong type: the variant
+    /// `serde-json-core` names for the same fault (its parser is no longer used).
     Json(serde_json_core::de::Error),
     /// A string has a bad escape, a lone surrogate or a raw control character.
     InvalidString,

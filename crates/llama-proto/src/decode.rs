@@ -1,9 +1,8 @@
 //! One `data:` payload of a llama-server chat stream into typed, borrowed fields.
 //!
-//! [`decode_chunk`] parses a `chat.completion.chunk` (or an in-stream error): the top level,
-//! `timings` and `prompt_progress` by hand (`scan`), `choices` and `error` with
-//! `serde-json-core`; then it unescapes the strings the assembler needs into a buffer the caller
-//! owns. Unknown fields are skipped. Strings without escapes are borrowed from the payload;
+//! [`decode_chunk`] parses a `chat.completion.chunk` (or an in-stream error) by hand (`scan`):
+//! keys are matched as bytes, values the assembler does not need are skipped to their end;
+//! then it unescapes the strings the assembler needs into a buffer the caller owns. Unknown fields are skipped. Strings without escapes are borrowed from the payload;
 //! the others are written to `text`, which never needs more than `payload.len()` bytes.
 //! Nothing here allocates or panics.
 //!
@@ -12,7 +11,7 @@
 
 use crate::chunk::{DecodeError, Payload, ServerError};
 use crate::raw::{RawChunk, RawError};
-use crate::scan::{check_nesting, parse_chunk};
+use crate::scan::{parse_chunk, parse_error_event};
 use crate::unescape::{is_plain, unescape, UnescapeError};
 use crate::FinishReason;
 
@@ -46,7 +45,8 @@ pub fn decode_chunk<'a>(payload: &'a [u8], text: &'a mut [u8]) -> Result<Payload
     }
     // The same checks in the same order as when the chunk was first parsed whole: the id,
     // `choices`, `finish_reason`, the delta's strings, then `tool_calls`.
-    let mut chunk = raw.chunk;
+    // In place: the chunk is moved once, into the result.
+    let chunk = &mut raw.chunk;
     chunk.id = out.opt(chunk.id)?;
     if raw.too_many_choices {
         return Err(DecodeError::TooManyChoices);
@@ -65,7 +65,7 @@ pub fn decode_chunk<'a>(payload: &'a [u8], text: &'a mut [u8]) -> Result<Payload
         call.name = out.opt(call.name)?;
         call.arguments = out.opt(call.arguments)?;
     }
-    Ok(Payload::Chunk(chunk))
+    Ok(Payload::Chunk(raw.chunk))
 }
 
 /// Decodes the data of an `event: error` SSE event (the older form): either the bare
@@ -76,21 +76,7 @@ pub fn decode_error_event<'a>(
     payload: &'a [u8],
     text: &'a mut [u8],
 ) -> Result<ServerError<'a>, DecodeError> {
-    #[derive(serde::Deserialize)]
-    struct Wrapped<'a> {
-        #[serde(borrow)]
-        error: RawError<'a>,
-    }
-    // serde-json-core recurses once per level of whatever it skips.
-    check_nesting(payload)?;
-    let raw = match serde_json_core::from_slice::<Wrapped<'a>>(payload) {
-        Ok((w, _)) => w.error,
-        Err(_) => {
-            serde_json_core::from_slice::<RawError<'a>>(payload)
-                .map_err(DecodeError::Json)?
-                .0
-        }
-    };
+    let raw = parse_error_event(payload)?;
     server_error(raw, &mut Text(text))
 }
 

@@ -5,12 +5,21 @@
 //!   (or a [`ServerError`]), strings unescaped into a buffer the caller owns;
 //! - [`Assembler`]: folds chunks into one [`Message`], capacities as const generics,
 //!   storage supplied by the caller;
+//! - [`ChatStream`]: the whole path of one response, `http-nostd`'s reader, `sse-nostd`'s
+//!   parser, the decoder and the assembler, with one error type ([`StreamError`]);
 //! - [`text_calls`] / [`parse_text_calls`]: tool calls the model wrote as `<tool_call>` text
 //!   in its content (when the server did not parse them), each a borrowed [`TextCall`] or a
 //!   [`TextCallError`], and the [`prose`] around them;
 //! - [`LoopDetector`]: fed the streamed content, says at which byte one line, one sentence or
 //!   a short cycle of them started repeating, with thresholds by length ([`LoopConfig`]);
 //! - [`cache_outcome`] and [`hash`].
+//!
+//! Fixed-capacity collections: the assembler's tool-call table and its short ids and names
+//! are `heapless` (`Vec`, `String`). The large buffers (content, reasoning, arguments, the
+//! decoder's text) are the caller's storage instead, since a `heapless` collection holds its
+//! storage inline and these must never pass through the stack; and a [`Chunk`]'s tool-call
+//! deltas are slots and a length, since a `heapless::Vec` has drop glue and would keep a
+//! [`ChatStream`] borrowed through a `match` on what it returned.
 //!
 //! The `alloc` feature adds the owned types `loopd` builds requests from and returns at the
 //! end of a request ([`ChatMessage`], [`ToolCall`], [`ToolSchema`], [`Completion`]).
@@ -33,6 +42,7 @@ mod owned;
 mod raw;
 mod repeat;
 mod scan;
+mod stream;
 mod text_calls;
 mod types;
 mod unescape;
@@ -48,9 +58,12 @@ pub use chunk::{
     MAX_TOOL_CALL_DELTAS,
 };
 pub use decode::{decode_chunk, decode_error_event};
+/// The push shape of [`ChatStream::feed`] and of its parts: httparse's `Status`.
+pub use http_nostd::Status;
 #[cfg(feature = "alloc")]
 pub use owned::{ChatMessage, Completion, ToolCall, ToolSchema};
 pub use repeat::{LoopConfig, LoopConfigError, LoopDetected, LoopDetector, MAX_CYCLE_LINES};
+pub use stream::{ChatStream, StreamError, StreamEvent};
 pub use text_calls::{
     parse_text_calls, prose, text_calls, Prose, TextCall, TextCallBlock, TextCallError,
     TextCallList, TextCalls, TooManyTextCalls,

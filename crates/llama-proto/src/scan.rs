@@ -1,26 +1,26 @@
-//! The top level of a chunk payload, walked by hand; the values the decoder needs in full
-//! (`choices`, `error`) are handed to `serde-json-core`.
+//! One chunk payload walked by hand, all of it: the top level, `choices[0]` and its `delta`,
+//! the tool calls, `error`, `timings` and `prompt_progress`.
 //!
 //! Most of a llama-server chunk is data the client never reads: `created`, `model`,
-//! `system_fingerprint`, `object` and nine `timings` fields, six of them floats. Through
-//! `serde-json-core` every key and every skipped string costs a byte-by-byte scan and a
-//! `from_utf8` pass (docs/benchmarks/llama-proto.md has the counts); here a skipped value costs one
-//! scan for its end, and the three `timings` counts and the four `prompt_progress` numbers are
-//! read directly. What this walk accepts is checked only as far as the fields the decoder
-//! returns: a skipped value is not validated beyond finding its end (as `serde-json-core`
-//! does for skipped numbers), so a payload `serde_json` would reject may still decode.
-//! Every error is a `serde_json_core::de::Error`, as before, except nesting past
-//! [`MAX_NESTING`], which is [`DecodeError::TooDeep`].
+//! `system_fingerprint`, `object` and nine `timings` fields, six of them floats. Here a
+//! skipped value costs one scan for its end (eight bytes at a time), a key is compared as the
+//! bytes between its quotes, and the counts the assembler needs are read directly; nothing is
+//! tokenised into a value that is then thrown away, and nothing of the chunk is copied on
+//! the way out (the fields are written in place into one [`RawChunk`]). What this walk
+//! accepts is checked only as far as the fields the decoder returns: a skipped value is not
+//! validated beyond finding its end, so a payload `serde_json` would reject may still decode.
+//! Every error is a `serde_json_core::de::Error`, the variant `serde-json-core` gave for the
+//! same fault when it parsed these values, except nesting past [`MAX_NESTING`], which is
+//! [`DecodeError::TooDeep`].
 //!
-//! The walk itself keeps a depth count, not a stack, so its own stack use is constant. It is
-//! also what bounds `serde-json-core`'s: every value handed over has been walked to its end
-//! first, so nothing deeper than the limit ever reaches a recursive parser.
+//! The walk keeps a depth count, not a stack: the objects it descends into are at fixed
+//! depths (at most 7), and a skipped value's depth is counted against the limit, so its stack
+//! use is constant whatever the payload.
 
-use serde::de::DeserializeSeed;
 use serde_json_core::de::Error;
 
-use crate::chunk::{DecodeError, PromptProgress, MAX_NESTING};
-use crate::raw::{ChoicesSeed, Opt, RawChunk, RawError};
+use crate::chunk::{DecodeError, PromptProgress, ToolCallDelta, MAX_NESTING};
+use crate::raw::{RawChunk, RawError};
 use crate::Timings;
 
 type Result<T> = core::result::Result<T, DecodeError>;
@@ -31,19 +31,15 @@ impl From<Error> for DecodeError {
     }
 }
 
-/// Checks that no array or object in `payload` nests deeper than [`MAX_NESTING`], the
-/// payload's own outer value included. Anything else about the payload is left to its parser.
-pub(crate) fn check_nesting(payload: &[u8]) -> Result<()> {
-    let mut s = Scan { b: payload, i: 0 };
-    match s.ws() {
-        Some(b'{' | b'[') => s.nested(0).map(drop).or_else(|e| match e {
-            DecodeError::TooDeep => Err(e),
-            // Malformed: the parser that runs next says how.
-            _ => Ok(()),
-        }),
-        _ => Ok(()),
-    }
-}
+// How deep each walked object sits, the top level being 1: a value skipped inside one of them
+// has that many enclosing arrays and objects.
+const TOP: usize = 1;
+const CHOICES: usize = 2;
+const CHOICE: usize = 3;
+const DELTA: usize = 4;
+const CALLS: usize = 5;
+const CALL: usize = 6;
+const FUNCTION: usize = 7;
 
 /// Parses `payload` into `out` (which must start as `RawChunk::default()`).
 pub(crate) fn parse_chunk<'a>(payload: &'a [u8], out: &mut RawChunk<'a>) -> Result<()> {
@@ -51,112 +47,153 @@ pub(crate) fn parse_chunk<'a>(payload: &'a [u8], out: &mut RawChunk<'a>) -> Resu
     if s.ws().ok_or(Error::EofWhileParsingValue)? != b'{' {
         return Err(Error::InvalidType.into());
     }
-    s.i += 1;
-    let mut seen = 0u8;
-    let mut first = true;
-    loop {
-        match s.ws().ok_or(Error::EofWhileParsingObject)? {
-            b'}' if first => {
-                s.i += 1;
-                break;
-            }
-            b'"' if first => {}
-            _ if first => return Err(Error::KeyMustBeAString.into()),
-            b',' => {
-                s.i += 1;
-                match s.ws().ok_or(Error::EofWhileParsingValue)? {
-                    b'"' => {}
-                    b'}' => return Err(Error::TrailingComma.into()),
-                    _ => return Err(Error::KeyMustBeAString.into()),
-                }
-            }
-            b'}' => {
-                s.i += 1;
-                break;
-            }
-            _ => return Err(Error::ExpectedObjectCommaOrEnd.into()),
+    let mut seen = Seen(0);
+    s.object(|s, key| match key {
+        b"choices" => {
+            seen.first(1)?;
+            s.choices(out)
         }
-        first = false;
-        let key = s.string()?;
-        s.colon()?;
-        let bit = match key {
-            b"choices" => 1,
-            b"id" => 2,
-            b"timings" => 4,
-            b"prompt_progress" => 8,
-            b"error" => 16,
-            _ => 0,
-        };
-        if seen & bit != 0 {
-            // As the derived visitors said for a repeated field.
+        b"id" => {
+            seen.first(2)?;
+            out.chunk.id = s.opt_str()?;
+            Ok(())
+        }
+        b"timings" => {
+            seen.first(4)?;
+            out.chunk.timings = s
+                .counts(|k| match k {
+                    b"cache_n" => Some(0),
+                    b"prompt_n" => Some(1),
+                    b"predicted_n" => Some(2),
+                    _ => None,
+                })?
+                .map(|[cache_n, prompt_n, predicted_n]| Timings {
+                    cache_n,
+                    prompt_n,
+                    predicted_n,
+                });
+            Ok(())
+        }
+        b"prompt_progress" => {
+            seen.first(8)?;
+            out.chunk.prompt_progress = s
+                .counts(|k| match k {
+                    b"total" => Some(0),
+                    b"cache" => Some(1),
+                    b"processed" => Some(2),
+                    b"time_ms" => Some(3),
+                    _ => None,
+                })?
+                .map(|[total, cache, processed, time_ms]| PromptProgress {
+                    total,
+                    cache,
+                    processed,
+                    time_ms,
+                });
+            Ok(())
+        }
+        b"error" => {
+            seen.first(16)?;
+            out.error = s.opt_error(TOP)?;
+            Ok(())
+        }
+        _ => s.skip(TOP),
+    })?;
+    s.end()
+}
+
+/// Parses the data of an `event: error` event: the `{"error":{...}}` wrapper, or else the bare
+/// `{"code":..,"message":..,"type":..}` object.
+pub(crate) fn parse_error_event(payload: &[u8]) -> Result<RawError<'_>> {
+    let mut s = Scan { b: payload, i: 0 };
+    if s.ws().ok_or(Error::EofWhileParsingValue)? != b'{' {
+        return Err(Error::InvalidType.into());
+    }
+    let mut wrapped: Option<RawError<'_>> = None;
+    let mut bare = ErrorFields::default();
+    let mut seen = Seen(0);
+    s.object(|s, key| match key {
+        b"error" => {
+            seen.first(8)?;
+            // A wrapper that is not an error object leaves the bare form to decide.
+            let at = s.i;
+            match s.opt_error(TOP) {
+                Ok(e) => wrapped = e,
+                Err(DecodeError::Json(_)) => {
+                    s.i = at;
+                    s.skip(TOP)?;
+                }
+                Err(e) => return Err(e),
+            }
+            Ok(())
+        }
+        key => bare.field(s, key, &mut seen, TOP),
+    })?;
+    s.end()?;
+    match wrapped {
+        Some(e) => Ok(e),
+        None => bare.finish(),
+    }
+}
+
+/// Which known keys an object has had: a repeated one is an error, as a derived visitor's
+/// `duplicate_field`.
+struct Seen(u8);
+
+impl Seen {
+    fn first(&mut self, bit: u8) -> Result<()> {
+        if self.0 & bit != 0 {
             return Err(Error::CustomError.into());
         }
-        seen |= bit;
-        match bit {
-            1 => {
-                let value = s.value(1)?;
-                serde_json_core_value(value, |de| Opt(ChoicesSeed(&mut *out)).deserialize(de))?;
+        self.0 |= bit;
+        Ok(())
+    }
+}
+
+/// The fields of an error object as they are read.
+#[derive(Default)]
+struct ErrorFields<'a> {
+    code: Option<u32>,
+    message: Option<&'a str>,
+    kind: Option<&'a str>,
+}
+
+impl<'a> ErrorFields<'a> {
+    fn field(&mut self, s: &mut Scan<'a>, key: &[u8], seen: &mut Seen, depth: usize) -> Result<()> {
+        match key {
+            b"code" => {
+                seen.first(1)?;
+                self.code = match s.ws() {
+                    Some(b'n') => s.null().map(|()| None)?,
+                    _ => Some(s.u32()?),
+                };
             }
-            2 => out.chunk.id = s.opt_str()?,
-            4 => {
-                out.chunk.timings = s
-                    .counts(|k| match k {
-                        b"cache_n" => Some(0),
-                        b"prompt_n" => Some(1),
-                        b"predicted_n" => Some(2),
-                        _ => None,
-                    })?
-                    .map(|[cache_n, prompt_n, predicted_n]| Timings {
-                        cache_n,
-                        prompt_n,
-                        predicted_n,
-                    });
+            b"message" => {
+                seen.first(2)?;
+                self.message = Some(s.str()?);
             }
-            8 => {
-                out.chunk.prompt_progress = s
-                    .counts(|k| match k {
-                        b"total" => Some(0),
-                        b"cache" => Some(1),
-                        b"processed" => Some(2),
-                        b"time_ms" => Some(3),
-                        _ => None,
-                    })?
-                    .map(|[total, cache, processed, time_ms]| PromptProgress {
-                        total,
-                        cache,
-                        processed,
-                        time_ms,
-                    });
+            b"type" => {
+                seen.first(4)?;
+                self.kind = s.opt_str()?;
             }
-            16 => {
-                let value = s.value(1)?;
-                serde_json_core_value(value, |de| {
-                    serde::Deserialize::deserialize(de).map(|e: Option<RawError<'a>>| {
-                        out.error = e;
-                    })
-                })?;
-            }
-            _ => {
-                s.value(1)?;
-            }
+            _ => s.skip(depth)?,
         }
+        Ok(())
     }
-    match s.ws() {
-        None => Ok(()),
-        Some(_) => Err(Error::TrailingCharacters.into()),
+
+    fn finish(self) -> Result<RawError<'a>> {
+        Ok(RawError {
+            code: self.code,
+            // A missing required field, as a derived visitor said.
+            message: self.message.ok_or(Error::CustomError)?,
+            kind: self.kind,
+        })
     }
 }
 
-/// Runs `f` on a `serde-json-core` deserializer over exactly one value.
-fn serde_json_core_value<'a>(
-    value: &'a [u8],
-    f: impl FnOnce(&mut serde_json_core::de::Deserializer<'a, '_>) -> core::result::Result<(), Error>,
-) -> Result<()> {
-    let mut de = serde_json_core::de::Deserializer::new(value, None);
-    f(&mut de)?;
-    Ok(de.end().map(drop)?)
-}
-
+// The walk's small steps are forced inline on 64-bit hosts, where that made the decode
+// fast; on a 32-bit device the optimizer decides, and one copy per call site would cost
+// flash (docs/benchmarks/embedded.md).
 struct Scan<'a> {
     b: &'a [u8],
     i: usize,
@@ -164,9 +201,11 @@ struct Scan<'a> {
 
 impl<'a> Scan<'a> {
     /// Skips whitespace; returns the next byte.
+    #[cfg_attr(target_pointer_width = "64", inline(always))]
     fn ws(&mut self) -> Option<u8> {
         while let Some(&c) = self.b.get(self.i) {
-            if !matches!(c, b' ' | b'\n' | b'\t' | b'\r') {
+            // Every byte that is not whitespace and starts a token is above the space.
+            if c > b' ' || !matches!(c, b' ' | b'\n' | b'\t' | b'\r') {
                 return Some(c);
             }
             self.i += 1;
@@ -183,7 +222,7 @@ impl<'a> Scan<'a> {
     }
 
     /// A string at `self.i` (the opening quote); returns the raw bytes between the quotes.
-    #[inline(always)]
+    #[cfg_attr(target_pointer_width = "64", inline(always))]
     fn string(&mut self) -> Result<&'a [u8]> {
         let start = self.i + 1;
         let mut at = start;
@@ -218,6 +257,7 @@ impl<'a> Scan<'a> {
         Ok(self.b.get(start..self.i).unwrap_or_default())
     }
 
+    #[cfg(target_pointer_width = "64")]
     /// Skips the array or object whose opening bracket is at `self.i`, to its matching close.
     /// One pass over eight bytes at a time: the quotes, backslashes and brackets of a word are
     /// handled from its masks without going back to memory, so a word with no bracket
@@ -251,6 +291,46 @@ impl<'a> Scan<'a> {
         }
     }
 
+    /// Skips the array or object whose opening bracket is at `self.i`, to its matching close,
+    /// a byte at a time (smaller on a 32-bit device than the word walk above). `outer` arrays
+    /// and objects enclose this one.
+    #[cfg(not(target_pointer_width = "64"))]
+    fn nested(&mut self, outer: usize) -> Result<()> {
+        let room = MAX_NESTING.saturating_sub(outer);
+        let (mut depth, mut in_str, mut escaped) = (0usize, false, false);
+        let mut at = self.i;
+        while let Some(&b) = self.b.get(at) {
+            at += 1;
+            if in_str {
+                match b {
+                    _ if escaped => escaped = false,
+                    b'\\' => escaped = true,
+                    b'"' => in_str = false,
+                    _ => {}
+                }
+                continue;
+            }
+            match b {
+                b'"' => in_str = true,
+                b'{' | b'[' => {
+                    depth += 1;
+                    if depth > room {
+                        return Err(DecodeError::TooDeep);
+                    }
+                }
+                b'}' | b']' => {
+                    depth = depth.saturating_sub(1);
+                    if depth == 0 {
+                        self.i = at;
+                        return Ok(());
+                    }
+                }
+                _ => {}
+            }
+        }
+        Err(Error::EofWhileParsingValue.into())
+    }
+
     /// `null` or a string, as `Option<&str>` from `serde-json-core` (escapes kept).
     fn opt_str(&mut self) -> Result<Option<&'a str>> {
         match self.ws().ok_or(Error::EofWhileParsingValue)? {
@@ -275,25 +355,35 @@ impl<'a> Scan<'a> {
         }
     }
 
-    /// `null`, or an object whose fields `field` numbers are all unsigned integers and required
-    /// (other fields skipped), as a derived struct of `u64`s reads it.
-    fn counts<const N: usize>(
-        &mut self,
-        field: fn(&[u8]) -> Option<usize>,
-    ) -> Result<Option<[u64; N]>> {
-        match self.ws().ok_or(Error::EofWhileParsingValue)? {
-            b'n' => return self.null().map(|()| None),
-            b'{' => self.i += 1,
-            _ => return Err(Error::InvalidType.into()),
+    /// The object whose `{` is at `self.i`, to its `}`: `field` is called with each key (the
+    /// raw bytes between its quotes) and must consume the value after the colon.
+    #[cfg_attr(target_pointer_width = "64", inline(always))]
+    fn object(&mut self, field: impl FnMut(&mut Self, &'a [u8]) -> Result<()>) -> Result<()> {
+        // One copy of the loop on a 32-bit device (flash), one per call site on a 64-bit host.
+        #[cfg(not(target_pointer_width = "64"))]
+        let field: &mut dyn FnMut(&mut Self, &'a [u8]) -> Result<()> = &mut { field };
+        self.object_with(field)
+    }
+
+    #[cfg_attr(target_pointer_width = "64", inline(always))]
+    fn object_with<F>(&mut self, mut field: F) -> Result<()>
+    where
+        F: FnMut(&mut Self, &'a [u8]) -> Result<()>,
+    {
+        self.i += 1;
+        match self.ws().ok_or(Error::EofWhileParsingObject)? {
+            b'}' => {
+                self.i += 1;
+                return Ok(());
+            }
+            b'"' => {}
+            _ => return Err(Error::KeyMustBeAString.into()),
         }
-        let mut vals = [0u64; N];
-        let mut seen = 0u32;
-        let mut first = true;
         loop {
+            let key = self.string()?;
+            self.colon()?;
+            field(self, key)?;
             match self.ws().ok_or(Error::EofWhileParsingObject)? {
-                b'}' if first => break,
-                b'"' if first => {}
-                _ if first => return Err(Error::KeyMustBeAString.into()),
                 b',' => {
                     self.i += 1;
                     match self.ws().ok_or(Error::EofWhileParsingValue)? {
@@ -302,39 +392,249 @@ impl<'a> Scan<'a> {
                         _ => return Err(Error::KeyMustBeAString.into()),
                     }
                 }
-                b'}' => break,
+                b'}' => {
+                    self.i += 1;
+                    return Ok(());
+                }
                 _ => return Err(Error::ExpectedObjectCommaOrEnd.into()),
             }
-            first = false;
-            let key = self.string()?;
-            self.colon()?;
-            match field(key) {
-                Some(k) => {
-                    if seen & (1 << k) != 0 {
-                        return Err(Error::CustomError.into());
+        }
+    }
+
+    /// `null`, or the array whose `[` is next: `element` is called with each element's
+    /// position and must consume it. False for `null`.
+    #[cfg_attr(target_pointer_width = "64", inline(always))]
+    fn opt_array(&mut self, element: impl FnMut(&mut Self, usize) -> Result<()>) -> Result<bool> {
+        #[cfg(not(target_pointer_width = "64"))]
+        let element: &mut dyn FnMut(&mut Self, usize) -> Result<()> = &mut { element };
+        self.opt_array_with(element)
+    }
+
+    #[cfg_attr(target_pointer_width = "64", inline(always))]
+    fn opt_array_with<F>(&mut self, mut element: F) -> Result<bool>
+    where
+        F: FnMut(&mut Self, usize) -> Result<()>,
+    {
+        match self.ws().ok_or(Error::EofWhileParsingValue)? {
+            b'n' => return self.null().map(|()| false),
+            b'[' => self.i += 1,
+            _ => return Err(Error::InvalidType.into()),
+        }
+        if self.ws().ok_or(Error::EofWhileParsingList)? == b']' {
+            self.i += 1;
+            return Ok(true);
+        }
+        let mut n = 0;
+        loop {
+            element(self, n)?;
+            n += 1;
+            match self.ws().ok_or(Error::EofWhileParsingList)? {
+                b',' => {
+                    self.i += 1;
+                    if self.ws().ok_or(Error::EofWhileParsingValue)? == b']' {
+                        return Err(Error::TrailingComma.into());
                     }
-                    seen |= 1 << k;
-                    if let Some(v) = vals.get_mut(k) {
-                        *v = self.u64()?;
-                    }
                 }
-                // A number, the usual case, ends at the next delimiter.
-                None if matches!(self.ws(), Some(b'0'..=b'9' | b'-')) => {
-                    let rest = self.b.get(self.i..).unwrap_or_default();
-                    self.i += find(rest, delimiter).ok_or(Error::EofWhileParsingValue)?;
+                b']' => {
+                    self.i += 1;
+                    return Ok(true);
                 }
-                None => {
-                    // Inside the top-level object and this one.
-                    self.value(2)?;
-                }
+                _ => return Err(Error::ExpectedListCommaOrEnd.into()),
             }
         }
-        self.i += 1;
+    }
+
+    /// `null`, or the object whose `{` is next, walked by `field` as in [`object`](Self::object).
+    /// False for `null`.
+    #[cfg_attr(target_pointer_width = "64", inline(always))]
+    fn opt_object(&mut self, field: impl FnMut(&mut Self, &'a [u8]) -> Result<()>) -> Result<bool> {
+        match self.ws().ok_or(Error::EofWhileParsingValue)? {
+            b'n' => self.null().map(|()| false),
+            b'{' => self.object(field).map(|()| true),
+            _ => Err(Error::InvalidType.into()),
+        }
+    }
+
+    /// Skips a value the decoder does not read, inside `depth` arrays and objects; a number,
+    /// the usual case, is passed to the next delimiter without looking at its digits.
+    #[cfg_attr(target_pointer_width = "64", inline(always))]
+    fn skip(&mut self, depth: usize) -> Result<()> {
+        self.value(depth).map(drop)
+    }
+
+    /// Only whitespace may follow the top-level value.
+    fn end(&mut self) -> Result<()> {
+        match self.ws() {
+            None => Ok(()),
+            Some(_) => Err(Error::TrailingCharacters.into()),
+        }
+    }
+
+    /// `choices`: `null` or an array; the first element is read, the others skipped and
+    /// flagged.
+    fn choices(&mut self, out: &mut RawChunk<'a>) -> Result<()> {
+        self.opt_array(|s, n| {
+            if n > 0 {
+                out.too_many_choices = true;
+                return s.skip(CHOICES);
+            }
+            if s.ws() != Some(b'{') {
+                return Err(Error::InvalidType.into());
+            }
+            let mut seen = Seen(0);
+            s.object(|s, key| match key {
+                b"finish_reason" => {
+                    seen.first(1)?;
+                    out.finish_reason = s.opt_str()?;
+                    Ok(())
+                }
+                b"delta" => {
+                    seen.first(2)?;
+                    s.delta(out)
+                }
+                _ => s.skip(CHOICE),
+            })
+        })
+        .map(drop)
+    }
+
+    /// `choices[0].delta`: `null` or an object.
+    fn delta(&mut self, out: &mut RawChunk<'a>) -> Result<()> {
+        let mut seen = Seen(0);
+        self.opt_object(|s, key| match key {
+            b"content" => {
+                seen.first(1)?;
+                out.chunk.content = s.opt_str()?;
+                Ok(())
+            }
+            b"reasoning_content" => {
+                seen.first(2)?;
+                out.chunk.reasoning_content = s.opt_str()?;
+                Ok(())
+            }
+            b"tool_calls" => {
+                seen.first(4)?;
+                s.tool_calls(out)
+            }
+            _ => s.skip(DELTA),
+        })
+        .map(drop)
+    }
+
+    /// `delta.tool_calls`: up to [`MAX_TOOL_CALL_DELTAS`](crate::MAX_TOOL_CALL_DELTAS) elements into the chunk's slots;
+    /// further ones are skipped and flagged.
+    fn tool_calls(&mut self, out: &mut RawChunk<'a>) -> Result<()> {
+        self.opt_array(|s, n| {
+            let Some(slot) = out.chunk.tool_calls.get_mut(n) else {
+                out.too_many_tool_calls = true;
+                return s.skip(CALLS);
+            };
+            if s.ws() != Some(b'{') {
+                return Err(Error::InvalidType.into());
+            }
+            let mut call = ToolCallDelta::default();
+            let mut seen = Seen(0);
+            s.object(|s, key| match key {
+                b"index" => {
+                    seen.first(1)?;
+                    call.index = s.u32()?;
+                    Ok(())
+                }
+                b"id" => {
+                    seen.first(2)?;
+                    call.id = s.opt_str()?;
+                    Ok(())
+                }
+                b"function" => {
+                    seen.first(4)?;
+                    let mut seen = Seen(0);
+                    s.opt_object(|s, key| match key {
+                        b"name" => {
+                            seen.first(1)?;
+                            call.name = s.opt_str()?;
+                            Ok(())
+                        }
+                        b"arguments" => {
+                            seen.first(2)?;
+                            call.arguments = s.opt_str()?;
+                            Ok(())
+                        }
+                        _ => s.skip(FUNCTION),
+                    })
+                    .map(drop)
+                }
+                _ => s.skip(CALL),
+            })?;
+            if seen.0 & 1 == 0 {
+                // `index` is required, as the derived visitor said.
+                return Err(Error::CustomError.into());
+            }
+            *slot = call;
+            out.chunk.tool_calls_len = n + 1;
+            Ok(())
+        })
+        .map(drop)
+    }
+
+    /// `null` or an error object inside `depth` arrays and objects.
+    fn opt_error(&mut self, depth: usize) -> Result<Option<RawError<'a>>> {
+        let mut fields = ErrorFields::default();
+        let mut seen = Seen(0);
+        if self.opt_object(|s, key| fields.field(s, key, &mut seen, depth + 1))? {
+            fields.finish().map(Some)
+        } else {
+            Ok(None)
+        }
+    }
+
+    /// A string (escapes kept), as `&str` from `serde-json-core`.
+    fn str(&mut self) -> Result<&'a str> {
+        match self.ws().ok_or(Error::EofWhileParsingValue)? {
+            b'"' => {
+                let raw = self.string()?;
+                core::str::from_utf8(raw).map_err(|_| Error::InvalidUnicodeCodePoint.into())
+            }
+            _ => Err(Error::InvalidType.into()),
+        }
+    }
+
+    /// `null`, or an object whose fields `field` numbers are all unsigned integers and required
+    /// (other fields skipped), as a derived struct of `u64`s reads it.
+    #[cfg_attr(target_pointer_width = "64", inline(always))]
+    fn counts<const N: usize>(
+        &mut self,
+        field: impl Fn(&[u8]) -> Option<usize>,
+    ) -> Result<Option<[u64; N]>> {
+        let mut vals = [0u64; N];
+        let mut seen = 0u32;
+        let present = self.opt_object(|s, key| match field(key) {
+            Some(k) => {
+                if seen & (1 << k) != 0 {
+                    return Err(Error::CustomError.into());
+                }
+                seen |= 1 << k;
+                if let Some(v) = vals.get_mut(k) {
+                    *v = s.u64()?;
+                }
+                Ok(())
+            }
+            // Inside the top-level object and this one.
+            None => s.skip(2),
+        })?;
+        if !present {
+            return Ok(None);
+        }
         if seen.count_ones() as usize != N {
             // A missing field, as the derived visitors said.
             return Err(Error::CustomError.into());
         }
         Ok(Some(vals))
+    }
+
+    /// An unsigned integer that fits 32 bits, as `serde-json-core` reads a `u32`.
+    fn u32(&mut self) -> Result<u32> {
+        let n = self.u64()?;
+        u32::try_from(n).map_err(|_| Error::InvalidNumber.into())
     }
 
     /// An unsigned integer, as `serde-json-core` reads a `u64`.
@@ -375,6 +675,13 @@ fn eq(w: u64, b: u8) -> u64 {
     x.wrapping_sub(ONES) & !x & HIGH
 }
 
+/// `\` or a byte below the space: a string that needs unescaping (or is invalid). A set
+/// bit above a true one may be spurious; only whether any is set counts.
+#[cfg(target_pointer_width = "64")]
+pub(crate) fn escape_or_control(w: u64) -> u64 {
+    eq(w, b'\\') | (w.wrapping_sub(ONES * 0x20) & !w & HIGH)
+}
+
 /// `"` or `\`: the end of a string or an escape in it.
 fn in_string(w: u64) -> u64 {
     eq(w, b'"') | eq(w, b'\\')
@@ -382,6 +689,7 @@ fn in_string(w: u64) -> u64 {
 
 /// The high bit of each byte of `w` equal to `b`, exactly (no borrow between bytes), for
 /// masks whose every bit is used.
+#[cfg(target_pointer_width = "64")]
 #[inline(always)]
 fn eq_exact(w: u64, b: u8) -> u64 {
     let x = w ^ (ONES * u64::from(b));
@@ -389,6 +697,7 @@ fn eq_exact(w: u64, b: u8) -> u64 {
 }
 
 /// Where [`Scan::nested`] is between words.
+#[cfg(target_pointer_width = "64")]
 #[derive(Default)]
 struct Nesting {
     depth: usize,
@@ -399,6 +708,7 @@ struct Nesting {
     skip_first: bool,
 }
 
+#[cfg(target_pointer_width = "64")]
 impl Nesting {
     /// Walks one word (little-endian bytes); returns the byte index of the close that ends
     /// the value, if it is in this word.
@@ -451,6 +761,7 @@ fn delimiter(w: u64) -> u64 {
 }
 
 /// The position of the first byte of `s` that `set` marks.
+#[cfg(target_pointer_width = "64")]
 #[inline(always)]
 fn find(s: &[u8], set: fn(u64) -> u64) -> Option<usize> {
     let mut words = s.chunks_exact(8);
@@ -471,6 +782,14 @@ fn find(s: &[u8], set: fn(u64) -> u64) -> Option<usize> {
     // The zero padding is in none of the sets.
     let m = set(u64::from_le_bytes(tail));
     (m != 0).then(|| at + m.trailing_zeros() as usize / 8)
+}
+
+/// The position of the first byte of `s` that `set` marks, a byte at a time: on a 32-bit
+/// device each 64-bit word operation is several instructions, and the word loop costs flash.
+/// The mask of a lone byte is exact (nothing below it to borrow from).
+#[cfg(not(target_pointer_width = "64"))]
+fn find(s: &[u8], set: fn(u64) -> u64) -> Option<usize> {
+    s.iter().position(|&b| set(u64::from(b)) & 0x80 != 0)
 }
 
 #[cfg(test)]

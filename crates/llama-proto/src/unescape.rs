@@ -1,8 +1,8 @@
 //! JSON string unescaping into a caller-owned buffer, surrogate pairs included.
 //!
-//! `serde-json-core` hands strings over raw (it would reject `\uD83D\uDE00`), so the decoder
-//! unescapes them here exactly as RFC 8259 says: a control character must be escaped, a lone
-//! surrogate is an error.
+//! The walk in `scan` hands strings over raw, so the decoder unescapes the ones it returns
+//! here exactly as RFC 8259 says (surrogate pairs such as `\uD83D\uDE00` included): a control
+//! character must be escaped, a lone surrogate is an error.
 
 /// Why a JSON string could not be unescaped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -14,6 +14,24 @@ pub(crate) enum UnescapeError {
 }
 
 /// True when `raw` can be used as is: no escapes and no control characters.
+#[inline]
+#[cfg(target_pointer_width = "64")]
+pub(crate) fn is_plain(raw: &str) -> bool {
+    // Eight bytes at a time, the rest one by one (zero padding would read as a control byte).
+    let mut words = raw.as_bytes().chunks_exact(8);
+    for word in words.by_ref() {
+        let Ok(bytes) = <[u8; 8]>::try_from(word) else {
+            return false;
+        };
+        if crate::scan::escape_or_control(u64::from_le_bytes(bytes)) != 0 {
+            return false;
+        }
+    }
+    !words.remainder().iter().any(|&b| b == b'\\' || b < 0x20)
+}
+
+/// True when `raw` can be used as is, a byte at a time (smaller on a 32-bit device).
+#[cfg(not(target_pointer_width = "64"))]
 #[inline]
 pub(crate) fn is_plain(raw: &str) -> bool {
     !raw.bytes().any(|b| b == b'\\' || b < 0x20)

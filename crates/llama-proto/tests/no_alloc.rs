@@ -4,7 +4,7 @@
 mod common;
 
 use llama_harness::{allocations as allocs, CountingAlloc};
-use llama_proto::{decode_chunk, Assembler, Payload};
+use llama_proto::{decode_chunk, Assembler, ChatStream, Payload, Status, StreamEvent};
 
 #[global_allocator]
 static GLOBAL: CountingAlloc = CountingAlloc;
@@ -36,6 +36,40 @@ fn decode_and_assemble_allocate_nothing_per_event() {
         events > 50,
         "only {events} events: the check would prove little"
     );
+    assert_eq!(after - before, 0, "allocations during {events} events");
+}
+
+#[test]
+fn the_whole_path_allocates_nothing() {
+    let response = llama_harness::fixture("chunked_tool_call.http");
+    let mut s = common::storage();
+    let mut head = vec![0u8; 1024];
+    let mut line = vec![0u8; 4096];
+    let mut text = vec![0u8; 4096];
+    let head: &mut [u8; 1024] = head.as_mut_slice().try_into().unwrap();
+    let line: &mut [u8; 4096] = line.as_mut_slice().try_into().unwrap();
+    let text: &mut [u8; 4096] = text.as_mut_slice().try_into().unwrap();
+    let asm = Assembler::new(&mut s.content, &mut s.reasoning, &mut s.args);
+    let mut stream = ChatStream::<_, 16, _, _, _, _, _>::new(head, line, text, asm);
+
+    let before = allocs();
+    let mut events = 0;
+    'reads: for piece in response.chunks(7) {
+        let mut rest = piece;
+        loop {
+            let (used, status) = stream.feed(rest).expect("the recording streams");
+            rest = &rest[used..];
+            match status {
+                Status::Partial => break,
+                Status::Complete(StreamEvent::Chunk(_)) => events += 1,
+                Status::Complete(StreamEvent::End) => break 'reads,
+                Status::Complete(_) => {}
+            }
+        }
+    }
+    std::hint::black_box(stream.finish().expect("the recording finishes"));
+    let after = allocs();
+    assert_eq!(events, 12);
     assert_eq!(after - before, 0, "allocations during {events} events");
 }
 

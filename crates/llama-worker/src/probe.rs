@@ -150,7 +150,7 @@ pub fn http_get_body<const N: usize>(
     timeout: Duration,
     cancelled: &dyn Fn() -> bool,
 ) -> Result<(u16, Vec<u8>), ProbeError> {
-    use http_nostd::{BodyBuffer, Progress, ResponseReader, HEAD_CAP};
+    use http_nostd::{BodyBuffer, ResponseReader, HEAD_CAP};
     // Heap storage that never passes through the stack.
     let boxed = |n: usize| vec![0u8; n].into_boxed_slice();
     let head: Box<[u8; HEAD_CAP]> = boxed(HEAD_CAP).try_into().map_err(|_| ProbeError::Closed)?;
@@ -162,10 +162,10 @@ pub fn http_get_body<const N: usize>(
             reader.finish().map_err(ProbeError::Http)?;
             return Ok(true);
         }
-        let (_, progress) = reader
+        let (_, fed) = reader
             .feed_into(bytes, &mut body)
             .map_err(ProbeError::Http)?;
-        Ok(progress == Progress::Done)
+        Ok(fed.is_complete())
     })?;
     let status = reader.head().map_or(0, |h| h.status());
     Ok((status, body.as_bytes().to_vec()))

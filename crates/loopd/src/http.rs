@@ -15,7 +15,7 @@ use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use http_nostd::{BodyBuffer, Event, HttpError, ResponseReader};
+use http_nostd::{BodyBuffer, Event, HttpError, ResponseReader, Status};
 use socket2::{Domain, SockAddr, Socket, Type};
 
 pub use http_nostd::{BODY_CAP, HEAD_CAP};
@@ -243,10 +243,12 @@ impl Response {
                 .map_err(ReadError::Http)?;
             self.pos += used;
             match event {
-                Event::Head => self.has_head = true,
-                Event::NeedMore => {}
+                Status::Complete(Event::Head) => self.has_head = true,
+                Status::Partial => {}
                 // The reader reports the head before any body byte or the end.
-                Event::Body(_) | Event::End => unreachable!("body before head"),
+                Status::Complete(Event::Body(_)) | Status::Complete(Event::End) => {
+                    unreachable!("body before head")
+                }
             }
         }
         Ok(self.status())
@@ -286,15 +288,15 @@ impl Response {
             let start = self.pos;
             self.pos += used;
             match event {
-                Event::Body(piece) => {
+                Status::Complete(Event::Body(piece)) => {
                     // `piece` lies inside what was just consumed; return it from our buffer.
                     let offset = piece.as_ptr() as usize - self.buf[start..].as_ptr() as usize;
                     return Ok(Some(
                         &self.buf[start + offset..start + offset + piece.len()],
                     ));
                 }
-                Event::End => return Ok(None),
-                Event::NeedMore | Event::Head => {}
+                Status::Complete(Event::End) => return Ok(None),
+                Status::Partial | Status::Complete(Event::Head) => {}
             }
         }
     }

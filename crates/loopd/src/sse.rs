@@ -5,9 +5,10 @@
 //! into [`Item`]s and recognises llama-server's `[DONE]`. A line or event over the cap is the
 //! parser's [`SseError`].
 
-use sse_nostd::{Event, Parser, SseError};
+use sse_nostd::{Event, Parser, SseError, Status};
 
-pub use sse_nostd::LOOPD_CAP as SSE_CAP;
+/// The parser's buffer: the M2a design's 1 MiB cap per SSE line (section 4, "Size caps").
+pub const SSE_CAP: usize = 1024 * 1024;
 
 /// One thing the stream said.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,13 +51,14 @@ impl EventStream {
     /// Parses from the start of `piece` up to the next item: the bytes consumed, and the item
     /// if one completed (`None` means all of `piece` was consumed and more is needed).
     pub fn next<'a>(&'a mut self, piece: &'a [u8]) -> Result<(usize, Option<Item<'a>>), SseError> {
-        let (used, event) = self.parser.feed(piece)?;
-        let item = event.map(|event| match event {
-            Event::Message(m) if m.event == b"error" => Item::Error(m.data),
-            Event::Message(m) if sse_nostd::is_done(m.data) => Item::Done,
-            Event::Message(m) => Item::Data(m.data),
-            _ => Item::Other,
-        });
+        let (used, status) = self.parser.feed(piece)?;
+        let item = match status {
+            Status::Partial => None,
+            Status::Complete(Event::Message(m)) if m.event == b"error" => Some(Item::Error(m.data)),
+            Status::Complete(Event::Message(m)) if sse_nostd::is_done(m.data) => Some(Item::Done),
+            Status::Complete(Event::Message(m)) => Some(Item::Data(m.data)),
+            Status::Complete(_) => Some(Item::Other),
+        };
         Ok((used, item))
     }
 

@@ -6,7 +6,10 @@
 use std::io::{Read, Write};
 use std::process::ExitCode;
 
-use sse_nostd::{Event, Parser, SseError, LOOPD_CAP};
+use sse_nostd::{Event, Parser, SseError, Status};
+
+/// The parser's buffer: loopd's size, the M2a design's 1 MiB cap per SSE line.
+const SSE_CAP: usize = 1024 * 1024;
 
 fn main() -> ExitCode {
     let chunk = match chunk_size() {
@@ -16,10 +19,10 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let storage: Box<[u8; LOOPD_CAP]> = vec![0u8; LOOPD_CAP]
+    let storage: Box<[u8; SSE_CAP]> = vec![0u8; SSE_CAP]
         .into_boxed_slice()
         .try_into()
-        .expect("the vec has LOOPD_CAP bytes");
+        .expect("the vec has SSE_CAP bytes");
     let mut parser = Parser::new(storage);
     let mut read_buf = vec![0u8; chunk];
     let mut stdin = std::io::stdin().lock();
@@ -45,7 +48,7 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => {
-            writeln!(out, "{{\"error\":\"{}\"}}", e.name()).ok();
+            writeln!(out, "{{\"error\":\"{}\"}}", e.as_str()).ok();
             ExitCode::FAILURE
         }
     };
@@ -65,8 +68,8 @@ fn chunk_size() -> Result<usize, String> {
     }
 }
 
-fn dump_read<S: std::borrow::BorrowMut<[u8; LOOPD_CAP]>>(
-    parser: &mut Parser<S, LOOPD_CAP>,
+fn dump_read<S: std::borrow::BorrowMut<[u8; SSE_CAP]>>(
+    parser: &mut Parser<S, SSE_CAP>,
     mut rest: &[u8],
     out: &mut impl Write,
 ) -> Result<(), SseError> {
@@ -74,7 +77,7 @@ fn dump_read<S: std::borrow::BorrowMut<[u8; LOOPD_CAP]>>(
         let (used, event) = parser.feed(rest)?;
         rest = &rest[used..];
         match event {
-            Some(Event::Message(m)) => {
+            Status::Complete(Event::Message(m)) => {
                 let mut line = String::from("{\"event\":");
                 json_string(&mut line, m.event);
                 line.push_str(",\"data\":");
@@ -84,8 +87,8 @@ fn dump_read<S: std::borrow::BorrowMut<[u8; LOOPD_CAP]>>(
                 line.push('}');
                 writeln!(out, "{line}").ok();
             }
-            Some(_) => {}
-            None => return Ok(()),
+            Status::Complete(_) => {}
+            Status::Partial => return Ok(()),
         }
     }
 }

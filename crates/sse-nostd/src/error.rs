@@ -21,7 +21,7 @@ pub enum SseError {
 
 impl SseError {
     /// The variant's name, e.g. `"LineTooLong"`, for logs and machine-readable output.
-    pub const fn name(self) -> &'static str {
+    pub const fn as_str(self) -> &'static str {
         match self {
             Self::LineTooLong => "LineTooLong",
             Self::EventTooLarge => "EventTooLarge",

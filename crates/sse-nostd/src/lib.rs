@@ -1,7 +1,8 @@
 //! A `no_std`, no-`alloc`, sans-IO parser for `text/event-stream` (server-sent events).
 //!
-//! Feed it bytes split anywhere with [`Parser::feed`]; take out [`Event`]s that borrow its
-//! buffer or your input; call [`Parser::finish`] at the end of the stream. It follows the
+//! Feed it bytes split anywhere with [`Parser::feed`], which answers in the shape of every push
+//! parser here, `(bytes consumed, `[`Status`]`)`; take out [`Event`]s that borrow its buffer or
+//! your input; call [`Parser::finish`] at the end of the stream. It follows the
 //! [WHATWG event-stream interpretation rules]:
 //!
 //! - lines end in LF, CR or CRLF, also when the CR and the LF arrive in different reads;
@@ -40,11 +41,16 @@ mod read;
 #[cfg(test)]
 mod tests;
 
+// The shared test helper names the crate as its users do.
+#[cfg(test)]
+extern crate self as sse_nostd;
+
 pub use error::SseError;
 pub use event::{is_done, Event, Message};
-pub use parser::Parser;
+/// What one call of a push parser found: httparse's own `Status`, the one type every push
+/// parser of these crates (`sse-nostd`, `http-nostd`, `llama-proto`) returns, with the count
+/// of input bytes consumed: `(usize, Status<T>)`. `Complete(t)`: call again with the input
+/// after the bytes consumed; `Partial` is not an error and means all of the input was consumed.
+pub use httparse::Status;
+pub use parser::{Found, Parser};
 pub use read::{EventReader, ReadError};
-
-/// The buffer size `loopd` uses: 1 MiB, the M2a design's cap per SSE line (section 4, "Size
-/// caps"). Build such a buffer on the heap or in a `static`, never on the stack.
-pub const LOOPD_CAP: usize = 1024 * 1024;

@@ -8,7 +8,7 @@ use core::borrow::BorrowMut;
 
 use memchr::{memchr, memchr2};
 
-use crate::{Event, Message, SseError};
+use crate::{Event, Message, SseError, Status};
 
 const BOM: [u8; 3] = [0xEF, 0xBB, 0xBF];
 /// How many BOM bytes must match before the stream counts as started past its first bytes.
@@ -27,12 +27,13 @@ const BOM_DONE: u8 = 3;
 /// [`SseError::EventTooLarge`] (reported at its end, or at the end of the stream). Both depend
 /// only on the bytes, never on how they were split.
 ///
-/// # Example: a heap buffer of [`LOOPD_CAP`](crate::LOOPD_CAP) bytes, never on the stack
+/// # Example: a heap buffer of 1 MiB, never on the stack
 /// ```
-/// use sse_nostd::{Event, Parser, LOOPD_CAP};
+/// use sse_nostd::{Event, Parser, Status};
 ///
+/// const CAP: usize = 1024 * 1024;
 /// // `vec!` fills the heap directly; `try_into` only re-types the box.
-/// let storage: Box<[u8; LOOPD_CAP]> = vec![0u8; LOOPD_CAP].into_boxed_slice().try_into().unwrap();
+/// let storage: Box<[u8; CAP]> = vec![0u8; CAP].into_boxed_slice().try_into().unwrap();
 /// let mut parser = Parser::new(storage);
 /// let mut datas = Vec::new();
 /// for read in [&b"data: hel"[..], b"lo\r", b"\n\r\n: ping\n"] {
@@ -41,9 +42,9 @@ const BOM_DONE: u8 = 3;
 ///         let (used, event) = parser.feed(rest).unwrap();
 ///         rest = &rest[used..];
 ///         match event {
-///             Some(Event::Message(m)) => datas.push(m.data.to_vec()),
-///             Some(_) => {}
-///             None => break, // `rest` is fully consumed
+///             Status::Complete(Event::Message(m)) => datas.push(m.data.to_vec()),
+///             Status::Complete(_) => {}
+///             Status::Partial => break, // `rest` is fully consumed
 ///         }
 ///     }
 /// }
@@ -53,17 +54,19 @@ const BOM_DONE: u8 = 3;
 ///
 /// # Example: a borrowed buffer (e.g. a `static` one on a device)
 /// ```
-/// use sse_nostd::{Event, Parser, SseError};
+/// use sse_nostd::{Event, Parser, SseError, Status};
 ///
 /// let mut storage = [0u8; 64];
 /// let mut parser = Parser::new(&mut storage);
 /// let (used, event) = parser.feed(b"event: tick\ndata: 1\n\ndata: x").unwrap();
 /// match event {
-///     Some(Event::Message(m)) => assert_eq!((m.event, m.data), (&b"tick"[..], &b"1"[..])),
+///     Status::Complete(Event::Message(m)) => {
+///         assert_eq!((m.event, m.data), (&b"tick"[..], &b"1"[..]))
+///     }
 ///     other => panic!("{other:?}"),
 /// }
 /// assert_eq!(used, 21);
-/// assert_eq!(parser.feed(b"data: x").unwrap(), (7, None));
+/// assert_eq!(parser.feed(b"data: x").unwrap(), (7, Status::Partial));
 /// assert_eq!(parser.finish(), Err(SseError::Unterminated));
 /// ```
 pub struct Parser<S, const N: usize> {
@@ -121,8 +124,13 @@ enum Field {
     Other,
 }
 
-/// An event found by [`Parser::advance`], described without borrowing anything, so that the
-/// pull adapter can loop without holding a borrow.
+/// An event found by [`Parser::advance`], described by positions only: it borrows nothing, so
+/// a caller can go on feeding in a loop and take the [`Event`] out only where it returns it.
+///
+/// Turn it into the event with [`Parser::event`], before the next call that feeds the parser.
+#[derive(Debug, Clone, Copy)]
+pub struct Found(pub(crate) Ready);
+
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Ready {
     Message {
@@ -159,13 +167,16 @@ impl<S: BorrowMut<[u8; N]>, const N: usize> Parser<S, N> {
 
     /// Parses `input` up to and including the next event, httparse-style.
     ///
-    /// Returns how many bytes of `input` were consumed and the event found, if any. When the
-    /// event is `None`, all of `input` was consumed (kept in the buffer as needed); when it is
-    /// `Some`, call again with the unconsumed rest. An error is final for the stream (see
-    /// [`SseError`]).
-    pub fn feed<'a>(&'a mut self, input: &'a [u8]) -> Result<(usize, Option<Event<'a>>), SseError> {
-        let (used, ready) = self.advance(input)?;
-        Ok((used, ready.map(|r| self.event(r, input))))
+    /// Returns how many bytes of `input` were consumed and what was found. On
+    /// [`Status::Partial`] all of `input` was consumed (kept in the buffer as needed); on
+    /// [`Status::Complete`] call again with the unconsumed rest. An error is final for the
+    /// stream (see [`SseError`]).
+    pub fn feed<'a>(&'a mut self, input: &'a [u8]) -> Result<(usize, Status<Event<'a>>), SseError> {
+        let (used, ready) = self.step(input)?;
+        Ok(match ready {
+            Some(r) => (used, Status::Complete(self.ready_event(r, input))),
+            None => (used, Status::Partial),
+        })
     }
 
     /// Declares the end of the stream.
@@ -283,9 +294,41 @@ impl<S: BorrowMut<[u8; N]>, const N: usize> Parser<S, N> {
         e
     }
 
-    /// The parse itself; see [`feed`](Self::feed). The result borrows nothing.
+    /// [`feed`](Self::feed) in two steps, for a caller that feeds in a loop and returns an
+    /// event from inside it (as a composition of parsers does): the event comes back as a
+    /// [`Found`] that borrows nothing, and [`event`](Self::event) gives the [`Event`] itself.
+    /// (The borrow checker cannot yet see that a `feed` result which is not returned leaves
+    /// the parser free for the next turn of the loop.)
+    ///
+    /// ```
+    /// use sse_nostd::{Event, Parser, Status};
+    ///
+    /// let mut parser = Parser::new([0u8; 64]);
+    /// let input = b": hi\ndata: a\n\n";
+    /// let mut rest = &input[..];
+    /// let data = loop {
+    ///     let (used, status) = parser.advance(rest).unwrap();
+    ///     match status {
+    ///         Status::Complete(found) => match parser.event(found, rest) {
+    ///             Event::Message(m) => break m.data,
+    ///             _ => rest = &rest[used..],
+    ///         },
+    ///         Status::Partial => unreachable!("the event is in the input"),
+    ///     }
+    /// };
+    /// assert_eq!(data, b"a");
+    /// ```
     #[inline]
-    pub(crate) fn advance(&mut self, input: &[u8]) -> Result<(usize, Option<Ready>), SseError> {
+    pub fn advance(&mut self, input: &[u8]) -> Result<(usize, Status<Found>), SseError> {
+        Ok(match self.step(input)? {
+            (used, Some(ready)) => (used, Status::Complete(Found(ready))),
+            (used, None) => (used, Status::Partial),
+        })
+    }
+
+    /// The parse itself, its result borrowing nothing.
+    #[inline]
+    pub(crate) fn step(&mut self, input: &[u8]) -> Result<(usize, Option<Ready>), SseError> {
         if let Some(e) = self.failed {
             return Err(e);
         }
@@ -374,7 +417,8 @@ impl<S: BorrowMut<[u8; N]>, const N: usize> Parser<S, N> {
 
     fn bytes<'a>(&'a self, input: &'a [u8], span: Span) -> &'a [u8] {
         match span {
-            Span::Input(s, e) => &input[s..e],
+            // Checked: `event` may be handed another input than `advance` saw.
+            Span::Input(s, e) => input.get(s..e).unwrap_or_default(),
             Span::Buffer(s, e) => &self.buf()[s..e],
         }
     }
@@ -548,9 +592,15 @@ impl<S: BorrowMut<[u8; N]>, const N: usize> Parser<S, N> {
         }
     }
 
-    /// Turns a [`Ready`] from [`advance`](Self::advance) on `input` into the event it describes.
+    /// The event `found` describes, from the same `input` that was given to
+    /// [`advance`](Self::advance) (given another, its bytes are wrong or empty, never a panic).
     #[inline]
-    pub(crate) fn event<'a>(&'a self, ready: Ready, input: &'a [u8]) -> Event<'a> {
+    pub fn event<'a>(&'a self, found: Found, input: &'a [u8]) -> Event<'a> {
+        self.ready_event(found.0, input)
+    }
+
+    #[inline]
+    pub(crate) fn ready_event<'a>(&'a self, ready: Ready, input: &'a [u8]) -> Event<'a> {
         match ready {
             Ready::Message { event, data, id } => Event::Message(Message {
                 event: match event {

@@ -89,13 +89,13 @@ where
             let input: &[u8; B] = self.read_buf.borrow();
             let (used, ready) = self
                 .parser
-                .advance(&input[at..self.end])
+                .step(&input[at..self.end])
                 .map_err(ReadError::Parse)?;
             self.start += used;
             if let Some(ready) = ready {
                 // Borrowed afresh on this path only, so the loop above never holds a borrow.
                 let input: &[u8; B] = self.read_buf.borrow();
-                return Ok(Some(self.parser.event(ready, &input[at..self.end])));
+                return Ok(Some(self.parser.ready_event(ready, &input[at..self.end])));
             }
         }
     }

@@ -2,15 +2,11 @@
 
 use std::vec::Vec;
 
-use crate::{Event, Parser, SseError, LOOPD_CAP};
+use crate::{Event, Parser, SseError, Status};
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Ev {
-    Msg(Vec<u8>, Vec<u8>, Vec<u8>),
-    Comment(Vec<u8>),
-    Retry(u64),
-    Err(SseError),
-}
+#[path = "../tests/common/owned.rs"]
+mod owned;
+use owned::{feed_pieces, parse_pieces, Ev};
 
 fn msg(event: &str, data: &str, id: &str) -> Ev {
     Ev::Msg(event.into(), data.into(), id.into())
@@ -20,47 +16,16 @@ fn comment(text: &str) -> Ev {
     Ev::Comment(text.into())
 }
 
-fn owned(event: Event<'_>) -> Ev {
-    match event {
-        Event::Message(m) => Ev::Msg(m.event.to_vec(), m.data.to_vec(), m.id.to_vec()),
-        Event::Comment(c) => Ev::Comment(c.to_vec()),
-        Event::Retry(ms) => Ev::Retry(ms),
-    }
-}
-
 /// Feeds `chunks` in order, then finishes; an error ends the list.
 fn run_with<S: core::borrow::BorrowMut<[u8; N]>, const N: usize>(
     parser: &mut Parser<S, N>,
     chunks: &[&[u8]],
 ) -> Vec<Ev> {
-    let mut out = Vec::new();
-    for chunk in chunks {
-        let mut rest = *chunk;
-        loop {
-            match parser.feed(rest) {
-                Ok((used, Some(event))) => {
-                    out.push(owned(event));
-                    rest = &rest[used..];
-                }
-                Ok((used, None)) => {
-                    assert_eq!(used, rest.len(), "None must mean all consumed");
-                    break;
-                }
-                Err(e) => {
-                    out.push(Ev::Err(e));
-                    return out;
-                }
-            }
-        }
-    }
-    if let Err(e) = parser.finish() {
-        out.push(Ev::Err(e));
-    }
-    out
+    feed_pieces(parser, chunks.iter().copied())
 }
 
 fn run<const N: usize>(chunks: &[&[u8]]) -> Vec<Ev> {
-    run_with(&mut Parser::new([0u8; N]), chunks)
+    parse_pieces::<N>(chunks.iter().copied())
 }
 
 /// The events of `input` fed whole, after checking that byte-by-byte feeding agrees.
@@ -355,17 +320,16 @@ fn reset_forgets_the_stream_and_the_last_id() {
     );
 }
 
-fn heap_storage() -> std::boxed::Box<[u8; LOOPD_CAP]> {
-    std::vec![0u8; LOOPD_CAP]
-        .into_boxed_slice()
-        .try_into()
-        .unwrap()
+/// loopd's size: the M2a design's 1 MiB cap per SSE line.
+const MIB: usize = 1 << 20;
+
+fn heap_storage() -> std::boxed::Box<[u8; MIB]> {
+    std::vec![0u8; MIB].into_boxed_slice().try_into().unwrap()
 }
 
 #[test]
-fn loopd_cap_is_one_mebibyte_and_holds_on_a_test_thread() {
-    assert_eq!(LOOPD_CAP, 1 << 20);
-    let mut line = std::vec![b'x'; LOOPD_CAP];
+fn a_one_mebibyte_buffer_holds_on_a_test_thread() {
+    let mut line = std::vec![b'x'; MIB];
     line[..6].copy_from_slice(b"data: ");
     let mut parser = Parser::new(heap_storage());
     let pieces: Vec<&[u8]> = line.chunks(4096).chain([&b"\n\n"[..]]).collect();
@@ -374,7 +338,7 @@ fn loopd_cap_is_one_mebibyte_and_holds_on_a_test_thread() {
     let Ev::Msg(_, data, _) = &events[0] else {
         panic!("{events:?}")
     };
-    assert_eq!(data.len(), LOOPD_CAP - 6);
+    assert_eq!(data.len(), MIB - 6);
     line.push(b'x');
     let mut parser = Parser::new(heap_storage());
     assert_eq!(
@@ -389,7 +353,7 @@ fn an_event_in_one_read_borrows_the_input() {
     let mut parser = Parser::new([0u8; 16]);
     let (used, event) = parser.feed(input).unwrap();
     assert_eq!(used, input.len());
-    let Some(Event::Message(m)) = event else {
+    let Status::Complete(Event::Message(m)) = event else {
         panic!("{event:?}")
     };
     assert!(core::ptr::eq(m.data.as_ptr(), input[6..].as_ptr()));

@@ -9,18 +9,13 @@
 
 use std::path::PathBuf;
 
-use sse_nostd::{is_done, Event, Parser, SseError, LOOPD_CAP};
+use sse_nostd::{is_done, SseError};
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Ev {
-    Msg {
-        event: Vec<u8>,
-        data: Vec<u8>,
-        id: Vec<u8>,
-    },
-    Comment(Vec<u8>),
-    Retry(u64),
-}
+mod common;
+use common::owned::{parse_pieces, Ev};
+
+/// loopd's buffer: the M2a design's 1 MiB cap per SSE line.
+const LOOPD_CAP: usize = 1024 * 1024;
 
 fn fixtures_dir() -> PathBuf {
     llama_harness::fixture_path("")
@@ -54,11 +49,11 @@ fn expected_events(name: &str, bytes: &[u8]) -> Vec<Ev> {
             "{name}: block {i} is not one line: {block:?}"
         );
         if let Some(data) = block.strip_prefix("data: ") {
-            out.push(Ev::Msg {
-                event: b"message".to_vec(),
-                data: data.as_bytes().to_vec(),
-                id: Vec::new(),
-            });
+            out.push(Ev::Msg(
+                b"message".to_vec(),
+                data.as_bytes().to_vec(),
+                Vec::new(),
+            ));
         } else if let Some(comment) = block.strip_prefix(':') {
             out.push(Ev::Comment(comment.as_bytes().to_vec()));
         } else {
@@ -71,36 +66,14 @@ fn expected_events(name: &str, bytes: &[u8]) -> Vec<Ev> {
 /// Feeds `input` in reads of `read` bytes into a fresh `LOOPD_CAP` parser whose buffer is on
 /// the heap, collects every event, and finishes the stream.
 fn parse_in_reads(input: &[u8], read: usize) -> (Vec<Ev>, Result<(), SseError>) {
-    // `vec!` fills the heap directly: the 1 MiB never passes through the stack.
-    let storage: Box<[u8; LOOPD_CAP]> = llama_harness::boxed_array();
-    let mut parser = Parser::new(storage);
-    let mut out = Vec::new();
-    for piece in input.chunks(read) {
-        let mut rest = piece;
-        loop {
-            let (used, event) = match parser.feed(rest) {
-                Ok(r) => r,
-                Err(e) => return (out, Err(e)),
-            };
-            let ev = match event {
-                Some(Event::Message(m)) => Ev::Msg {
-                    event: m.event.to_vec(),
-                    data: m.data.to_vec(),
-                    id: m.id.to_vec(),
-                },
-                Some(Event::Comment(c)) => Ev::Comment(c.to_vec()),
-                Some(Event::Retry(ms)) => Ev::Retry(ms),
-                Some(other) => panic!("an event this test does not know: {other:?}"),
-                None => {
-                    assert_eq!(used, rest.len(), "no event, yet input left over");
-                    break;
-                }
-            };
-            out.push(ev);
-            rest = &rest[used..];
+    let mut out = parse_pieces::<LOOPD_CAP>(input.chunks(read));
+    match out.last() {
+        Some(&Ev::Err(e)) => {
+            out.pop();
+            (out, Err(e))
         }
+        _ => (out, Ok(())),
     }
-    (out, parser.finish())
 }
 
 #[test]
@@ -131,7 +104,7 @@ fn every_transcript_gives_its_data_lines_then_done() {
         let datas: Vec<&[u8]> = got
             .iter()
             .filter_map(|e| match e {
-                Ev::Msg { data, .. } => Some(&data[..]),
+                Ev::Msg(_, data, _) => Some(&data[..]),
                 _ => None,
             })
             .collect();

@@ -3,7 +3,7 @@
 //! allocator is global only here).
 
 use llama_harness::{counted, CountingAlloc};
-use sse_nostd::{Event, EventReader, Parser};
+use sse_nostd::{Event, EventReader, Parser, Status};
 
 #[global_allocator]
 static GLOBAL: CountingAlloc = CountingAlloc;
@@ -35,9 +35,9 @@ fn parsing_allocates_nothing() {
                 let (used, event) = parser.feed(rest).unwrap();
                 rest = &rest[used..];
                 match event {
-                    Some(Event::Message(_)) => messages += 1,
-                    Some(_) => {}
-                    None => break,
+                    Status::Complete(Event::Message(_)) => messages += 1,
+                    Status::Complete(_) => {}
+                    Status::Partial => break,
                 }
             }
         }

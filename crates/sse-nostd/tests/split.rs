@@ -2,52 +2,20 @@
 //! every way of splitting the same bytes gives the same events (and the same error).
 
 use proptest::prelude::*;
-use sse_nostd::{Event, Parser, SseError};
+use sse_nostd::SseError;
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Ev {
-    Msg(Vec<u8>, Vec<u8>, Vec<u8>),
-    Comment(Vec<u8>),
-    Retry(u64),
-    Err(SseError),
-}
+mod common;
+use common::owned::{parse_pieces, Ev};
 
 /// Feeds `input` cut at `cuts` (sorted offsets), then finishes; an error ends the list.
 fn parse<const N: usize>(input: &[u8], cuts: &[usize]) -> Vec<Ev> {
-    let mut storage = vec![0u8; N].into_boxed_slice();
-    let storage: &mut [u8; N] = (&mut *storage).try_into().unwrap();
-    let mut parser = Parser::new(storage);
-    let mut out = Vec::new();
     let mut from = 0;
-    for &to in cuts.iter().chain([&input.len()]) {
-        let mut rest = &input[from..to.max(from)];
+    let pieces = cuts.iter().copied().chain([input.len()]).map(|to| {
+        let piece = &input[from..to.max(from)];
         from = to.max(from);
-        loop {
-            match parser.feed(rest) {
-                Ok((used, Some(event))) => {
-                    out.push(match event {
-                        Event::Message(m) => Ev::Msg(m.event.into(), m.data.into(), m.id.into()),
-                        Event::Comment(c) => Ev::Comment(c.into()),
-                        Event::Retry(ms) => Ev::Retry(ms),
-                        _ => unreachable!(),
-                    });
-                    rest = &rest[used..];
-                }
-                Ok((used, None)) => {
-                    assert_eq!(used, rest.len());
-                    break;
-                }
-                Err(e) => {
-                    out.push(Ev::Err(e));
-                    return out;
-                }
-            }
-        }
-    }
-    if let Err(e) = parser.finish() {
-        out.push(Ev::Err(e));
-    }
-    out
+        piece
+    });
+    parse_pieces::<N>(pieces)
 }
 
 /// The spec's algorithm written out plainly, on the whole input, without caps.

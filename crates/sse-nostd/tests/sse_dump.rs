@@ -10,7 +10,8 @@ use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 
-use sse_nostd::LOOPD_CAP;
+/// sse_dump's buffer (examples/sse_dump.rs): 1 MiB.
+const LOOPD_CAP: usize = 1024 * 1024;
 
 fn sse_dump(args: &[&str], stdin: &[u8]) -> Output {
     static BIN: OnceLock<PathBuf> = OnceLock::new();

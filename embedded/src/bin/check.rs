@@ -12,14 +12,15 @@ use core::mem::size_of;
 
 use boxmaker_embedded::expected as exp;
 use boxmaker_embedded::{
-    run, stack, Asm, Buffers, PathError, Reader, Sse, Stream, HEADER_FIELDS, HEAD_CAP, LINE_CAP,
-    TEXT_CAP,
+    run, stack, Buffers, Path, Reader, Stream, HEADER_FIELDS, HEAD_CAP, LINE_CAP, TEXT_CAP,
 };
 use cortex_m_rt::entry;
 use cortex_m_semihosting::hprintln;
-use http_nostd::{Event as HttpEvent, HttpError, ResponseReader};
+use http_nostd::{Event as HttpEvent, HttpError, ResponseReader, Status};
 use llama_proto::hash::{sha256, Hash32, Sha256};
-use llama_proto::{decode_chunk, decode_error_event, Assembler, DecodeError, Payload, MAX_NESTING};
+use llama_proto::{
+    decode_chunk, decode_error_event, DecodeError, Payload, StreamError, MAX_NESTING,
+};
 use sse_nostd::{Event as SseEvent, Parser, SseError};
 
 /// Reads the recorded response is split into: a byte at a time, odd sizes, and all at once.
@@ -105,33 +106,23 @@ impl<'a> Scratch<'a> {
 }
 
 /// One run of the recorded response: what the path said, compared with the host's answer, and
-/// the stack `run` used (the reader, parser and assembler are this frame's, not counted).
+/// the stack `run` used (the stream's state is this frame's, not counted).
 fn stream_once(bufs: &mut Buffers, read: usize, line: &mut Line) -> (bool, usize) {
-    let Buffers {
-        head,
-        line: sse_buf,
-        text,
-        content,
-        reasoning,
-        args,
-    } = bufs;
-    let mut reader: Reader<'_> = ResponseReader::with_field_cap(head);
-    let mut sse: Sse<'_> = Parser::new(sse_buf);
-    let mut asm: Asm<'_> = Assembler::new(content, reasoning, args);
+    let mut stream = bufs.stream();
     let input = core::hint::black_box(exp::FIXTURE);
-    let (result, used) = stack::measure(|| run(input, read, &mut reader, &mut sse, text, &mut asm));
-    (compare(result, &asm, line), used)
+    let (result, used) = stack::measure(|| run(input, read, &mut stream));
+    (compare(result, &stream, line), used)
 }
 
-fn compare(result: Result<Stream, PathError>, asm: &Asm<'_>, line: &mut Line) -> bool {
-    let stream = match result {
+fn compare(result: Result<Stream, StreamError>, stream: &Path<'_>, line: &mut Line) -> bool {
+    let result = match result {
         Ok(s) => s,
         Err(e) => {
             let _ = write!(line, "path error {e:?}");
             return false;
         }
     };
-    let m = match asm.finish() {
+    let m = match stream.assembler().finish() {
         Ok(m) => m,
         Err(e) => {
             let _ = write!(line, "assembler {e:?}");
@@ -146,9 +137,8 @@ fn compare(result: Result<Stream, PathError>, asm: &Asm<'_>, line: &mut Line) ->
     // A stream without timings fails the comparison below rather than reading as zeros.
     let t = m.timings.unwrap_or_default();
     let checks = [
-        ("status", stream.status == exp::STATUS),
-        ("events", stream.events == exp::EVENTS && stream.done),
-        ("body", stream.body_len == exp::BODY_LEN),
+        ("status", result.status == exp::STATUS),
+        ("events", result.events == exp::EVENTS && result.done),
         ("id", m.id == exp::ID),
         ("content", m.content == exp::CONTENT),
         ("reasoning", m.reasoning_content == exp::REASONING),
@@ -163,11 +153,7 @@ fn compare(result: Result<Stream, PathError>, asm: &Asm<'_>, line: &mut Line) ->
         let _ = write!(line, "{name} differs: got {m:?}");
         return false;
     }
-    let _ = write!(
-        line,
-        "{} events, {} body bytes; ",
-        stream.events, stream.body_len
-    );
+    let _ = write!(line, "{} events; ", result.events);
     for c in m.tool_calls.iter() {
         let _ = write!(line, "{}({}) ", c.name, c.arguments);
     }
@@ -244,9 +230,9 @@ fn sse_verdict(input: &[u8], step: usize) -> Result<usize, SseError> {
             let (used, ev) = p.feed(rest)?;
             rest = &rest[used..];
             match ev {
-                Some(SseEvent::Message(m)) => data = m.data.len(),
-                Some(_) => {}
-                None => break,
+                Status::Complete(SseEvent::Message(m)) => data = m.data.len(),
+                Status::Complete(_) => {}
+                Status::Partial => break,
             }
         }
     }
@@ -285,10 +271,10 @@ fn http_verdict(input: &[u8], step: usize) -> Result<usize, HttpError> {
             let (used, ev) = r.feed(rest)?;
             rest = &rest[used..];
             match ev {
-                HttpEvent::NeedMore => break,
-                HttpEvent::Head => {}
-                HttpEvent::Body(b) => body += b.len(),
-                HttpEvent::End => break 'reads,
+                Status::Partial => break,
+                Status::Complete(HttpEvent::Head) => {}
+                Status::Complete(HttpEvent::Body(b)) => body += b.len(),
+                Status::Complete(HttpEvent::End) => break 'reads,
             }
         }
     }
@@ -490,20 +476,10 @@ fn response_with(scratch: &mut [u8], payload_len: usize, event: bool) -> usize {
 
 /// The whole path over a response carrying `payload`; the run's verdict and its stack.
 #[inline(never)]
-fn path_measured(bufs: &mut Buffers, input: &[u8]) -> (Result<Stream, PathError>, usize) {
-    let Buffers {
-        head,
-        line,
-        text,
-        content,
-        reasoning,
-        args,
-    } = bufs;
-    let mut reader: Reader<'_> = ResponseReader::with_field_cap(head);
-    let mut sse: Sse<'_> = Parser::new(line);
-    let mut asm: Asm<'_> = Assembler::new(content, reasoning, args);
+fn path_measured(bufs: &mut Buffers, input: &[u8]) -> (Result<Stream, StreamError>, usize) {
+    let mut stream = bufs.stream();
     let input = core::hint::black_box(input);
-    stack::measure(|| run(input, 64, &mut reader, &mut sse, text, &mut asm))
+    stack::measure(|| run(input, 64, &mut stream))
 }
 
 /// Returns the deepest stack seen while decoding alone, and through the whole path.
@@ -530,8 +506,8 @@ fn check_nesting(report: &mut Report, scratch: &mut [u8], bufs: &mut Buffers) ->
             let (path, path_stack) = path_measured(bufs, &scratch[..r]);
             let path_ok = match path {
                 Ok(s) => !error && !refused && s.events == 2 && s.done,
-                Err(PathError::ServerError) => error,
-                Err(e) => refused && e == PathError::Decode(DecodeError::TooManyChoices),
+                Err(StreamError::Server(_)) => error,
+                Err(e) => refused && e == StreamError::Decode(DecodeError::TooManyChoices),
             };
             let n = nested(scratch, i, k, MAX_NESTING + 1);
             let (past, past_stack) = decode_measured(&scratch[..n], event, &mut bufs.text);
@@ -578,7 +554,7 @@ fn check_head_stack(report: &mut Report, head_buf: &mut [u8; HEAD_CAP]) -> usize
     let (ours, ours_stack) = stack::measure(|| {
         let mut reader: Reader<'_> = ResponseReader::with_field_cap(head_buf);
         let fed = reader.feed(core::hint::black_box(input));
-        fed == Ok((exp::HEAD_LEN, HttpEvent::Head))
+        fed == Ok((exp::HEAD_LEN, Status::Complete(HttpEvent::Head)))
             && reader.head().is_some_and(|h| h.status() == exp::STATUS)
     });
     let mut line = Line::new();
@@ -646,17 +622,14 @@ fn main() -> ! {
     check_caps(&mut report, scratch);
     let (nesting_stack, nesting_path_stack) = check_nesting(&mut report, scratch, bufs);
 
-    let state = size_of::<Reader<'_>>() + size_of::<Sse<'_>>() + size_of::<Asm<'_>>();
+    let state = size_of::<Path<'_>>();
     let run_peak = run_stack.iter().copied().max().unwrap_or(0);
     let peak = state + run_peak.max(nesting_path_stack);
     hprintln!(
-        "stack     run(): {} B on the recording, {} B at the worst nesting accepted (the decoder alone {} B); state (reader {} + parser {} + assembler {}) {} B; high-water mark since boot, this whole image with its formatting: {} B",
+        "stack     run(): {} B on the recording, {} B at the worst nesting accepted (the decoder alone {} B); state (the ChatStream: reader, parser, assembler) {} B; high-water mark since boot, this whole image with its formatting: {} B",
         run_peak,
         nesting_path_stack,
         nesting_stack,
-        size_of::<Reader<'_>>(),
-        size_of::<Sse<'_>>(),
-        size_of::<Asm<'_>>(),
         state,
         stack::high_water()
     );

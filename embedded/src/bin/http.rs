@@ -6,7 +6,7 @@
 use boxmaker_embedded::expected as exp;
 use boxmaker_embedded::{Buffers, Reader};
 use cortex_m_rt::entry;
-use http_nostd::{Event, ResponseReader};
+use http_nostd::{Event, ResponseReader, Status};
 
 #[panic_handler]
 fn panic(_: &core::panic::PanicInfo) -> ! {
@@ -29,10 +29,12 @@ fn main() -> ! {
             };
             rest = &rest[used..];
             match event {
-                Event::NeedMore => break,
-                Event::Head => ok &= reader.head().is_some_and(|h| h.status() == exp::STATUS),
-                Event::Body(b) => body += core::hint::black_box(b).len(),
-                Event::End => break 'reads,
+                Status::Partial => break,
+                Status::Complete(Event::Head) => {
+                    ok &= reader.head().is_some_and(|h| h.status() == exp::STATUS)
+                }
+                Status::Complete(Event::Body(b)) => body += core::hint::black_box(b).len(),
+                Status::Complete(Event::End) => break 'reads,
             }
         }
     }

@@ -7,7 +7,7 @@
 use boxmaker_embedded::expected as exp;
 use boxmaker_embedded::{Buffers, Reader, Sse};
 use cortex_m_rt::entry;
-use http_nostd::{Event, ResponseReader};
+use http_nostd::{Event, ResponseReader, Status};
 use sse_nostd::{Event as SseEvent, Parser};
 
 #[panic_handler]
@@ -33,25 +33,27 @@ fn main() -> ! {
             };
             rest = &rest[used..];
             match event {
-                Event::NeedMore => break,
-                Event::Head => ok &= reader.head().is_some_and(|h| h.status() == exp::STATUS),
-                Event::Body(mut b) => loop {
+                Status::Partial => break,
+                Status::Complete(Event::Head) => {
+                    ok &= reader.head().is_some_and(|h| h.status() == exp::STATUS)
+                }
+                Status::Complete(Event::Body(mut b)) => loop {
                     let Ok((used, ev)) = sse.feed(b) else {
                         ok = false;
                         break 'reads;
                     };
                     match ev {
-                        Some(SseEvent::Message(m)) => {
+                        Status::Complete(SseEvent::Message(m)) => {
                             events += 1;
                             data += core::hint::black_box(m.data).len();
                             done = sse_nostd::is_done(m.data);
                         }
-                        Some(_) => {}
-                        None => break,
+                        Status::Complete(_) => {}
+                        Status::Partial => break,
                     }
                     b = &b[used..];
                 },
-                Event::End => break 'reads,
+                Status::Complete(Event::End) => break 'reads,
             }
         }
     }

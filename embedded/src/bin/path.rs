@@ -1,16 +1,13 @@
 //! The path alone, for its flash and RAM (docs/benchmarks/embedded.md): the recorded response
-//! through http-nostd -> sse-nostd -> llama-proto in reads of 64 bytes, the finished message
-//! compared with the host's answer, exit 0 or 1. Nothing is formatted, so `core::fmt` stays out
+//! through llama-proto's `ChatStream` (http-nostd -> sse-nostd -> decoder -> assembler) in
+//! reads of 64 bytes, the finished message compared with the host's answer, exit 0 or 1. Nothing is formatted, so `core::fmt` stays out
 //! unless the crates pull it in. `baseline` is this image without the path.
 #![no_std]
 #![no_main]
 
 use boxmaker_embedded::expected as exp;
-use boxmaker_embedded::{run, Asm, Buffers, Reader, Sse};
+use boxmaker_embedded::{run, Buffers};
 use cortex_m_rt::entry;
-use http_nostd::ResponseReader;
-use llama_proto::Assembler;
-use sse_nostd::Parser;
 
 #[panic_handler]
 fn panic(_: &core::panic::PanicInfo) -> ! {
@@ -20,21 +17,11 @@ fn panic(_: &core::panic::PanicInfo) -> ! {
 #[entry]
 fn main() -> ! {
     static mut BUFFERS: Buffers = Buffers::ZERO;
-    let Buffers {
-        head,
-        line,
-        text,
-        content,
-        reasoning,
-        args,
-    } = BUFFERS;
-    let mut reader: Reader<'_> = ResponseReader::with_field_cap(head);
-    let mut sse: Sse<'_> = Parser::new(line);
-    let mut asm: Asm<'_> = Assembler::new(content, reasoning, args);
+    let mut stream = BUFFERS.stream();
     // black_box: the input is not known to the optimizer, as a socket's would not be.
     let input = core::hint::black_box(exp::FIXTURE);
-    let ok = run(input, 64, &mut reader, &mut sse, text, &mut asm).is_ok()
-        && asm.finish().is_ok_and(|m| {
+    let ok = run(input, 64, &mut stream).is_ok()
+        && stream.assembler().finish().is_ok_and(|m| {
             m.tool_calls.len() == exp::TOOL_CALLS.len()
                 && m.tool_calls
                     .iter()

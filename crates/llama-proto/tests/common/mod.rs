@@ -3,7 +3,9 @@
 
 use std::path::PathBuf;
 
-use sse_nostd::{Event, Parser};
+#[path = "../../../sse-nostd/tests/common/owned.rs"]
+mod owned;
+use owned::{parse_pieces, Ev};
 
 /// The recorded transcripts with a non-streamed twin, and the SSE-only ones.
 pub const PAIRED: [&str; 4] = ["plain", "thinking", "tool_call", "tool_call_text"];
@@ -24,30 +26,20 @@ pub struct SseEvent {
     pub data: Vec<u8>,
 }
 
+/// The SSE buffer: loopd's size, the M2a design's 1 MiB cap per line.
+pub const SSE_CAP: usize = 1024 * 1024;
+
 /// Every event of `<name>.sse`, `[DONE]` included, parsed with `sse-nostd`.
 pub fn events(name: &str) -> Vec<SseEvent> {
     let body = read(&format!("{name}.sse"));
-    let mut storage = vec![0u8; sse_nostd::LOOPD_CAP];
-    let storage: &mut [u8; sse_nostd::LOOPD_CAP] = storage.as_mut_slice().try_into().unwrap();
-    let mut parser = Parser::<_, { sse_nostd::LOOPD_CAP }>::new(storage);
-    let mut out = Vec::new();
-    let mut rest = &body[..];
-    loop {
-        let (used, ev) = parser.feed(rest).expect("fixture SSE parses");
-        let exhausted = ev.is_none();
-        if let Some(Event::Message(m)) = ev {
-            out.push(SseEvent {
-                event: m.event.to_vec(),
-                data: m.data.to_vec(),
-            });
-        }
-        rest = &rest[used..];
-        if exhausted {
-            break;
-        }
-    }
-    parser.finish().expect("fixture SSE ends cleanly");
-    out
+    parse_pieces::<SSE_CAP>([&body[..]])
+        .into_iter()
+        .filter_map(|ev| match ev {
+            Ev::Msg(event, data, _) => Some(SseEvent { event, data }),
+            Ev::Err(e) => panic!("fixture {name}.sse does not parse: {e}"),
+            Ev::Comment(_) | Ev::Retry(_) => None,
+        })
+        .collect()
 }
 
 /// The chunk payloads of `<name>.sse`: `message` events other than `[DONE]`.

@@ -20,7 +20,7 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use http_nostd::{Event, HttpError, ResponseReader, HEAD_CAP};
+use http_nostd::{Event, HttpError, ResponseReader, Status, HEAD_CAP};
 
 use crate::config::Limits;
 use crate::sse::{EventStream, Item};
@@ -172,10 +172,10 @@ impl<'b> ChatExchange<'b> {
             };
             rest = &rest[used..];
             match event {
-                Event::NeedMore => {}
-                Event::Head => self.on_head(now),
-                Event::Body(piece) => self.on_body(piece),
-                Event::End => self.on_end(),
+                Status::Partial => {}
+                Status::Complete(Event::Head) => self.on_head(now),
+                Status::Complete(Event::Body(piece)) => self.on_body(piece),
+                Status::Complete(Event::End) => self.on_end(),
             }
         }
         input.len() - rest.len()
