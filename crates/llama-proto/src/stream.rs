@@ -344,6 +344,27 @@ impl<
         self.done
     }
 
+    /// Hands the caller's storage back as [`new`](Self::new) took it, for the next response
+    /// (`new` ignores what the buffers hold; [`Assembler::into_storage`] frees the message's),
+    /// so a caller that keeps one set of buffers reads response after response, as each part
+    /// (`ResponseReader`, `Parser`, `Assembler`) already allows.
+    #[allow(clippy::type_complexity)]
+    pub fn into_storage(
+        self,
+    ) -> (
+        &'s mut [u8; H],
+        &'s mut [u8; L],
+        &'s mut [u8; L],
+        Assembler<'s, C, R, K, A>,
+    ) {
+        (
+            self.reader.into_storage(),
+            self.parser.into_storage(),
+            self.text,
+            self.assembler,
+        )
+    }
+
     fn on_head<'a>(
         &'a mut self,
         pos: usize,

@@ -362,3 +362,43 @@ fn after_the_end_nothing_more_is_consumed() {
         Ok("stop")
     );
 }
+
+/// One set of buffers, two responses: the storage handed back by a stream that failed part-way
+/// (head, line, text and message half written) reads the next response as fresh buffers do.
+#[test]
+fn the_storage_handed_back_reads_the_next_response_as_new() {
+    let input = recorded();
+    let fresh = run(&input, &[]).1.unwrap();
+    let mut storage = Storage::new();
+    let mut stream = storage.stream();
+    let broken = format!("{SSE_HEAD}\r\n{}\n\ndata: {{\"choi", chunk("left over"));
+    let mut rest = broken.as_bytes();
+    let mut chunks = 0;
+    while !rest.is_empty() {
+        let (used, status) = stream.feed(rest).unwrap();
+        chunks += usize::from(matches!(status, Status::Complete(StreamEvent::Chunk(_))));
+        rest = &rest[used..];
+    }
+    assert_eq!(chunks, 1);
+    let (head, line, text, assembler) = stream.into_storage();
+    let (content, reasoning, args) = assembler.into_storage();
+    let assembler = Assembler::new(content, reasoning, args);
+    let mut stream: ChatStream<'_, HEAD, FIELDS, LINE, CONTENT, REASONING, CALLS, ARGS> =
+        ChatStream::new(head, line, text, assembler);
+    let mut rest = &input[..];
+    while !rest.is_empty() {
+        let (used, _) = stream.feed(rest).unwrap();
+        rest = &rest[used..];
+    }
+    let m = stream.finish().unwrap();
+    assert_eq!(m.id, fresh.0);
+    assert_eq!(m.content.map(str::to_owned), fresh.1);
+    assert_eq!(
+        m.tool_calls.iter().next().map(|c| c.arguments),
+        Some(&fresh.3[0].2[..])
+    );
+    assert_eq!(
+        m.timings.map(|t| (t.cache_n, t.prompt_n, t.predicted_n)),
+        fresh.5
+    );
+}
