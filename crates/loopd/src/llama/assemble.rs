@@ -1,15 +1,19 @@
-//! The std face of `llama-proto`'s assembler: `data:` payloads in, [`ChatEvent`]s out as they
-//! arrive, and the [`Completion`] at the end.
+//! The std face of `llama-proto`'s [`ChatStream`] for loopd: the heap storage of one response
+//! ([`Buffers`]), the [`ChatEvent`]s a chunk is reported as, and the [`Completion`] or
+//! [`Partial`] read from the assembler at the end.
 //!
-//! Each payload is decoded, folded into the assembler (which checks it whole before changing
-//! anything), and only then reported, so an event is never emitted for a chunk the
-//! completion does not contain. Events are handed over owned, so the caller queues them
-//! without a copy. The capacities below are the caps of one message; going past one is
-//! [`InferError::Protocol`] with the assembler's [`AssembleError`](llama_proto::AssembleError).
+//! A chunk is reported only after the stream folded it into the assembler (which checks it
+//! whole before changing anything), so an event is never emitted for a chunk the completion
+//! does not contain. Events are handed over owned, so the caller queues them without a copy.
+//! The capacities below are the caps of one message; going past one is
+//! [`InferError::Protocol`] with the assembler's [`AssembleError`].
 
-use llama_proto::{decode_chunk, decode_error_event, Payload, ServerError};
+use http_nostd::MAX_HEADERS;
+use llama_proto::{AssembleError, Assembler, ChatStream, Chunk, ServerError};
 
-use super::{capped_body, ChatEvent, Completion, InferError, Partial, Timings, ToolCall};
+use super::{capped_body, ChatEvent, Completion, InferError, Partial, ToolCall};
+use crate::http::HEAD_CAP;
+use crate::sse::SSE_CAP;
 
 /// Bytes of answer text one message may carry.
 pub const CONTENT_CAP: usize = 1024 * 1024;
@@ -19,19 +23,34 @@ pub const REASONING_CAP: usize = 1024 * 1024;
 pub const TOOL_CALLS_CAP: usize = 16;
 /// Bytes of arguments one tool call may carry.
 pub const ARGUMENTS_CAP: usize = 64 * 1024;
-/// Bytes of unescaped strings one payload may need: a payload is at most an SSE line.
-pub const TEXT_CAP: usize = crate::sse::SSE_CAP;
 
-type Inner<'s> =
-    llama_proto::Assembler<'s, CONTENT_CAP, REASONING_CAP, TOOL_CALLS_CAP, ARGUMENTS_CAP>;
+/// The assembler inside loopd's stream.
+pub(crate) type Message<'s> =
+    Assembler<'s, CONTENT_CAP, REASONING_CAP, TOOL_CALLS_CAP, ARGUMENTS_CAP>;
 
-/// The heap storage of one message (content, reasoning, tool-call arguments) for a
-/// [`ChatExchange`](super::ChatExchange); allocate once, reuse for every request.
+/// loopd's [`ChatStream`]: a 16 KiB head with at most 64 fields, 1 MiB SSE lines, and the
+/// message caps above.
+pub(crate) type Stream<'s> = ChatStream<
+    's,
+    HEAD_CAP,
+    MAX_HEADERS,
+    SSE_CAP,
+    CONTENT_CAP,
+    REASONING_CAP,
+    TOOL_CALLS_CAP,
+    ARGUMENTS_CAP,
+>;
+
+/// The heap storage of one response (head, SSE line, unescaped strings, content, reasoning,
+/// tool-call arguments) for a [`ChatExchange`](super::ChatExchange); allocate once, reuse for
+/// every request.
 pub struct Buffers {
+    head: Box<[u8; HEAD_CAP]>,
+    line: Box<[u8; SSE_CAP]>,
+    text: Box<[u8; SSE_CAP]>,
     content: Box<[u8; CONTENT_CAP]>,
     reasoning: Box<[u8; REASONING_CAP]>,
     args: Box<[[u8; ARGUMENTS_CAP]; TOOL_CALLS_CAP]>,
-    text: Box<[u8]>,
 }
 
 impl std::fmt::Debug for Buffers {
@@ -50,39 +69,42 @@ impl Buffers {
     /// Zeroed buffers straight on the heap (the allocator hands out untouched pages).
     pub fn new() -> Self {
         Buffers {
+            head: crate::heap::array::<HEAD_CAP>(),
+            line: crate::heap::array::<SSE_CAP>(),
+            text: crate::heap::array::<SSE_CAP>(),
             content: crate::heap::array::<CONTENT_CAP>(),
             reasoning: crate::heap::array::<REASONING_CAP>(),
             args: vec![[0u8; ARGUMENTS_CAP]; TOOL_CALLS_CAP]
                 .into_boxed_slice()
                 .try_into()
                 .expect("exactly TOOL_CALLS_CAP rows"),
-            text: vec![0u8; TEXT_CAP].into_boxed_slice(),
         }
     }
 
-    /// A folder at the start of a message, writing into these buffers.
-    pub fn folder(&mut self) -> Folder<'_> {
-        Folder::new(self.storage())
-    }
-
-    /// The buffers lent out as one value, which a [`Folder`] hands back at the end of its
-    /// message ([`Folder::into_storage`]) for the next one.
+    /// The buffers lent out as one value, which a [`ChatExchange`](super::ChatExchange) hands
+    /// back at the end of its response ([`into_storage`](super::ChatExchange::into_storage))
+    /// for the next one.
     pub fn storage(&mut self) -> Storage<'_> {
         Storage {
+            head: &mut self.head,
+            line: &mut self.line,
+            text: &mut self.text,
             content: &mut self.content,
             reasoning: &mut self.reasoning,
             args: &mut self.args,
-            text: &mut self.text,
         }
     }
 }
 
-/// [`Buffers`] lent out: what one [`Folder`] writes into, handed from message to message.
+/// [`Buffers`] lent out: what one response's [`ChatStream`] reads into, handed from response
+/// to response.
 pub struct Storage<'s> {
+    head: &'s mut [u8; HEAD_CAP],
+    line: &'s mut [u8; SSE_CAP],
+    text: &'s mut [u8; SSE_CAP],
     content: &'s mut [u8; CONTENT_CAP],
     reasoning: &'s mut [u8; REASONING_CAP],
     args: &'s mut [[u8; ARGUMENTS_CAP]; TOOL_CALLS_CAP],
-    text: &'s mut [u8],
 }
 
 impl std::fmt::Debug for Storage<'_> {
@@ -91,186 +113,142 @@ impl std::fmt::Debug for Storage<'_> {
     }
 }
 
-/// What a payload meant for the request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Step {
-    /// Folded in; read on.
-    More,
-    /// The chunk carried the `finish_reason`.
-    Finished,
-}
+impl<'s> Storage<'s> {
+    /// A stream at the start of a response, reading into this storage.
+    pub(crate) fn into_stream(self) -> Stream<'s> {
+        let assembler = Assembler::new(self.content, self.reasoning, self.args);
+        ChatStream::new(self.head, self.line, self.text, assembler)
+    }
 
-/// Folds one message's payloads, emitting events as they come.
-pub struct Folder<'s> {
-    inner: Inner<'s>,
-    text: &'s mut [u8],
-}
-
-impl std::fmt::Debug for Folder<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Folder")
-            .field("id", &self.inner.id())
-            .finish_non_exhaustive()
+    /// The storage of a stream, for the next response (what it holds is ignored).
+    pub(crate) fn from_stream(stream: Stream<'s>) -> Self {
+        let (head, line, text, assembler) = stream.into_storage();
+        let (content, reasoning, args) = assembler.into_storage();
+        Storage {
+            head,
+            line,
+            text,
+            content,
+            reasoning,
+            args,
+        }
     }
 }
 
 /// A server's in-stream error: `Http` with its code and message (500 when it has no code).
 pub fn server_error(e: &ServerError<'_>) -> InferError {
-    match e
+    let status = e
         .code
         .and_then(|c| u16::try_from(c).ok())
         .filter(|c| (100..1000).contains(c))
-    {
-        Some(status) => InferError::Http {
-            status,
-            body: capped_body(e.message.as_bytes()),
-        },
-        None => InferError::Http {
-            status: 500,
-            body: capped_body(e.message.as_bytes()),
-        },
+        .unwrap_or(500);
+    InferError::Http {
+        status,
+        body: capped_body(e.message.as_bytes()),
     }
 }
 
-impl<'s> Folder<'s> {
-    /// A folder at the start of a message, writing into `storage`.
-    pub fn new(storage: Storage<'s>) -> Self {
-        Folder {
-            inner: Inner::new(storage.content, storage.reasoning, storage.args),
-            text: storage.text,
-        }
+/// Reports a chunk the stream folded in: progress, reasoning, content, then each tool-call
+/// delta.
+pub(crate) fn chunk_events(chunk: &Chunk<'_>, on_event: &mut dyn FnMut(ChatEvent)) {
+    if let Some(p) = chunk.prompt_progress {
+        on_event(ChatEvent::Progress {
+            total: p.total,
+            cache: p.cache,
+            processed: p.processed,
+        });
     }
-
-    /// The storage back, for the next message.
-    pub fn into_storage(self) -> Storage<'s> {
-        let (content, reasoning, args) = self.inner.into_storage();
-        Storage {
-            content,
-            reasoning,
-            args,
-            text: self.text,
-        }
+    if let Some(r) = chunk.reasoning_content.filter(|r| !r.is_empty()) {
+        on_event(ChatEvent::Reasoning(r.to_owned()));
     }
-
-    /// Decodes one `data:` payload, folds it in and emits its events.
-    pub fn push(
-        &mut self,
-        data: &[u8],
-        on_event: &mut dyn FnMut(ChatEvent),
-    ) -> Result<Step, InferError> {
-        let chunk = match decode_chunk(data, self.text)? {
-            Payload::Error(e) => return Err(server_error(&e)),
-            Payload::Chunk(c) => c,
-        };
-        self.inner.push(&chunk)?;
-        if let Some(p) = chunk.prompt_progress {
-            on_event(ChatEvent::Progress {
-                total: p.total,
-                cache: p.cache,
-                processed: p.processed,
-            });
-        }
-        if let Some(r) = chunk.reasoning_content.filter(|r| !r.is_empty()) {
-            on_event(ChatEvent::Reasoning(r.to_owned()));
-        }
-        if let Some(c) = chunk.content.filter(|c| !c.is_empty()) {
-            on_event(ChatEvent::Content(c.to_owned()));
-        }
-        for d in chunk.tool_calls() {
-            on_event(ChatEvent::ToolCallDelta {
-                index: d.index,
-                id: d.id.map(str::to_owned),
-                name: d.name.map(str::to_owned),
-                arguments: d.arguments.unwrap_or_default().to_owned(),
-            });
-        }
-        Ok(if chunk.finish_reason.is_some() {
-            Step::Finished
-        } else {
-            Step::More
-        })
+    if let Some(c) = chunk.content.filter(|c| !c.is_empty()) {
+        on_event(ChatEvent::Content(c.to_owned()));
     }
-
-    /// Decodes the data of an `event: error` event into the error it reports; data that is
-    /// not the error JSON is kept as the body of an HTTP 500.
-    pub fn error_event(&mut self, data: &[u8]) -> InferError {
-        match decode_error_event(data, self.text) {
-            Ok(e) => server_error(&e),
-            Err(_) => InferError::Http {
-                status: 500,
-                body: capped_body(data),
-            },
-        }
+    for d in chunk.tool_calls() {
+        on_event(ChatEvent::ToolCallDelta {
+            index: d.index,
+            id: d.id.map(str::to_owned),
+            name: d.name.map(str::to_owned),
+            arguments: d.arguments.unwrap_or_default().to_owned(),
+        });
     }
+}
 
-    /// The completion id, once a chunk carried it.
-    pub fn id(&self) -> Option<&str> {
-        self.inner.id()
-    }
+/// The finished message. Without a `finish_reason` the stream ended early.
+pub(crate) fn completion(
+    message: &Message<'_>,
+    thinking_capped: bool,
+) -> Result<Completion, InferError> {
+    let message = message.finish().map_err(|e| match e {
+        AssembleError::NoFinishReason => InferError::StreamClosedEarly,
+        other => InferError::from(other),
+    })?;
+    let mut done = Completion::from(&message);
+    done.thinking_capped = thinking_capped;
+    Ok(done)
+}
 
-    /// Reasoning tokens so far, from the per-chunk `predicted_n`.
-    pub fn reasoning_tokens(&self) -> u64 {
-        self.inner.reasoning_tokens()
-    }
-
-    /// Whether the final chunk arrived.
-    pub fn is_finished(&self) -> bool {
-        self.inner.finish_reason().is_some()
-    }
-
-    /// The latest timings, zeros if none came.
-    pub fn timings(&self) -> Timings {
-        self.inner.timings().unwrap_or_default()
-    }
-
-    /// The finished message. Without a `finish_reason` the stream ended early.
-    pub fn completion(&self, thinking_capped: bool) -> Result<Completion, InferError> {
-        let message = self.inner.finish().map_err(|e| match e {
-            llama_proto::AssembleError::NoFinishReason => InferError::StreamClosedEarly,
-            other => InferError::from(other),
-        })?;
-        let mut done = Completion::from(&message);
-        done.thinking_capped = thinking_capped;
-        Ok(done)
-    }
-
-    /// What was assembled so far, for a request that failed part-way.
-    pub fn partial(&self) -> Partial {
-        Partial {
-            content: self.inner.content().map(str::to_owned),
-            reasoning_content: self.inner.reasoning_content().map(str::to_owned),
-            tool_calls: self
-                .inner
-                .tool_calls()
-                .iter()
-                .map(|c| ToolCall {
-                    id: c.id.to_owned(),
-                    name: c.name.to_owned(),
-                    arguments: c.arguments.to_owned(),
-                })
-                .collect(),
-            timings: self.inner.timings(),
-            reasoning_tokens: self.inner.reasoning_tokens(),
-        }
+/// What was assembled so far, for a request that failed part-way.
+pub(crate) fn partial(message: &Message<'_>) -> Partial {
+    Partial {
+        content: message.content().map(str::to_owned),
+        reasoning_content: message.reasoning_content().map(str::to_owned),
+        tool_calls: message
+            .tool_calls()
+            .iter()
+            .map(|c| ToolCall {
+                id: c.id.to_owned(),
+                name: c.name.to_owned(),
+                arguments: c.arguments.to_owned(),
+            })
+            .collect(),
+        timings: message.timings(),
+        reasoning_tokens: message.reasoning_tokens(),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::llama::ProtocolError;
-    use llama_proto::{AssembleError, DecodeError, FinishReason};
+    use crate::llama::{ProtocolError, Timings};
+    use llama_proto::{AssembleError, DecodeError, FinishReason, Status, StreamError, StreamEvent};
 
-    fn fold(payloads: &[&str]) -> (Result<Completion, InferError>, Vec<ChatEvent>) {
+    /// `body`, an event stream read to the close, through loopd's stream: the events reported
+    /// and the completion or the first error, mapped as the exchange maps them.
+    fn fold_body(body: &str) -> (Result<Completion, InferError>, Vec<ChatEvent>) {
         let mut bufs = Buffers::new();
-        let mut f = bufs.folder();
+        let mut stream = bufs.storage().into_stream();
+        let input = format!("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\n{body}");
+        let mut rest = input.as_bytes();
         let mut events = Vec::new();
-        for p in payloads {
-            if let Err(e) = f.push(p.as_bytes(), &mut |e| events.push(e)) {
-                return (Err(e), events);
+        loop {
+            match stream.feed(rest) {
+                Err(e) => return (Err(e.into()), events),
+                Ok((_, Status::Partial)) => break,
+                Ok((used, Status::Complete(event))) => {
+                    match event {
+                        StreamEvent::Chunk(c) => chunk_events(&c, &mut |e| events.push(e)),
+                        StreamEvent::ServerError(e) => return (Err(server_error(&e)), events),
+                        _ => {}
+                    }
+                    rest = &rest[used..];
+                }
             }
         }
-        (f.completion(false), events)
+        let done = match stream.finish() {
+            Ok(_) | Err(StreamError::Assemble(_)) => completion(stream.assembler(), false),
+            Err(e) => Err(e.into()),
+        };
+        (done, events)
+    }
+
+    fn fold(payloads: &[&str]) -> (Result<Completion, InferError>, Vec<ChatEvent>) {
+        fold_body(
+            &payloads
+                .iter()
+                .map(|p| format!("data: {p}\n\n"))
+                .collect::<String>(),
+        )
     }
 
     #[test]
@@ -386,32 +364,49 @@ mod tests {
                 r#"{{"id":"x","choices":[{{"index":0,"delta":{{"tool_calls":[{{"index":{i},"id":"c{i}","function":{{"name":"f","arguments":"{{}}"}}}}]}}}}]}}"#
             )
         };
-        let mut bufs = Buffers::new();
-        let mut f = bufs.folder();
-        for i in 0..TOOL_CALLS_CAP as u32 {
-            f.push(call(i).as_bytes(), &mut |_| {}).unwrap();
-        }
-        let mut events = 0;
-        let e = f
-            .push(call(TOOL_CALLS_CAP as u32).as_bytes(), &mut |_| events += 1)
-            .unwrap_err();
+        let calls: Vec<String> = (0..=TOOL_CALLS_CAP as u32).map(call).collect();
+        let calls: Vec<&str> = calls.iter().map(String::as_str).collect();
+        let (e, events) = fold(&calls);
         assert!(matches!(
             e,
-            InferError::Protocol(ProtocolError::Assemble(AssembleError::TooManyToolCalls {
-                index: 16
-            }))
+            Err(InferError::Protocol(ProtocolError::Assemble(
+                AssembleError::TooManyToolCalls { index: 16 }
+            )))
         ));
-        assert_eq!(events, 0, "nothing is reported for a refused chunk");
+        assert_eq!(
+            events.len(),
+            TOOL_CALLS_CAP,
+            "nothing is reported for a refused chunk"
+        );
     }
 
     #[test]
     fn error_event_forms() {
-        let mut bufs = Buffers::new();
-        let mut f = bufs.folder();
-        let e =
-            f.error_event(br#"{"code":503,"message":"Loading model","type":"unavailable_error"}"#);
-        assert!(matches!(e, InferError::Http { status: 503, ref body } if body == "Loading model"));
-        let e = f.error_event(b"gibberish");
-        assert!(matches!(e, InferError::Http { status: 500, ref body } if body == "gibberish"));
+        let (e, _) = fold_body(
+            "event: error\ndata: {\"code\":503,\"message\":\"Loading model\",\"type\":\"unavailable_error\"}\n\n",
+        );
+        assert!(
+            matches!(e, Err(InferError::Http { status: 503, ref body }) if body == "Loading model")
+        );
+        let (e, _) = fold_body("event: error\ndata: gibberish\n\n");
+        assert!(
+            matches!(e, Err(InferError::Http { status: 500, ref body }) if body == "gibberish")
+        );
     }
+
+    #[test]
+    fn the_line_cap_is_1_mib_at_the_limit_and_one_past() {
+        // A comment line of exactly SSE_CAP bytes (without its line end) is accepted.
+        let line = |len: usize| format!(":{}\n\n{}\n\n", "x".repeat(len - 1), STOP);
+        assert!(fold_body(&line(SSE_CAP)).0.is_ok());
+        assert!(matches!(
+            fold_body(&line(SSE_CAP + 1)).0,
+            Err(InferError::Protocol(ProtocolError::Sse(
+                sse_nostd::SseError::LineTooLong
+            )))
+        ));
+    }
+
+    const STOP: &str =
+        r#"data: {"id":"x","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}"#;
 }

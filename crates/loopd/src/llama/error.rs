@@ -7,7 +7,7 @@
 use std::fmt;
 
 use http_nostd::HttpError;
-use llama_proto::{AssembleError, DecodeError};
+use llama_proto::{AssembleError, DecodeError, StreamError};
 use sse_nostd::SseError;
 
 use crate::http::SendError;
@@ -108,6 +108,9 @@ pub enum ProtocolError {
     Decode(DecodeError),
     /// A chunk that breaks the stream's rules or a message cap (`llama-proto`).
     Assemble(AssembleError),
+    /// The response as a whole (`llama-proto`'s `ChatStream`): a `200` that is not an event
+    /// stream, or an event after `[DONE]`.
+    Stream(StreamError),
     /// The JSON body of an info or control call is not what was expected.
     Json {
         /// The call, as its path (`/props`, `/slots`, `/tokenize`, the control call).
@@ -126,6 +129,7 @@ impl fmt::Display for ProtocolError {
             ProtocolError::Sse(e) => write!(f, "event stream: {e}"),
             ProtocolError::Decode(e) => write!(f, "chunk: {e}"),
             ProtocolError::Assemble(e) => write!(f, "stream: {e}"),
+            ProtocolError::Stream(e) => write!(f, "response: {e}"),
             ProtocolError::Json { what, line, column } => {
                 write!(f, "{what}: unexpected JSON at line {line} column {column}")
             }
@@ -140,6 +144,7 @@ impl std::error::Error for ProtocolError {
             ProtocolError::Sse(e) => Some(e),
             ProtocolError::Decode(e) => Some(e),
             ProtocolError::Assemble(e) => Some(e),
+            ProtocolError::Stream(e) => Some(e),
             ProtocolError::Json { .. } => None,
         }
     }
@@ -166,6 +171,20 @@ impl From<DecodeError> for ProtocolError {
 impl From<AssembleError> for ProtocolError {
     fn from(e: AssembleError) -> Self {
         ProtocolError::Assemble(e)
+    }
+}
+
+/// The whole path's error (`llama_proto::ChatStream`), as the part that found it; what is not
+/// one part's fault is the stream's own ([`ProtocolError::Stream`]).
+impl From<StreamError> for InferError {
+    fn from(e: StreamError) -> Self {
+        match e {
+            StreamError::Http(e) => e.into(),
+            StreamError::Sse(e) => e.into(),
+            StreamError::Decode(e) => e.into(),
+            StreamError::Assemble(e) => e.into(),
+            other => InferError::Protocol(ProtocolError::Stream(other)),
+        }
     }
 }
 

@@ -5,9 +5,10 @@
 //! what the caller must do comes out of [`poll_output`](ChatExchange::poll_output) (an event to
 //! show, a `/slots` poll to make, a `reasoning_end` to post), and
 //! [`poll_timeout`](ChatExchange::poll_timeout) says when it next needs
-//! [`handle_timeout`](ChatExchange::handle_timeout). It owns the HTTP reader, the event-stream
-//! parser, the assembler, the first-byte wait, liveness and the thinking cap; it reads no clock
-//! and touches no socket, so every timer is tested on fake time to the millisecond.
+//! [`handle_timeout`](ChatExchange::handle_timeout). It owns the response's path,
+//! `llama-proto`'s `ChatStream` (HTTP reader, event-stream parser, chunk decoder, assembler),
+//! and the first-byte wait, liveness and the thinking cap; it reads no clock and touches no
+//! socket, so every timer is tested on fake time to the millisecond.
 //!
 //! Timers, by phase:
 //! - before the first byte: a `/slots` poll every `poll_ms` ([`FirstByteWait`] turns the
@@ -20,12 +21,12 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use http_nostd::{Event, HttpError, ResponseReader, Status, HEAD_CAP};
+use http_nostd::HttpError;
+use llama_proto::{AssembleError, Status, StreamError, StreamEvent};
 
 use crate::config::Limits;
-use crate::sse::{EventStream, Item};
 
-use super::assemble::{Buffers, Folder, Step, Storage};
+use super::assemble::{chunk_events, completion, partial, server_error, Buffers, Storage, Stream};
 use super::timers::{CapAction, FirstByteWait, SlotSeen, ThinkingCap};
 use super::{
     capped_body, ChatEvent, Completion, Deadline, InferError, Partial, Silence, ERROR_BODY_CAP,
@@ -64,24 +65,21 @@ enum Phase {
     },
 }
 
-/// What the next item of the stream meant.
-enum Next {
-    /// Read on, `used` bytes further.
-    On(usize),
-    /// The request ended well (the folder decides whether it is complete).
-    Finish,
-    /// The request failed.
-    Fail(InferError),
-    /// The thinking cap was reached at `tokens`; stop after `used` bytes.
-    Cap { used: usize, tokens: u64 },
+/// What one event of the stream meant, with nothing borrowed from the stream.
+enum Seen {
+    Head(u16),
+    Chunk { finished: bool },
+    ErrorBody,
+    Server(InferError),
+    Done,
+    End,
+    Idle,
 }
 
 /// One request's answer, from the sent request to the completion or the error.
 pub struct ChatExchange<'b> {
     limits: Limits,
-    reader: ResponseReader<Box<[u8; HEAD_CAP]>, HEAD_CAP>,
-    events: EventStream,
-    folder: Folder<'b>,
+    stream: Stream<'b>,
     wait: FirstByteWait,
     cap: ThinkingCap,
     phase: Phase,
@@ -90,10 +88,9 @@ pub struct ChatExchange<'b> {
     clip: Option<Duration>,
     first_byte: Duration,
     last_byte: Duration,
-    // Set while `reasoning_end` is out: the cap's token count, and the decoded body bytes
-    // after the chunk that hit it (the HTTP decoder has consumed them already).
+    // Set while `reasoning_end` is out: the cap's token count. The bytes after the chunk that
+    // hit it are not consumed; the caller hands them back after the answer.
     capped: Option<u64>,
-    pending: Vec<u8>,
     outputs: VecDeque<Output>,
     outcome: Option<Result<(), InferError>>,
     finished: bool,
@@ -121,9 +118,7 @@ impl<'b> ChatExchange<'b> {
     pub fn with_storage(limits: Limits, sent_at: Duration, storage: Storage<'b>) -> Self {
         ChatExchange {
             limits,
-            reader: ResponseReader::new(crate::heap::array::<HEAD_CAP>()),
-            events: EventStream::new(),
-            folder: Folder::new(storage),
+            stream: storage.into_stream(),
             wait: FirstByteWait::new(limits, sent_at),
             cap: ThinkingCap::new(limits.thinking_cap, limits.thinking_overrun),
             phase: Phase::Sent,
@@ -133,7 +128,6 @@ impl<'b> ChatExchange<'b> {
             first_byte: sent_at,
             last_byte: sent_at,
             capped: None,
-            pending: Vec::new(),
             outputs: VecDeque::new(),
             outcome: None,
             finished: false,
@@ -147,8 +141,9 @@ impl<'b> ChatExchange<'b> {
     }
 
     /// Takes bytes read from the connection at `now`; returns how many were consumed. All are,
-    /// unless a `reasoning_end` is out (then none until its answer) or the exchange is over
-    /// (then all, and ignored).
+    /// unless the thinking cap is reached (then those up to the end of the capping chunk, and
+    /// none until the `reasoning_end` answer: the caller hands the rest back after it) or the
+    /// exchange is over (then all, and ignored).
     pub fn handle_bytes(&mut self, now: Duration, input: &[u8]) -> usize {
         if self.outcome.is_some() || self.finished {
             return input.len();
@@ -163,20 +158,40 @@ impl<'b> ChatExchange<'b> {
         self.last_byte = now;
         let mut rest = input;
         while !rest.is_empty() && self.outcome.is_none() && self.capped.is_none() {
-            let (used, event) = match self.reader.feed(rest) {
+            let (used, status) = match self.stream.feed(rest) {
                 Ok(fed) => fed,
                 Err(e) => {
-                    self.on_http_error(e);
+                    self.on_stream_error(e);
                     break;
                 }
             };
             rest = &rest[used..];
-            match event {
-                Status::Partial => {}
-                Status::Complete(Event::Head) => self.on_head(now),
-                Status::Complete(Event::Body(piece)) => self.on_body(piece),
-                Status::Complete(Event::End) => self.on_end(),
-            }
+            let Status::Complete(event) = status else {
+                continue;
+            };
+            // Only the fields the stream does not own are touched while `event` borrows it.
+            let seen = match event {
+                StreamEvent::Head(status) => Seen::Head(status),
+                StreamEvent::Chunk(c) => {
+                    let outputs = &mut self.outputs;
+                    chunk_events(&c, &mut |e| outputs.push_back(Output::Event(e)));
+                    Seen::Chunk {
+                        finished: c.finish_reason.is_some(),
+                    }
+                }
+                StreamEvent::ErrorBody(piece) => {
+                    if let Phase::ErrorBody { body, .. } = &mut self.phase {
+                        let room = ERROR_BODY_CAP - body.len();
+                        body.extend_from_slice(&piece[..piece.len().min(room)]);
+                    }
+                    Seen::ErrorBody
+                }
+                StreamEvent::ServerError(e) => Seen::Server(server_error(&e)),
+                StreamEvent::Done => Seen::Done,
+                StreamEvent::End => Seen::End,
+                _ => Seen::Idle,
+            };
+            self.on_seen(now, seen);
         }
         input.len() - rest.len()
     }
@@ -189,17 +204,13 @@ impl<'b> ChatExchange<'b> {
         match self.phase {
             Phase::Sent | Phase::Head => self.fail(InferError::StreamClosedEarly),
             Phase::ErrorBody { .. } => self.finish_error(),
-            Phase::Stream => match self.reader.finish() {
-                // A body read to the close ends here.
-                Ok(()) => self.on_end(),
-                Err(HttpError::Truncated | HttpError::IncompleteHead) => {
-                    // The final chunk came and then the connection broke: the message is whole.
-                    if self.folder.is_finished() {
-                        self.outcome = Some(Ok(()));
-                    } else {
-                        self.fail(InferError::StreamClosedEarly);
-                    }
-                }
+            Phase::Stream => match self.stream.finish() {
+                Ok(_) => self.outcome = Some(Ok(())),
+                // A body cut off before the final chunk, or a stream that ended without one.
+                Err(
+                    StreamError::Http(HttpError::Truncated | HttpError::IncompleteHead)
+                    | StreamError::Assemble(AssembleError::NoFinishReason),
+                ) => self.fail(InferError::StreamClosedEarly),
                 Err(e) => self.fail(e.into()),
             },
         }
@@ -239,8 +250,6 @@ impl<'b> ChatExchange<'b> {
             .push_back(Output::Event(ChatEvent::ThinkingCapped { tokens }));
         // Bytes that waited in the socket during the call are not the server's silence.
         self.last_byte = self.last_byte.max(now);
-        let pending = std::mem::take(&mut self.pending);
-        self.on_stream(&pending);
     }
 
     /// Time passed: fires every timer due at `now`.
@@ -310,17 +319,17 @@ impl<'b> ChatExchange<'b> {
     pub fn take_result(&mut self) -> Option<Result<Completion, InferError>> {
         let outcome = self.outcome.take()?;
         self.finished = true;
-        Some(outcome.and_then(|()| self.folder.completion(self.cap.capped())))
+        Some(outcome.and_then(|()| completion(self.stream.assembler(), self.cap.capped())))
     }
 
     /// What was assembled so far.
     pub fn partial(&self) -> Partial {
-        self.folder.partial()
+        partial(self.stream.assembler())
     }
 
     /// Ends the exchange and hands its storage back.
     pub fn into_storage(self) -> Storage<'b> {
-        self.folder.into_storage()
+        Storage::from_stream(self.stream)
     }
 
     fn fail(&mut self, e: InferError) {
@@ -329,7 +338,7 @@ impl<'b> ChatExchange<'b> {
         }
     }
 
-    fn on_http_error(&mut self, e: HttpError) {
+    fn on_stream_error(&mut self, e: StreamError) {
         if matches!(self.phase, Phase::ErrorBody { .. }) {
             // A broken error body still says what the status said.
             self.finish_error();
@@ -338,39 +347,50 @@ impl<'b> ChatExchange<'b> {
         }
     }
 
-    fn on_head(&mut self, now: Duration) {
-        let status = self.reader.head().map_or(0, |h| h.status());
-        self.phase = if status == 200 {
-            Phase::Stream
-        } else {
-            Phase::ErrorBody {
-                status,
-                body: Vec::new(),
-                until: now + ms(self.limits.call_ms),
+    /// What an event of the stream means for the request.
+    fn on_seen(&mut self, now: Duration, seen: Seen) {
+        match seen {
+            Seen::Head(status) => {
+                self.phase = if status == 200 {
+                    Phase::Stream
+                } else {
+                    Phase::ErrorBody {
+                        status,
+                        body: Vec::new(),
+                        until: now + ms(self.limits.call_ms),
+                    }
+                };
             }
-        };
-    }
-
-    fn on_body(&mut self, piece: &[u8]) {
-        let Phase::ErrorBody { body, .. } = &mut self.phase else {
-            self.on_stream(piece);
-            return;
-        };
-        let room = ERROR_BODY_CAP - body.len();
-        body.extend_from_slice(&piece[..piece.len().min(room)]);
-        if body.len() == ERROR_BODY_CAP {
-            self.finish_error();
-        }
-    }
-
-    /// The body is complete.
-    fn on_end(&mut self) {
-        match self.phase {
-            Phase::ErrorBody { .. } => self.finish_error(),
-            _ => match self.events.finish() {
-                Ok(()) => self.outcome = Some(Ok(())),
-                Err(e) => self.fail(e.into()),
+            // Nothing may follow the final chunk but `[DONE]`; stop reading here.
+            Seen::Chunk { finished: true } | Seen::Done => self.outcome = Some(Ok(())),
+            Seen::Chunk { finished: false } => {
+                match self.cap.check(self.stream.assembler().reasoning_tokens()) {
+                    CapAction::None => {}
+                    CapAction::Overrun => self.fail(InferError::ThinkingOverrun),
+                    CapAction::EndReasoning(tokens) => {
+                        let id = self.stream.assembler().id().unwrap_or_default().to_owned();
+                        if id.is_empty() {
+                            // No id to name in the control call: the cap cannot be enforced.
+                            self.fail(InferError::ThinkingOverrun);
+                            return;
+                        }
+                        self.capped = Some(tokens);
+                        self.outputs.push_back(Output::EndReasoning { id });
+                    }
+                }
+            }
+            Seen::ErrorBody => {
+                if matches!(&self.phase, Phase::ErrorBody { body, .. } if body.len() == ERROR_BODY_CAP)
+                {
+                    self.finish_error();
+                }
+            }
+            Seen::Server(e) => self.fail(e),
+            Seen::End => match self.phase {
+                Phase::ErrorBody { .. } => self.finish_error(),
+                _ => self.outcome = Some(Ok(())),
             },
+            Seen::Idle => {}
         }
     }
 
@@ -381,52 +401,6 @@ impl<'b> ChatExchange<'b> {
                 body: capped_body(body),
             };
             self.fail(e);
-        }
-    }
-
-    /// Feeds decoded body bytes to the event stream and each payload to the folder.
-    fn on_stream(&mut self, mut piece: &[u8]) {
-        while !piece.is_empty() && self.outcome.is_none() {
-            let next = match self.events.next(piece) {
-                Err(e) => Next::Fail(e.into()),
-                Ok((used, None)) => Next::On(used),
-                Ok((used, Some(Item::Data(data)))) => {
-                    let outputs = &mut self.outputs;
-                    match self
-                        .folder
-                        .push(data, &mut |e| outputs.push_back(Output::Event(e)))
-                    {
-                        Err(e) => Next::Fail(e),
-                        // Nothing may follow the final chunk but `[DONE]`; stop reading here.
-                        Ok(Step::Finished) => Next::Finish,
-                        Ok(Step::More) => match self.cap.check(self.folder.reasoning_tokens()) {
-                            CapAction::None => Next::On(used),
-                            CapAction::Overrun => Next::Fail(InferError::ThinkingOverrun),
-                            CapAction::EndReasoning(tokens) => Next::Cap { used, tokens },
-                        },
-                    }
-                }
-                Ok((_, Some(Item::Error(data)))) => Next::Fail(self.folder.error_event(data)),
-                Ok((_, Some(Item::Done))) => Next::Finish,
-                Ok((used, Some(Item::Other))) => Next::On(used),
-            };
-            match next {
-                Next::On(used) => piece = &piece[used..],
-                Next::Finish => self.outcome = Some(Ok(())),
-                Next::Fail(e) => self.fail(e),
-                Next::Cap { used, tokens } => {
-                    let id = self.folder.id().unwrap_or_default().to_owned();
-                    if id.is_empty() {
-                        // No id to name in the control call: the cap cannot be enforced.
-                        self.fail(InferError::ThinkingOverrun);
-                        return;
-                    }
-                    self.pending = piece[used..].to_vec();
-                    self.capped = Some(tokens);
-                    self.outputs.push_back(Output::EndReasoning { id });
-                    return;
-                }
-            }
         }
     }
 }
