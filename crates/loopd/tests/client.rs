@@ -286,15 +286,10 @@ fn protocol_errors_for_bad_json_and_broken_caps() {
     let client = Client::new(config(&server));
     let r = run(&client, &request(0)).0;
     assert!(
-        matches!(r, Err(InferError::Protocol(ProtocolError::Decode(_)))),
-        "{r:?}"
-    );
-    let r = run(&client, &request(0)).0;
-    assert!(
         matches!(
             r,
-            Err(InferError::Protocol(ProtocolError::Http(
-                http_nostd::HttpError::HeadersTooLarge
+            Err(InferError::Protocol(ProtocolError::Stream(
+                llama_proto::StreamError::Decode(_)
             )))
         ),
         "{r:?}"
@@ -303,8 +298,18 @@ fn protocol_errors_for_bad_json_and_broken_caps() {
     assert!(
         matches!(
             r,
-            Err(InferError::Protocol(ProtocolError::Sse(
-                sse_nostd::SseError::LineTooLong
+            Err(InferError::Protocol(ProtocolError::Stream(
+                llama_proto::StreamError::Http(http_nostd::HttpError::HeadersTooLarge)
+            )))
+        ),
+        "{r:?}"
+    );
+    let r = run(&client, &request(0)).0;
+    assert!(
+        matches!(
+            r,
+            Err(InferError::Protocol(ProtocolError::Stream(
+                llama_proto::StreamError::Sse(sse_nostd::SseError::LineTooLong)
             )))
         ),
         "{r:?}"

@@ -9,7 +9,7 @@
 //! [`InferError::Protocol`] with the assembler's [`AssembleError`].
 
 use http_nostd::MAX_HEADERS;
-use llama_proto::{AssembleError, Assembler, ChatStream, Chunk, ServerError};
+use llama_proto::{AssembleError, Assembler, ChatStream, Chunk, ServerError, StreamError};
 
 use super::{capped_body, ChatEvent, Completion, InferError, Partial, ToolCall};
 use crate::http::HEAD_CAP;
@@ -181,7 +181,7 @@ pub(crate) fn completion(
 ) -> Result<Completion, InferError> {
     let message = message.finish().map_err(|e| match e {
         AssembleError::NoFinishReason => InferError::StreamClosedEarly,
-        other => InferError::from(other),
+        other => StreamError::Assemble(other).into(),
     })?;
     let mut done = Completion::from(&message);
     done.thinking_capped = thinking_capped;
@@ -336,8 +336,8 @@ mod tests {
         assert!(
             matches!(
                 r,
-                Err(InferError::Protocol(ProtocolError::Decode(
-                    DecodeError::Json(_)
+                Err(InferError::Protocol(ProtocolError::Stream(
+                    llama_proto::StreamError::Decode(DecodeError::Json(_))
                 )))
             ),
             "{r:?}"
@@ -349,8 +349,8 @@ mod tests {
         assert!(
             matches!(
                 r,
-                Err(InferError::Protocol(ProtocolError::Assemble(
-                    AssembleError::CompletionIdChanged
+                Err(InferError::Protocol(ProtocolError::Stream(
+                    llama_proto::StreamError::Assemble(AssembleError::CompletionIdChanged)
                 )))
             ),
             "{r:?}"
@@ -369,8 +369,8 @@ mod tests {
         let (e, events) = fold(&calls);
         assert!(matches!(
             e,
-            Err(InferError::Protocol(ProtocolError::Assemble(
-                AssembleError::TooManyToolCalls { index: 16 }
+            Err(InferError::Protocol(ProtocolError::Stream(
+                llama_proto::StreamError::Assemble(AssembleError::TooManyToolCalls { index: 16 })
             )))
         ));
         assert_eq!(
@@ -401,8 +401,8 @@ mod tests {
         assert!(fold_body(&line(SSE_CAP)).0.is_ok());
         assert!(matches!(
             fold_body(&line(SSE_CAP + 1)).0,
-            Err(InferError::Protocol(ProtocolError::Sse(
-                sse_nostd::SseError::LineTooLong
+            Err(InferError::Protocol(ProtocolError::Stream(
+                llama_proto::StreamError::Sse(sse_nostd::SseError::LineTooLong)
             )))
         ));
     }

@@ -7,8 +7,7 @@
 use std::fmt;
 
 use http_nostd::HttpError;
-use llama_proto::{AssembleError, DecodeError, StreamError};
-use sse_nostd::SseError;
+use llama_proto::StreamError;
 
 use crate::http::SendError;
 
@@ -96,20 +95,15 @@ impl Deadline {
     }
 }
 
-/// How the server broke the protocol: the typed error of the layer that found it.
+/// How the server broke the protocol.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ProtocolError {
-    /// The HTTP response (`http-nostd`): a bad head, framing, or a size cap.
-    Http(HttpError),
-    /// The event stream (`sse-nostd`): a line or event over the 1 MiB cap, or cut off.
-    Sse(SseError),
-    /// A `data:` payload (`llama-proto`) that is not a chunk.
-    Decode(DecodeError),
-    /// A chunk that breaks the stream's rules or a message cap (`llama-proto`).
-    Assemble(AssembleError),
-    /// The response as a whole (`llama-proto`'s `ChatStream`): a `200` that is not an event
-    /// stream, or an event after `[DONE]`.
+    /// The response or its event stream, as `llama-proto`'s `ChatStream` reports it: the
+    /// typed error of the part that found it (`http-nostd`'s head, framing or size caps,
+    /// `sse-nostd`'s 1 MiB line and event cap, a payload that is not a chunk, a chunk that
+    /// breaks the stream's rules or a message cap), or the stream's own (a `200` that is not an
+    /// event stream).
     Stream(StreamError),
     /// The JSON body of an info or control call is not what was expected.
     Json {
@@ -125,11 +119,7 @@ pub enum ProtocolError {
 impl fmt::Display for ProtocolError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            ProtocolError::Http(e) => write!(f, "HTTP response: {e}"),
-            ProtocolError::Sse(e) => write!(f, "event stream: {e}"),
-            ProtocolError::Decode(e) => write!(f, "chunk: {e}"),
-            ProtocolError::Assemble(e) => write!(f, "stream: {e}"),
-            ProtocolError::Stream(e) => write!(f, "response: {e}"),
+            ProtocolError::Stream(e) => write!(f, "{e}"),
             ProtocolError::Json { what, line, column } => {
                 write!(f, "{what}: unexpected JSON at line {line} column {column}")
             }
@@ -140,75 +130,24 @@ impl fmt::Display for ProtocolError {
 impl std::error::Error for ProtocolError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            ProtocolError::Http(e) => Some(e),
-            ProtocolError::Sse(e) => Some(e),
-            ProtocolError::Decode(e) => Some(e),
-            ProtocolError::Assemble(e) => Some(e),
             ProtocolError::Stream(e) => Some(e),
             ProtocolError::Json { .. } => None,
         }
     }
 }
 
-impl From<HttpError> for ProtocolError {
-    fn from(e: HttpError) -> Self {
-        ProtocolError::Http(e)
-    }
-}
-
-impl From<SseError> for ProtocolError {
-    fn from(e: SseError) -> Self {
-        ProtocolError::Sse(e)
-    }
-}
-
-impl From<DecodeError> for ProtocolError {
-    fn from(e: DecodeError) -> Self {
-        ProtocolError::Decode(e)
-    }
-}
-
-impl From<AssembleError> for ProtocolError {
-    fn from(e: AssembleError) -> Self {
-        ProtocolError::Assemble(e)
-    }
-}
-
-/// The whole path's error (`llama_proto::ChatStream`), as the part that found it; what is not
-/// one part's fault is the stream's own ([`ProtocolError::Stream`]).
+/// The whole path's one error (`llama_proto::ChatStream`'s), not a copy of it.
 impl From<StreamError> for InferError {
     fn from(e: StreamError) -> Self {
-        match e {
-            StreamError::Http(e) => e.into(),
-            StreamError::Sse(e) => e.into(),
-            StreamError::Decode(e) => e.into(),
-            StreamError::Assemble(e) => e.into(),
-            other => InferError::Protocol(ProtocolError::Stream(other)),
-        }
+        InferError::Protocol(ProtocolError::Stream(e))
     }
 }
 
+/// A response read without the stream (the info and control calls): the reader's error, as
+/// the stream names it.
 impl From<HttpError> for InferError {
     fn from(e: HttpError) -> Self {
-        InferError::Protocol(ProtocolError::from(e))
-    }
-}
-
-impl From<SseError> for InferError {
-    fn from(e: SseError) -> Self {
-        InferError::Protocol(ProtocolError::from(e))
-    }
-}
-
-impl From<DecodeError> for InferError {
-    fn from(e: DecodeError) -> Self {
-        InferError::Protocol(ProtocolError::from(e))
-    }
-}
-
-impl From<AssembleError> for InferError {
-    fn from(e: AssembleError) -> Self {
-        InferError::Protocol(ProtocolError::from(e))
+        StreamError::Http(e).into()
     }
 }
 
@@ -506,16 +445,26 @@ mod tests {
         let e = InferError::from(HttpError::HeadersTooLarge);
         assert!(matches!(
             e,
-            InferError::Protocol(ProtocolError::Http(HttpError::HeadersTooLarge))
+            InferError::Protocol(ProtocolError::Stream(llama_proto::StreamError::Http(
+                HttpError::HeadersTooLarge
+            )))
         ));
         assert!(e.to_string().starts_with("protocol error: HTTP response: "));
-        // InferError -> ProtocolError -> HttpError.
-        let cause = e.source().and_then(|p| p.source()).map(|c| c.to_string());
+        // InferError -> ProtocolError -> StreamError -> HttpError.
+        let cause = e
+            .source()
+            .and_then(|p| p.source())
+            .and_then(|s| s.source())
+            .map(|c| c.to_string());
         assert_eq!(cause, Some(HttpError::HeadersTooLarge.to_string()));
-        let e = InferError::from(AssembleError::NoFinishReason);
+        let e = InferError::from(llama_proto::StreamError::Assemble(
+            llama_proto::AssembleError::NoFinishReason,
+        ));
         assert!(matches!(
             e,
-            InferError::Protocol(ProtocolError::Assemble(AssembleError::NoFinishReason))
+            InferError::Protocol(ProtocolError::Stream(llama_proto::StreamError::Assemble(
+                llama_proto::AssembleError::NoFinishReason
+            )))
         ));
         let j = ProtocolError::Json {
             what: "/props",

@@ -286,7 +286,9 @@ mod tests {
             InferError::ThinkingOverrun,
             InferError::Cancelled,
             InferError::TimedOut(Deadline::RetryTotal),
-            InferError::Protocol(ProtocolError::Sse(sse_nostd::SseError::LineTooLong)),
+            InferError::Protocol(ProtocolError::Stream(llama_proto::StreamError::Sse(
+                sse_nostd::SseError::LineTooLong,
+            ))),
             InferError::Http {
                 status: 400,
                 body: "the prompt does not fit".into(),

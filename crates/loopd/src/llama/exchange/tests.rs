@@ -448,8 +448,8 @@ fn the_end_of_the_connection() {
     open.extend_from_slice(b"data: {\"choi");
     assert!(matches!(
         end(&open).0,
-        Err(InferError::Protocol(ProtocolError::Sse(
-            SseError::Unterminated
+        Err(InferError::Protocol(ProtocolError::Stream(
+            llama_proto::StreamError::Sse(SseError::Unterminated)
         )))
     ));
     // A chunked body that ends cleanly without the final chunk.
@@ -508,13 +508,15 @@ fn protocol_errors_are_typed_and_an_error_payload_keeps_the_partial() {
     huge.resize(crate::http::HEAD_CAP + 1, b'a');
     assert!(matches!(
         run(&huge).0,
-        InferError::Protocol(ProtocolError::Http(HttpError::HeadersTooLarge))
+        InferError::Protocol(ProtocolError::Stream(llama_proto::StreamError::Http(
+            HttpError::HeadersTooLarge
+        )))
     ));
     let mut bad = HEAD.to_vec();
     bad.extend(chunked(&[b"data: {\"choices\":[{\"delta\":\n\n".to_vec()]));
     assert!(matches!(
         run(&bad).0,
-        InferError::Protocol(ProtocolError::Decode(_))
+        InferError::Protocol(ProtocolError::Stream(llama_proto::StreamError::Decode(_)))
     ));
     let mut long = HEAD.to_vec();
     let mut line = b"data: ".to_vec();
@@ -522,7 +524,9 @@ fn protocol_errors_are_typed_and_an_error_payload_keeps_the_partial() {
     long.extend(chunked(&[line]));
     assert!(matches!(
         run(&long).0,
-        InferError::Protocol(ProtocolError::Sse(SseError::LineTooLong))
+        InferError::Protocol(ProtocolError::Stream(llama_proto::StreamError::Sse(
+            SseError::LineTooLong
+        )))
     ));
     let mut err = HEAD.to_vec();
     err.extend(chunked(&[
