@@ -24,7 +24,8 @@ pub struct RunnerConfig {
     /// How long one status or stall call to the worker may take (2 s).
     pub worker_timeout_ms: u64,
     /// A generating request with no stream progress for this long reports a stall to the
-    /// worker, and again after each further such period (60 s).
+    /// worker, and again after each further such period (30 s, `limits.liveness_ms`'s
+    /// default; never more than `limits.liveness_ms`).
     pub stall_ms: u64,
     /// The loop detector's thresholds.
     pub loop_detector: LoopThresholds,
@@ -43,7 +44,7 @@ impl Default for RunnerConfig {
             worker_socket: None,
             worker_poll_ms: 1_000,
             worker_timeout_ms: 2_000,
-            stall_ms: 60_000,
+            stall_ms: 30_000,
             loop_detector: LoopThresholds::default(),
             result_ttl_s: 3_600,
             max_results: 1_024,
@@ -107,7 +108,7 @@ mod tests {
         assert_eq!(c.runner, super::RunnerConfig::default());
         assert_eq!(
             (c.runner.budget, c.runner.tool_timeout_ms, c.runner.stall_ms),
-            (8, 10_000, 60_000)
+            (8, 10_000, 30_000)
         );
         assert_eq!(c.runner.loop_detector.medium_repeats, 8);
         let c = parse(
@@ -152,6 +153,12 @@ mod tests {
         assert!(parse("[runner.loop_detector]\nlong_repeats = 2\n").is_ok());
         let e = parse("[runner.loop_detector]\nmedium_from = 65\n").unwrap_err();
         assert_eq!(e.key, "runner.loop_detector.medium_from");
+        let e = parse("[limits]\nliveness_ms = 20000\n[runner]\nstall_ms = 20001\n").unwrap_err();
+        assert_eq!((e.line, e.key.as_str()), (6, "runner.stall_ms"));
+        assert!(e
+            .message
+            .starts_with("must not be greater than limits.liveness_ms"));
+        assert!(parse("[limits]\nliveness_ms = 20000\n[runner]\nstall_ms = 20000\n").is_ok());
         let e = parse("[runner]\nbudgett = 1\n").unwrap_err();
         assert_eq!(e.key, "runner.budgett");
         let e = parse("[runner]\nbudget = -1\n").unwrap_err();
