@@ -752,3 +752,100 @@ fn a_refused_registration_sends_nothing_and_one_unanswered_sends_unregistered() 
     m.handle_timeout(ms(150));
     assert_eq!(kinds(&drain(&mut m)), ["stall"], "a bare stall");
 }
+
+#[test]
+fn a_silent_prefill_is_the_workers_to_judge_at_idle_grace_ms() {
+    let s = RunnerConfig {
+        stall_ms: 60_000,
+        worker_poll_ms: 60_000,
+        ..settings(true)
+    };
+    let mut limits = config().limits;
+    limits.idle_grace_ms = 250;
+    let tools = tools();
+    let not = StallAnswer::NotStalled {
+        since_progress_ms: 3,
+    };
+    let answers: [(StallAnswer, &[&str]); 3] = [
+        (not, &[]),
+        (
+            StallAnswer::NotReady,
+            &["close", "generation_done 4", "status"],
+        ),
+        (
+            StallAnswer::Restarting,
+            &["close", "generation_done 4", "done"],
+        ),
+    ];
+    for (verdict, then) in answers {
+        let mut b = Buffers::new();
+        let setup = Setup {
+            id: RequestId(7),
+            slot: 1,
+            limits,
+            settings: &s,
+            tools: &tools,
+            bios: Arc::new(Fixed),
+            spawns: Some(3),
+        };
+        let mut m = AgentRequest::new(Duration::ZERO, setup, ask(None), b.storage());
+        drain(&mut m);
+        m.handle_registered(ms(2), Ok(RegisterAnswer::Registered(4)));
+        drain(&mut m);
+        m.handle_sent(ms(3));
+        // `/slots` every poll_ms (100) says idle; idle_grace_ms (250) is up at the third.
+        for at in [103, 204, 305] {
+            assert_eq!(m.poll_timeout(), Some(ms(at)));
+            m.handle_timeout(ms(at));
+            assert_eq!(kinds(&drain(&mut m)), ["slots"]);
+            m.handle_slots(ms(at + 1), SlotSeen::Idle);
+            let want: &[&str] = if at == 305 { &["stall 4"] } else { &[] };
+            assert_eq!(kinds(&drain(&mut m)), want, "{at}");
+        }
+        assert_eq!(
+            m.poll_timeout(),
+            Some(ms(60_000)),
+            "no timer but the status poll"
+        );
+        m.handle_stall_answer(ms(310), Ok(verdict));
+        let out = drain(&mut m);
+        assert_eq!(kinds(&out), then, "{verdict:?}");
+        match verdict {
+            StallAnswer::NotStalled { .. } => {
+                assert_eq!(m.poll_timeout(), Some(ms(410)), "the wait starts over");
+                let r = respond_more(&mut m, 500, &answer("late"));
+                assert_eq!(
+                    r.0,
+                    [
+                        "progress 4 first_byte",
+                        "close",
+                        "generation_done 4",
+                        "done"
+                    ]
+                );
+                assert_eq!(r.1.content.as_deref(), Some("late"));
+            }
+            StallAnswer::NotReady => {
+                m.handle_worker_status(ms(311), Ok(status(WorkerState::Ready, 3, None)));
+                let r = result(drain(&mut m));
+                assert_eq!(
+                    failed(&r).0,
+                    FailReason::Client(InferError::Stalled(Silence::IdleGrace))
+                );
+                assert_eq!(r.stalls, [StallAnswer::NotReady], "reported once");
+            }
+            StallAnswer::Restarting => {
+                let (reason, detail) = failed(&result(out));
+                assert_eq!(reason, FailReason::WorkerRestarted);
+                assert!(detail.contains("limits.idle_grace_ms"), "{detail}");
+            }
+        }
+    }
+}
+
+/// Feeds `bytes` at `at` to a request already sent: the action kinds and its result.
+fn respond_more(m: &mut AgentRequest<'_>, at: u64, bytes: &[u8]) -> (Vec<String>, RunResult) {
+    assert_eq!(m.handle_bytes(ms(at), bytes), bytes.len());
+    let out = drain(m);
+    (kinds(&out), result(out))
+}

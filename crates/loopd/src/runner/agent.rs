@@ -17,7 +17,9 @@
 //! (`register <slot>`), its first stream byte and then its bytes at most every
 //! [`PROGRESS_EVERY`] are reported (`progress <id> first_byte|bytes`), and it is unregistered
 //! (`done <id>`) when it ends, after any stall report about it (`stall <id>`). A failure the
-//! worker pushes for the generation ([`handle_worker_failed`]) ends the request at once.
+//! worker pushes for the generation ([`handle_worker_failed`]) ends the request at once. A
+//! registered generation's silent prefill is the worker's to judge: at `limits.idle_grace_ms`
+//! it is reported as a stall, and the wait starts over while the worker says `not_stalled`.
 //!
 //! [`handle_sent`]: AgentRequest::handle_sent
 //! [`handle_bytes`]: AgentRequest::handle_bytes
@@ -213,6 +215,10 @@ pub struct AgentRequest<'b> {
     generation: Option<u64>,
     /// When its progress was last reported; `None` before its first byte.
     progressed: Option<Duration>,
+    /// A stall report is out to judge a silent prefill (the exchange waits for it).
+    judging: bool,
+    /// The judge said the silent prefill is not alive: the stall was reported already.
+    silence_reported: bool,
 }
 
 impl std::fmt::Debug for AgentRequest<'_> {
@@ -304,6 +310,8 @@ impl<'b> AgentRequest<'b> {
             unsent: None,
             generation: None,
             progressed: None,
+            judging: false,
+            silence_reported: false,
         };
         m.start_generation(now);
         m
@@ -353,7 +361,11 @@ impl<'b> AgentRequest<'b> {
         let Some(storage) = self.storage.take() else {
             return;
         };
-        let x = ChatExchange::with_storage(self.limits, now, storage);
+        let mut x = ChatExchange::with_storage(self.limits, now, storage);
+        // The worker knows the generation: it judges a silent prefill by the server's CPU.
+        if self.generation.is_some() {
+            x.judge_prefill();
+        }
         self.phase = Phase::Generating(Box::new(x));
         if self.fail.is_some() {
             self.abort(now);
@@ -447,16 +459,34 @@ impl<'b> AgentRequest<'b> {
     /// llama-worker's answer to a stall report (or why there was none).
     pub fn handle_stall_answer(&mut self, now: Duration, answer: Result<StallAnswer, WorkerError>) {
         self.stall_out = false;
+        let alive = matches!(answer, Ok(StallAnswer::NotStalled { .. }));
         if let Ok(a) = answer {
             self.r.stalls.push(a);
             self.actions.push_back(Action::Event(RunEvent::Stall(a)));
             if a == StallAnswer::Restarting {
-                let detail = format!(
-                    "no stream progress for {} ms (runner.stall_ms); llama-worker saw none \
-                     either and restarted llama-server",
-                    self.settings.stall_ms
-                );
+                let detail = if self.judging {
+                    format!(
+                        "no byte while the slot was idle for {} ms (limits.idle_grace_ms); \
+                         llama-worker saw no progress either and restarted llama-server",
+                        self.limits.idle_grace_ms
+                    )
+                } else {
+                    format!(
+                        "no stream progress for {} ms (runner.stall_ms); llama-worker saw none \
+                         either and restarted llama-server",
+                        self.settings.stall_ms
+                    )
+                };
                 self.set_fail(FailReason::WorkerRestarted, detail);
+            }
+        }
+        if std::mem::take(&mut self.judging) {
+            if let Phase::Generating(x) = &mut self.phase {
+                let alive = alive && self.fail.is_none();
+                self.silence_reported = !alive;
+                x.handle_silence_verdict(now, alive);
+                self.pump(now);
+                return;
             }
         }
         if let Phase::Concluding {
@@ -718,6 +748,12 @@ impl<'b> AgentRequest<'b> {
                 Output::Event(e) => self.on_chat_event(now, e),
                 Output::PollSlots => self.actions.push_back(Action::PollSlots),
                 Output::EndReasoning { id } => self.actions.push_back(Action::EndReasoning { id }),
+                Output::JudgeSilence => {
+                    self.judging = true;
+                    self.stall_out = true;
+                    let generation = self.generation;
+                    self.actions.push_back(Action::ReportStall { generation });
+                }
             }
         }
         let Phase::Generating(x) = &mut self.phase else {
@@ -812,7 +848,8 @@ impl<'b> AgentRequest<'b> {
             self.end(Outcome::Failed { reason, detail });
             return;
         }
-        let ask = if matches!(error, InferError::Stalled(_)) {
+        let reported = std::mem::take(&mut self.silence_reported);
+        let ask = if matches!(error, InferError::Stalled(_)) && !reported {
             Ask::Stall
         } else {
             Ask::Status
