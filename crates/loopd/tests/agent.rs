@@ -849,3 +849,53 @@ fn respond_more(m: &mut AgentRequest<'_>, at: u64, bytes: &[u8]) -> (Vec<String>
     let out = drain(m);
     (kinds(&out), result(out))
 }
+
+#[test]
+fn a_generation_that_broke_off_waits_death_grace_ms_for_the_worker_to_explain_it() {
+    let s = RunnerConfig {
+        stall_ms: 60_000,
+        death_grace_ms: 2_500,
+        ..settings(true)
+    };
+    for pushed in [true, false] {
+        let mut b = Buffers::new();
+        let mut m = registered(&mut b, &s, 5);
+        m.handle_bytes(ms(10), HEAD);
+        m.handle_bytes(ms(20), &data(json!({"content": "part"}), None, 0));
+        drain(&mut m);
+        m.handle_eof(ms(30));
+        assert_eq!(
+            kinds(&drain(&mut m)),
+            ["close", "status"],
+            "still registered"
+        );
+        m.handle_worker_status(ms(31), Ok(status(WorkerState::Ready, 3, None)));
+        assert_eq!(kinds(&drain(&mut m)), Vec::<String>::new());
+        assert_eq!(m.poll_timeout(), Some(ms(1_031)), "the next status poll");
+        if pushed {
+            m.handle_worker_failed(ms(900), 5, WorkerFailReason::ServerDied);
+            let out = drain(&mut m);
+            assert_eq!(kinds(&out), ["done"]);
+            let r = result(out);
+            assert_eq!(failed(&r).0, FailReason::ServerDied);
+            assert_eq!(r.content.as_deref(), Some("part"));
+            continue;
+        }
+        for at in [1_031, 2_031] {
+            m.handle_timeout(ms(at));
+            assert_eq!(kinds(&drain(&mut m)), ["status"]);
+            m.handle_worker_status(ms(at), Ok(status(WorkerState::Ready, 3, None)));
+            assert_eq!(kinds(&drain(&mut m)), Vec::<String>::new(), "{at}");
+        }
+        m.handle_timeout(ms(3_031));
+        assert_eq!(kinds(&drain(&mut m)), ["status"]);
+        m.handle_worker_status(ms(3_031), Ok(status(WorkerState::Ready, 3, None)));
+        let out = drain(&mut m);
+        assert_eq!(kinds(&out), ["generation_done 5", "done"], "past 2,530 ms");
+        let r = result(out);
+        assert_eq!(
+            failed(&r).0,
+            FailReason::Client(InferError::StreamClosedEarly)
+        );
+    }
+}

@@ -219,6 +219,8 @@ pub struct AgentRequest<'b> {
     judging: bool,
     /// The judge said the silent prefill is not alive: the stall was reported already.
     silence_reported: bool,
+    /// Until when a generation that broke off waits for the worker to explain it.
+    explain_by: Option<Duration>,
 }
 
 impl std::fmt::Debug for AgentRequest<'_> {
@@ -312,6 +314,7 @@ impl<'b> AgentRequest<'b> {
             progressed: None,
             judging: false,
             silence_reported: false,
+            explain_by: None,
         };
         m.start_generation(now);
         m
@@ -450,7 +453,12 @@ impl<'b> AgentRequest<'b> {
             ask: Ask::Status, ..
         } = self.phase
         {
-            self.conclude(now);
+            // A generation that broke off waits for the worker's push (or a restart on the
+            // status poll) until `death_grace_ms`.
+            let waiting = self.explain_by.is_some_and(|t| now < t);
+            if self.fail.is_some() || !waiting {
+                self.conclude(now);
+            }
         } else if self.fail.is_some() {
             self.abort(now);
         }
@@ -854,8 +862,13 @@ impl<'b> AgentRequest<'b> {
         } else {
             Ask::Status
         };
-        // A stall is reported about the generation, so it stays registered until answered.
-        if ask == Ask::Status {
+        // A stall is reported about the generation, so it stays registered until answered;
+        // one that broke off stays registered for the worker to explain (a server death).
+        let grace = self.settings.death_grace_ms;
+        let broke_off = !matches!(error, InferError::Stalled(_));
+        if ask == Ask::Status && broke_off && self.generation.is_some() && grace > 0 {
+            self.explain_by = Some(now + ms(grace));
+        } else if ask == Ask::Status {
             self.unregister();
         }
         self.phase = Phase::Concluding { error, ask };
