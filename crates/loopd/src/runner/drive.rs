@@ -4,7 +4,8 @@
 //! feeds the machine what came back (and the failures the runner's watch pushes for its
 //! generation) with the time from the client's clock. It decides nothing: every wait is bounded by the
 //! machine's [`poll_timeout`](AgentRequest::poll_timeout) and by `limits.poll_ms`, so a cancel
-//! is seen within one poll interval. A tool that ignores its cancel token keeps only its own
+//! is seen within one poll interval, and a failure pushed for a registered generation within
+//! [`PUSHED_WITHIN`]. A tool that ignores its cancel token keeps only its own
 //! thread: the machine has given up on it at its deadline and the request goes on.
 
 use std::os::unix::net::UnixStream;
@@ -18,6 +19,10 @@ use super::agent::{Action, AgentRequest, Setup};
 use super::watch::Pushed;
 use super::worker::{self, RegisterAnswer, WorkerError};
 use super::{Observer, RequestId, RunEvent, RunRequest, RunResult, Shared, ToolError};
+
+/// While a generation is registered, the longest wait before a failure the watch pushed for
+/// it is seen (the socket read and the sleep are cut into slices this long).
+const PUSHED_WITHIN: Duration = Duration::from_millis(100);
 
 /// A tool call running on its thread.
 struct ToolRun {
@@ -190,9 +195,14 @@ pub(super) fn drive(
             m.handle_timeout(now);
             continue;
         }
+        // A registered generation's pushed failure is looked for at least this often.
+        let most = match registered {
+            Some(_) => poll.min(PUSHED_WITHIN),
+            None => poll,
+        };
         let wait = due
-            .map_or(poll, |at| at.saturating_sub(now))
-            .clamp(Duration::from_millis(1), poll);
+            .map_or(most, |at| at.saturating_sub(now))
+            .clamp(Duration::from_millis(1), most);
         if let Some(s) = stream.as_mut() {
             if pos < len {
                 pos += m.handle_bytes(now, &buf[pos..len]);

@@ -22,7 +22,7 @@
 //! - With a worker socket each generation is registered with the worker, and one `watch`
 //!   connection per runner (`watch.rs`, its own thread, reopened when lost) delivers the
 //!   worker's `failed <id> <reason>` to the request holding that generation: it ends at once
-//!   (within one `limits.poll_ms`) with its partial output. The status poll stays as the
+//!   (within 100 ms) with its partial output. The status poll stays as the
 //!   fallback for a failure the watch missed.
 
 mod agent;
