@@ -2,11 +2,12 @@
 //! request over the inference socket, `/slots` and `reasoning_end` calls, tool calls on
 //! threads of their own, llama-worker's socket: status, stall, register / progress / done) and
 //! feeds the machine what came back (and the failures the runner's watch pushes for its
-//! generation) with the time from the client's clock. It decides nothing: every wait is bounded by the
-//! machine's [`poll_timeout`](AgentRequest::poll_timeout) and by `limits.poll_ms`, so a cancel
-//! is seen within one poll interval, and a failure pushed for a registered generation within
-//! [`PUSHED_WITHIN`]. A tool that ignores its cancel token keeps only its own
-//! thread: the machine has given up on it at its deadline and the request goes on.
+//! generation) with the time from the client's clock. It decides nothing: every wait is
+//! bounded by the machine's [`poll_timeout`](AgentRequest::poll_timeout) and by
+//! `limits.poll_ms`, so a cancel is seen within one poll interval, and a failure pushed for a
+//! registered generation within [`PUSHED_WITHIN`]. A tool that ignores its cancel token keeps
+//! only its own thread: the machine has given up on it at its deadline and the request goes
+//! on.
 
 use std::os::unix::net::UnixStream;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
