@@ -15,6 +15,8 @@
 # The preset names one model, $MODEL_ID, with the project's chat template
 # (fixtures/templates/smollm2-tools-thinking.jinja); docs/inference-contract.md says why.
 # $MODEL_FILE names another GGUF to serve under that id (the tests of a model that cannot load).
+# $WORKER_CONFIG_EXTRA names a file of llama-worker config lines appended to the generated config
+# (the tests that scale the worker's timers down).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 MODEL_ID=${MODEL_ID:-smollm2}
@@ -65,5 +67,6 @@ status_socket = "$status_socket"
 models = ["$MODEL_ID"]
 TOML
 if [ -n "$server_log" ]; then echo "log_file = \"$server_log\"" >>"$config"; fi
+if [ -n "${WORKER_CONFIG_EXTRA:-}" ]; then cat "$WORKER_CONFIG_EXTRA" >>"$config"; fi
 echo "serve.sh: llama-server router on 127.0.0.1:$port, model id $MODEL_ID, under llama-worker (status: $status_socket)" >&2
 exec "$worker" run --config "$config" --port "$port"

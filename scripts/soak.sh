@@ -20,6 +20,7 @@ mkdir -p "$SOAK_DIR"
 suites=(
   "loopd-real-server|cargo test -q --features real-server -p loopd --test real_server"
   "loopd-worker-restart|cargo test -q --features real-server -p loopd --test worker_restart"
+  "loopd-wedged-server|cargo test -q --features real-server -p loopd --test wedged_server"
   "loopd-runner-real-server|cargo test -q --features real-server -p loopd --test runner_real_server"
   "loopd-daemon-real-server|cargo test -q --features real-server -p loopd --test daemon_real_server"
   "loopd-broken-model|cargo test -q --features real-server -p loopd --test broken_model"

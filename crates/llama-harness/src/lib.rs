@@ -250,6 +250,19 @@ impl LocalServer {
         Self::spawn(&[("MODEL_FILE", model_file)])
     }
 
+    /// As [`start`](Self::start), with `lines` appended to llama-worker's config (TOML keys
+    /// of docs/llama-worker.md): for the tests that scale the worker's timers down.
+    pub fn start_with_worker_config(lines: &str) -> LocalServer {
+        let extra = temp_dir("worker-extra").join("extra.toml");
+        std::fs::write(&extra, lines).expect("write the worker's extra config");
+        let server = Self::spawn(&[("WORKER_CONFIG_EXTRA", &extra)]);
+        server.wait_loaded();
+        server.wait_worker("llama-worker to report ready", READY_TIMEOUT, |s| {
+            s["state"] == "ready"
+        });
+        server
+    }
+
     fn spawn(envs: &[(&str, &Path)]) -> LocalServer {
         let dir = temp_dir("llama");
         let port = free_port();

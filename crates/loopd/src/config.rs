@@ -285,7 +285,18 @@ impl Config {
         if self.model.is_empty() {
             return Err(("", "model", "must not be empty"));
         }
-        self.runner.validate()
+        self.runner.validate()?;
+        // One timeline (docs/runner.md): a silent generation is reported to the worker no
+        // later than the client gives up on it.
+        if self.runner.stall_ms > l.liveness_ms {
+            return Err((
+                "runner",
+                "stall_ms",
+                "must not be greater than limits.liveness_ms (the client would end the \
+                 generation as stalled before the stall report was due)",
+            ));
+        }
+        Ok(())
     }
 }
 

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use loopd::config::{Config, RunnerConfig};
 use loopd::llama::{Buffers, ChatMessage, InferError, Silence, SlotSeen};
+use loopd::runner::worker::{RegisterAnswer, WorkerError, WorkerFailReason};
 use loopd::runner::{
     Action, AgentRequest, BiosContext, BiosProvider, FailReason, Outcome, RequestId, RunEvent,
     RunRequest, RunResult, Setup, StallAnswer, ToolRegistry, WorkerState, WorkerStatus,
@@ -100,7 +101,13 @@ fn kinds(actions: &[Action]) -> Vec<String> {
             Action::RunTool { name, .. } => Some(format!("tool {name}")),
             Action::CancelTool { id } => Some(format!("cancel {id}")),
             Action::WorkerStatus => Some("status".into()),
-            Action::ReportStall => Some("stall".into()),
+            Action::ReportStall { generation: None } => Some("stall".into()),
+            Action::ReportStall {
+                generation: Some(g),
+            } => Some(format!("stall {g}")),
+            Action::RegisterGeneration => Some("register".into()),
+            Action::ReportProgress { id, kind } => Some(format!("progress {id} {}", kind.as_str())),
+            Action::GenerationDone { id } => Some(format!("generation_done {id}")),
             Action::Done(_) => Some("done".into()),
         })
         .collect()
@@ -643,6 +650,311 @@ fn the_request_offers_only_its_chosen_tools_and_refuses_a_call_to_another() {
                 format!("tool `{name}` (call a) failed: no tool named `{name}`")
             ),
             "{name}"
+        );
+    }
+}
+
+/// A machine with a worker socket whose first generation the worker registered as `id` at
+/// 2 ms, sent at 3 ms.
+fn registered<'b>(b: &'b mut Buffers, s: &RunnerConfig, id: u64) -> AgentRequest<'b> {
+    let mut m = machine(b, s, ask(None), Some(3));
+    assert_eq!(
+        kinds(&drain(&mut m)),
+        ["register"],
+        "registered before it is sent"
+    );
+    m.handle_registered(ms(2), Ok(RegisterAnswer::Registered(id)));
+    assert_eq!(kinds(&drain(&mut m)), ["send"]);
+    m.handle_sent(ms(3));
+    assert_eq!(kinds(&drain(&mut m)), Vec::<String>::new());
+    m
+}
+
+#[test]
+fn a_generation_is_registered_its_first_byte_and_then_bytes_each_second_reported_then_done() {
+    let mut b = Buffers::new();
+    let s = RunnerConfig {
+        stall_ms: 10_000,
+        worker_poll_ms: 60_000,
+        ..settings(true)
+    };
+    let mut m = registered(&mut b, &s, 9);
+    m.handle_bytes(ms(100), HEAD);
+    assert_eq!(kinds(&drain(&mut m)), ["progress 9 first_byte"]);
+    let mut at = Vec::new();
+    for (t, text) in [
+        (400, "a"),
+        (700, "b"),
+        (1_099, "c"),
+        (1_100, "d"),
+        (1_400, "e"),
+    ] {
+        m.handle_bytes(ms(t), &data(json!({ "content": text }), None, 0));
+        if !kinds(&drain(&mut m)).is_empty() {
+            at.push(t);
+        }
+    }
+    assert_eq!(
+        at,
+        [1_100],
+        "bytes one PROGRESS_EVERY after the first byte's report"
+    );
+    assert_eq!(loopd::runner::PROGRESS_EVERY, ms(1_000));
+    let end = [&data(json!({}), Some("stop"), 0)[..], b"data: [DONE]\n\n"].concat();
+    m.handle_bytes(ms(1_500), &end);
+    let out = drain(&mut m);
+    assert_eq!(kinds(&out), ["close", "generation_done 9", "done"]);
+    assert_eq!(result(out).content.as_deref(), Some("abcde"));
+}
+
+#[test]
+fn the_clients_stall_is_reported_as_stall_of_the_generation_before_it_is_unregistered() {
+    let mut b = Buffers::new();
+    let s = settings(true);
+    let mut m = registered(&mut b, &s, 4);
+    m.handle_bytes(ms(10), HEAD);
+    assert_eq!(kinds(&drain(&mut m)), ["progress 4 first_byte"]);
+    // stall_ms (150) after the start, then liveness (400) after the last byte.
+    m.handle_timeout(ms(150));
+    assert_eq!(kinds(&drain(&mut m)), ["stall 4"]);
+    m.handle_stall_answer(ms(151), Ok(StallAnswer::NotReady));
+    m.handle_timeout(ms(410));
+    assert_eq!(kinds(&drain(&mut m)), ["close", "stall 4"]);
+    let not = StallAnswer::NotStalled {
+        since_progress_ms: 1,
+    };
+    m.handle_stall_answer(ms(411), Ok(not));
+    assert_eq!(kinds(&drain(&mut m)), ["generation_done 4", "status"]);
+    m.handle_worker_status(ms(412), Ok(status(WorkerState::Ready, 3, None)));
+    let r = result(drain(&mut m));
+    assert_eq!(
+        failed(&r).0,
+        FailReason::Client(InferError::Stalled(Silence::Liveness))
+    );
+}
+
+#[test]
+fn a_failure_pushed_for_the_generation_ends_the_request_at_once_with_its_output() {
+    let cases = [
+        (
+            WorkerFailReason::WorkerRestarted,
+            FailReason::WorkerRestarted,
+        ),
+        (WorkerFailReason::ServerDied, FailReason::ServerDied),
+        (WorkerFailReason::WorkerStopped, FailReason::WorkerStopped),
+    ];
+    for (pushed, want) in cases {
+        let mut b = Buffers::new();
+        let s = settings(true);
+        let mut m = registered(&mut b, &s, 5);
+        m.handle_bytes(ms(10), HEAD);
+        m.handle_bytes(ms(20), &data(json!({"content": "part"}), None, 0));
+        drain(&mut m);
+        m.handle_worker_failed(ms(30), 6, pushed);
+        assert_eq!(
+            kinds(&drain(&mut m)),
+            Vec::<String>::new(),
+            "another generation's"
+        );
+        m.handle_worker_failed(ms(31), 5, pushed);
+        let out = drain(&mut m);
+        assert_eq!(
+            kinds(&out),
+            ["close", "done"],
+            "the worker forgot it: no done <id>"
+        );
+        let r = result(out);
+        let (reason, detail) = failed(&r);
+        assert_eq!(reason, want);
+        assert!(
+            detail.ends_with("(generation 5, pushed on the watch)"),
+            "{detail}"
+        );
+        assert_eq!(r.content.as_deref(), Some("part"));
+        assert_eq!(r.generations[0].elapsed, ms(31));
+    }
+}
+
+#[test]
+fn a_refused_registration_sends_nothing_and_one_unanswered_sends_unregistered() {
+    for (state, want) in [
+        (WorkerState::Restarting, FailReason::WorkerRestarted),
+        (WorkerState::Stopped, FailReason::WorkerStopped),
+    ] {
+        let mut b = Buffers::new();
+        let s = settings(true);
+        let mut m = machine(&mut b, &s, ask(None), Some(3));
+        drain(&mut m);
+        m.handle_registered(ms(1), Ok(RegisterAnswer::Refused(state)));
+        let out = drain(&mut m);
+        assert_eq!(kinds(&out), ["done"]);
+        let r = result(out);
+        assert_eq!(failed(&r).0, want);
+        assert!(r.generations.is_empty(), "nothing was sent");
+    }
+    let mut b = Buffers::new();
+    let s = settings(true);
+    let mut m = machine(&mut b, &s, ask(None), Some(3));
+    drain(&mut m);
+    let silent = WorkerError::Io(std::io::ErrorKind::TimedOut.into());
+    m.handle_registered(ms(1), Err(silent));
+    assert_eq!(kinds(&drain(&mut m)), ["send"]);
+    m.handle_sent(ms(2));
+    m.handle_bytes(ms(10), HEAD);
+    assert_eq!(
+        kinds(&drain(&mut m)),
+        Vec::<String>::new(),
+        "no progress unregistered"
+    );
+    m.handle_timeout(ms(150));
+    assert_eq!(kinds(&drain(&mut m)), ["stall"], "a bare stall");
+}
+
+#[test]
+fn a_silent_prefill_is_the_workers_to_judge_at_idle_grace_ms() {
+    let s = RunnerConfig {
+        stall_ms: 60_000,
+        worker_poll_ms: 60_000,
+        ..settings(true)
+    };
+    let mut limits = config().limits;
+    limits.idle_grace_ms = 250;
+    let tools = tools();
+    let not = StallAnswer::NotStalled {
+        since_progress_ms: 3,
+    };
+    let answers: [(StallAnswer, &[&str]); 3] = [
+        (not, &[]),
+        (
+            StallAnswer::NotReady,
+            &["close", "generation_done 4", "status"],
+        ),
+        (
+            StallAnswer::Restarting,
+            &["close", "generation_done 4", "done"],
+        ),
+    ];
+    for (verdict, then) in answers {
+        let mut b = Buffers::new();
+        let setup = Setup {
+            id: RequestId(7),
+            slot: 1,
+            limits,
+            settings: &s,
+            tools: &tools,
+            bios: Arc::new(Fixed),
+            spawns: Some(3),
+        };
+        let mut m = AgentRequest::new(Duration::ZERO, setup, ask(None), b.storage());
+        drain(&mut m);
+        m.handle_registered(ms(2), Ok(RegisterAnswer::Registered(4)));
+        drain(&mut m);
+        m.handle_sent(ms(3));
+        // `/slots` every poll_ms (100) says idle; idle_grace_ms (250) is up at the third.
+        for at in [103, 204, 305] {
+            assert_eq!(m.poll_timeout(), Some(ms(at)));
+            m.handle_timeout(ms(at));
+            assert_eq!(kinds(&drain(&mut m)), ["slots"]);
+            m.handle_slots(ms(at + 1), SlotSeen::Idle);
+            let want: &[&str] = if at == 305 { &["stall 4"] } else { &[] };
+            assert_eq!(kinds(&drain(&mut m)), want, "{at}");
+        }
+        assert_eq!(
+            m.poll_timeout(),
+            Some(ms(60_000)),
+            "no timer but the status poll"
+        );
+        m.handle_stall_answer(ms(310), Ok(verdict));
+        let out = drain(&mut m);
+        assert_eq!(kinds(&out), then, "{verdict:?}");
+        match verdict {
+            StallAnswer::NotStalled { .. } => {
+                assert_eq!(m.poll_timeout(), Some(ms(410)), "the wait starts over");
+                let r = respond_more(&mut m, 500, &answer("late"));
+                assert_eq!(
+                    r.0,
+                    [
+                        "progress 4 first_byte",
+                        "close",
+                        "generation_done 4",
+                        "done"
+                    ]
+                );
+                assert_eq!(r.1.content.as_deref(), Some("late"));
+            }
+            StallAnswer::NotReady => {
+                m.handle_worker_status(ms(311), Ok(status(WorkerState::Ready, 3, None)));
+                let r = result(drain(&mut m));
+                assert_eq!(
+                    failed(&r).0,
+                    FailReason::Client(InferError::Stalled(Silence::IdleGrace))
+                );
+                assert_eq!(r.stalls, [StallAnswer::NotReady], "reported once");
+            }
+            StallAnswer::Restarting => {
+                let (reason, detail) = failed(&result(out));
+                assert_eq!(reason, FailReason::WorkerRestarted);
+                assert!(detail.contains("limits.idle_grace_ms"), "{detail}");
+            }
+        }
+    }
+}
+
+/// Feeds `bytes` at `at` to a request already sent: the action kinds and its result.
+fn respond_more(m: &mut AgentRequest<'_>, at: u64, bytes: &[u8]) -> (Vec<String>, RunResult) {
+    let used = m.handle_bytes(ms(at), bytes);
+    // As in `respond`: only the `[DONE]` after the finish_reason chunk may be left unread.
+    assert!(matches!(&bytes[used..], b"" | b"data: [DONE]\n\n"));
+    let out = drain(m);
+    (kinds(&out), result(out))
+}
+
+#[test]
+fn a_generation_that_broke_off_waits_death_grace_ms_for_the_worker_to_explain_it() {
+    let s = RunnerConfig {
+        stall_ms: 60_000,
+        death_grace_ms: 2_500,
+        ..settings(true)
+    };
+    for pushed in [true, false] {
+        let mut b = Buffers::new();
+        let mut m = registered(&mut b, &s, 5);
+        m.handle_bytes(ms(10), HEAD);
+        m.handle_bytes(ms(20), &data(json!({"content": "part"}), None, 0));
+        drain(&mut m);
+        m.handle_eof(ms(30));
+        assert_eq!(
+            kinds(&drain(&mut m)),
+            ["close", "status"],
+            "still registered"
+        );
+        m.handle_worker_status(ms(31), Ok(status(WorkerState::Ready, 3, None)));
+        assert_eq!(kinds(&drain(&mut m)), Vec::<String>::new());
+        assert_eq!(m.poll_timeout(), Some(ms(1_031)), "the next status poll");
+        if pushed {
+            m.handle_worker_failed(ms(900), 5, WorkerFailReason::ServerDied);
+            let out = drain(&mut m);
+            assert_eq!(kinds(&out), ["done"]);
+            let r = result(out);
+            assert_eq!(failed(&r).0, FailReason::ServerDied);
+            assert_eq!(r.content.as_deref(), Some("part"));
+            continue;
+        }
+        for at in [1_031, 2_031] {
+            m.handle_timeout(ms(at));
+            assert_eq!(kinds(&drain(&mut m)), ["status"]);
+            m.handle_worker_status(ms(at), Ok(status(WorkerState::Ready, 3, None)));
+            assert_eq!(kinds(&drain(&mut m)), Vec::<String>::new(), "{at}");
+        }
+        m.handle_timeout(ms(3_031));
+        assert_eq!(kinds(&drain(&mut m)), ["status"]);
+        m.handle_worker_status(ms(3_031), Ok(status(WorkerState::Ready, 3, None)));
+        let out = drain(&mut m);
+        assert_eq!(kinds(&out), ["generation_done 5", "done"], "past 2,530 ms");
+        let r = result(out);
+        assert_eq!(
+            failed(&r).0,
+            FailReason::Client(InferError::StreamClosedEarly)
         );
     }
 }

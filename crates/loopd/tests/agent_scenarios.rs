@@ -204,7 +204,13 @@ fn play(
                         reason: None,
                     }),
                 ),
-                Action::ReportStall => {
+                // The worker registers every generation (as id 1) and takes its reports.
+                Action::RegisterGeneration => m.handle_registered(
+                    now,
+                    Ok(loopd::runner::worker::RegisterAnswer::Registered(1)),
+                ),
+                Action::ReportProgress { .. } | Action::GenerationDone { .. } => {}
+                Action::ReportStall { .. } => {
                     let w = worker
                         .as_ref()
                         .expect("a stall is reported only to a worker");

@@ -683,9 +683,19 @@ fn a_restart_or_death_seen_on_the_status_socket_fails_the_requests_in_flight() {
         let mut c = config(&server, Some(&worker));
         c.runner.stall_ms = 60_000;
         let s = setup(c, 2);
-        let a = s.runner.submit(ask("a")).unwrap();
-        let b = s.runner.submit(ask("b")).unwrap();
-        support_wait(|| server.requests_to(CHAT).len() == 2);
+        // The restart comes once both have their partial output in hand.
+        let seen = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let observe = || -> Option<loopd::runner::Observer> {
+            let seen = seen.clone();
+            Some(Box::new(move |e: &RunEvent| {
+                if matches!(e, RunEvent::Chat(loopd::llama::ChatEvent::Content(_))) {
+                    seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                }
+            }))
+        };
+        let a = s.runner.submit_observed(ask("a"), observe()).unwrap();
+        let b = s.runner.submit_observed(ask("b"), observe()).unwrap();
+        support_wait(|| seen.load(std::sync::atomic::Ordering::SeqCst) == 2);
         worker.set(|w| {
             w.state = "restarting";
             w.spawns = 2;
@@ -770,4 +780,63 @@ fn a_panicking_observer_fails_its_request_and_frees_the_slot() {
     assert_released(&s.runner);
     let r = run(&s, ask("y"));
     assert!(r.outcome.fail_reason().is_none(), "{:?}", r.outcome);
+}
+
+/// The commands the worker got about generations, in order.
+fn generation_commands(worker: &FakeWorker) -> Vec<String> {
+    let ours = ["register", "progress", "done", "stall"];
+    worker
+        .commands()
+        .into_iter()
+        .filter(|c| ours.iter().any(|w| c.split(' ').next() == Some(w)))
+        .collect()
+}
+
+#[test]
+fn each_generation_is_registered_with_the_worker_and_done_when_it_ends() {
+    let server = FakeServer::start(vec![(CHAT, vec![answer("ok")])]);
+    let worker = FakeWorker::start(Script::default());
+    let s = setup(config(&server, Some(&worker)), 1);
+    let r = run(&s, ask("x"));
+    assert!(matches!(r.outcome, Outcome::Completed { .. }), "{r:?}");
+    assert_eq!(
+        generation_commands(&worker),
+        ["register 0", "progress 1 first_byte", "done 1"]
+    );
+}
+
+#[test]
+fn a_failure_pushed_on_the_watch_ends_the_request_with_its_partial_output() {
+    for (pushed, want) in [
+        ("worker_restarted", FailReason::WorkerRestarted),
+        ("server_died", FailReason::ServerDied),
+        ("worker_stopped", FailReason::WorkerStopped),
+    ] {
+        let server = FakeServer::start(vec![(
+            CHAT,
+            vec![Reply::sse(vec![content("partial")]).ending(End::Silence)],
+        )]);
+        let worker = FakeWorker::start(Script::default());
+        let mut c = config(&server, Some(&worker));
+        // Only the push can end it: no stall report, no status poll, liveness past `wait`.
+        c.runner.stall_ms = 60_000;
+        c.runner.worker_poll_ms = 60_000;
+        c.limits.liveness_ms = 60_000;
+        let s = setup(c, 1);
+        support_wait(|| worker.watching() == 1);
+        let id = s.runner.submit(ask("a")).unwrap();
+        support_wait(|| generation_commands(&worker).len() == 2);
+        worker.push_failed(1, pushed);
+        let r = wait(&s.runner, id);
+        let (reason, detail) = failed(&r);
+        assert_eq!(reason, want, "{pushed}");
+        assert!(detail.contains("pushed on the watch"), "{detail}");
+        assert_eq!(r.content.as_deref(), Some("partial"));
+        assert_released(&s.runner);
+        assert_eq!(
+            generation_commands(&worker),
+            ["register 0", "progress 1 first_byte"],
+            "no done for a generation the worker failed"
+        );
+    }
 }

@@ -104,6 +104,15 @@ fn a_thousand_mixed_requests_leak_no_slot_no_record_and_no_thread() {
     tools.register(Arc::new(Ok_)).unwrap();
     tools.register(Arc::new(Bad)).unwrap();
     let runner = Runner::new(Arc::new(Client::new(c)), tools, Arc::new(StandardBios), 2);
+    // The runner's watch (and the fake's side of it) belong to the baseline.
+    let open_until = Instant::now() + Duration::from_secs(10);
+    while worker.watching() != 1 {
+        assert!(
+            Instant::now() < open_until,
+            "the runner opened no watch in 10 s"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
     let baseline = threads();
     let start = Instant::now();
     let deadline = start + Duration::from_secs(180);

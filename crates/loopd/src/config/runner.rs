@@ -1,5 +1,6 @@
 //! The `[runner]` section of `config.toml`: the tool budget, the tool timeout, the worker's
-//! status socket, the stall limit and the loop detector's thresholds.
+//! status socket, the stall limit, the grace for a broken-off generation and the loop
+//! detector's thresholds.
 
 use std::path::PathBuf;
 
@@ -24,8 +25,14 @@ pub struct RunnerConfig {
     /// How long one status or stall call to the worker may take (2 s).
     pub worker_timeout_ms: u64,
     /// A generating request with no stream progress for this long reports a stall to the
-    /// worker, and again after each further such period (60 s).
+    /// worker, and again after each further such period (30 s, `limits.liveness_ms`'s
+    /// default; never more than `limits.liveness_ms`).
     pub stall_ms: u64,
+    /// A registered generation whose stream broke off (closed early, cut mid-event) is the
+    /// worker's to explain for this long: a `server_died` it pushes meanwhile is the reason,
+    /// else the client's error stands (10 s, two of llama-worker's default readiness probes,
+    /// which is when it sees a model instance die; 0: at once).
+    pub death_grace_ms: u64,
     /// The loop detector's thresholds.
     pub loop_detector: LoopThresholds,
     /// `loopd serve`: how long an unfetched result is kept (3,600 s); then `NOT_FOUND`.
@@ -43,7 +50,8 @@ impl Default for RunnerConfig {
             worker_socket: None,
             worker_poll_ms: 1_000,
             worker_timeout_ms: 2_000,
-            stall_ms: 60_000,
+            stall_ms: 30_000,
+            death_grace_ms: 10_000,
             loop_detector: LoopThresholds::default(),
             result_ttl_s: 3_600,
             max_results: 1_024,
@@ -107,12 +115,12 @@ mod tests {
         assert_eq!(c.runner, super::RunnerConfig::default());
         assert_eq!(
             (c.runner.budget, c.runner.tool_timeout_ms, c.runner.stall_ms),
-            (8, 10_000, 60_000)
+            (8, 10_000, 30_000)
         );
         assert_eq!(c.runner.loop_detector.medium_repeats, 8);
         let c = parse(
             "[runner]\nbudget = 2\nslots = 4\ntool_timeout_ms = 5\nworker_socket = \"/run/w.sock\"\n\
-             worker_poll_ms = 7\nworker_timeout_ms = 9\nstall_ms = 11\n\
+             worker_poll_ms = 7\nworker_timeout_ms = 9\nstall_ms = 11\ndeath_grace_ms = 0\n\
              [runner.loop_detector]\nmedium_from = 10\nlong_from = 40\nshort_repeats = 30\n\
              medium_repeats = 6\nlong_repeats = 3\nsentence_ends_line = false\n",
         )
@@ -124,6 +132,7 @@ mod tests {
             (r.worker_poll_ms, r.worker_timeout_ms, r.stall_ms),
             (7, 9, 11)
         );
+        assert_eq!(r.death_grace_ms, 0, "0 is allowed: at once");
         let l = r.loop_detector;
         assert_eq!(
             (
@@ -152,6 +161,12 @@ mod tests {
         assert!(parse("[runner.loop_detector]\nlong_repeats = 2\n").is_ok());
         let e = parse("[runner.loop_detector]\nmedium_from = 65\n").unwrap_err();
         assert_eq!(e.key, "runner.loop_detector.medium_from");
+        let e = parse("[limits]\nliveness_ms = 20000\n[runner]\nstall_ms = 20001\n").unwrap_err();
+        assert_eq!((e.line, e.key.as_str()), (6, "runner.stall_ms"));
+        assert!(e
+            .message
+            .starts_with("must not be greater than limits.liveness_ms"));
+        assert!(parse("[limits]\nliveness_ms = 20000\n[runner]\nstall_ms = 20000\n").is_ok());
         let e = parse("[runner]\nbudgett = 1\n").unwrap_err();
         assert_eq!(e.key, "runner.budgett");
         let e = parse("[runner]\nbudget = -1\n").unwrap_err();

@@ -97,6 +97,8 @@ impl Client {
                         let ok = end_reasoning(config, &id, cancel);
                         x.handle_control_answer(self.clock.now(), ok);
                     }
+                    // The plain client names no judge; were one asked, silence is a stall.
+                    Output::JudgeSilence => x.handle_silence_verdict(self.clock.now(), false),
                 }
             }
             // After the events: a cancel from inside `on_event` is seen here.

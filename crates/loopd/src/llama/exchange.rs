@@ -13,7 +13,10 @@
 //! Timers, by phase:
 //! - before the first byte: a `/slots` poll every `poll_ms` ([`FirstByteWait`] turns the
 //!   answers into `WaitTimeout`, `LoadTimeout` or `Stalled(IdleGrace)`); for a retry, nothing
-//!   past the retry budget ([`set_first_byte_deadline`](ChatExchange::set_first_byte_deadline));
+//!   past the retry budget ([`set_first_byte_deadline`](ChatExchange::set_first_byte_deadline)).
+//!   With a judge ([`judge_prefill`](ChatExchange::judge_prefill): llama-worker, which sees
+//!   the server's CPU time) `idle_grace_ms` asks it ([`Output::JudgeSilence`]) instead of
+//!   failing, and the wait starts over while it says the server is alive;
 //! - the response head, once its first byte came: `call_ms` whole, and `liveness_ms` of silence;
 //! - a 200 stream: `liveness_ms` of silence, and no total deadline;
 //! - an error body: `call_ms` from the head; what arrived by then is kept.
@@ -47,6 +50,12 @@ pub enum Output {
         /// The completion id.
         id: String,
     },
+    /// No byte came while the slot stayed idle for `idle_grace_ms`, and a judge was named
+    /// with [`judge_prefill`](ChatExchange::judge_prefill): ask it whether the server is
+    /// alive and pass its verdict to
+    /// [`handle_silence_verdict`](ChatExchange::handle_silence_verdict). No `/slots` poll
+    /// runs until then.
+    JudgeSilence,
 }
 
 #[derive(Debug)]
@@ -85,6 +94,8 @@ pub struct ChatExchange<'b> {
     phase: Phase,
     next_poll: Duration,
     polling: bool,
+    judge: bool,
+    judging: bool,
     clip: Option<Duration>,
     first_byte: Duration,
     last_byte: Duration,
@@ -124,6 +135,8 @@ impl<'b> ChatExchange<'b> {
             phase: Phase::Sent,
             next_poll: sent_at + ms(limits.poll_ms),
             polling: false,
+            judge: false,
+            judging: false,
             clip: None,
             first_byte: sent_at,
             last_byte: sent_at,
@@ -138,6 +151,30 @@ impl<'b> ChatExchange<'b> {
     /// is clipped to the retry budget). Once a byte came it no longer applies.
     pub fn set_first_byte_deadline(&mut self, at: Duration) {
         self.clip = Some(at);
+    }
+
+    /// Names a judge of a silent prefill: `idle_grace_ms` asks it ([`Output::JudgeSilence`])
+    /// rather than failing with `Stalled(IdleGrace)`.
+    pub fn judge_prefill(&mut self) {
+        self.judge = true;
+    }
+
+    /// The judge's verdict on a silent prefill, at `now`: alive, the first-byte wait starts
+    /// over (a `/slots` poll `poll_ms` later); not alive, `Stalled(IdleGrace)`. Ignored unless
+    /// a verdict was asked for, and once a byte came.
+    pub fn handle_silence_verdict(&mut self, now: Duration, alive: bool) {
+        if !std::mem::take(&mut self.judging)
+            || self.outcome.is_some()
+            || !matches!(self.phase, Phase::Sent)
+        {
+            return;
+        }
+        if alive {
+            self.wait = FirstByteWait::new(self.limits, now);
+            self.next_poll = now + ms(self.limits.poll_ms);
+        } else {
+            self.fail(InferError::Stalled(Silence::IdleGrace));
+        }
     }
 
     /// Takes bytes read from the connection at `now`; returns how many were consumed. All are,
@@ -230,6 +267,10 @@ impl<'b> ChatExchange<'b> {
         }
         match self.wait.observe(seen, now) {
             Ok(()) => self.next_poll = now + ms(self.limits.poll_ms),
+            Err(InferError::Stalled(Silence::IdleGrace)) if self.judge => {
+                self.judging = true;
+                self.outputs.push_back(Output::JudgeSilence);
+            }
             Err(e) => self.fail(e),
         }
     }
@@ -262,7 +303,7 @@ impl<'b> ChatExchange<'b> {
             Phase::Sent => {
                 if self.clip.is_some_and(|at| now >= at) {
                     self.fail(InferError::TimedOut(Deadline::RetryTotal));
-                } else if !self.polling && now >= self.next_poll {
+                } else if !self.polling && !self.judging && now >= self.next_poll {
                     self.polling = true;
                     self.outputs.push_back(Output::PollSlots);
                 }
@@ -302,7 +343,7 @@ impl<'b> ChatExchange<'b> {
         }
         let liveness = self.last_byte + ms(self.limits.liveness_ms);
         match &self.phase {
-            Phase::Sent if self.polling => self.clip,
+            Phase::Sent if self.polling || self.judging => self.clip,
             Phase::Sent => Some(self.clip.map_or(self.next_poll, |c| c.min(self.next_poll))),
             Phase::Head => Some(liveness.min(self.first_byte + ms(self.limits.call_ms))),
             Phase::Stream => Some(liveness),

@@ -4,13 +4,22 @@
 //!
 //! Inputs, each with `now`: what the driver did about an action ([`handle_sent`],
 //! [`handle_bytes`], [`handle_eof`], [`handle_slots`], [`handle_control_answer`],
-//! [`handle_tool_result`], [`handle_worker_status`], [`handle_stall_answer`]), time passing
+//! [`handle_tool_result`], [`handle_worker_status`], [`handle_stall_answer`],
+//! [`handle_registered`], [`handle_worker_failed`]), time passing
 //! ([`handle_timeout`]) and [`cancel`]. Outputs: [`Action`]s from [`poll_action`], in order,
 //! and [`poll_timeout`], the time the machine next needs [`handle_timeout`]. It decides
 //! everything a request decides: the BIOS, the budget, exit tools, fallback parsing, loop
 //! detection, stall bookkeeping, tool deadlines, and why it failed (its own reason first,
 //! then the worker's, then the client's). It never blocks, spawns or reads a clock; the
 //! driver in `drive.rs` does the IO.
+//!
+//! With a worker socket each generation is registered with llama-worker before it is sent
+//! (`register <slot>`), its first stream byte and then its bytes at most every
+//! [`PROGRESS_EVERY`] are reported (`progress <id> first_byte|bytes`), and it is unregistered
+//! (`done <id>`) when it ends, after any stall report about it (`stall <id>`). A failure the
+//! worker pushes for the generation ([`handle_worker_failed`]) ends the request at once. A
+//! registered generation's silent prefill is the worker's to judge: at `limits.idle_grace_ms`
+//! it is reported as a stall, and the wait starts over while the worker says `not_stalled`.
 //!
 //! [`handle_sent`]: AgentRequest::handle_sent
 //! [`handle_bytes`]: AgentRequest::handle_bytes
@@ -20,6 +29,8 @@
 //! [`handle_tool_result`]: AgentRequest::handle_tool_result
 //! [`handle_worker_status`]: AgentRequest::handle_worker_status
 //! [`handle_stall_answer`]: AgentRequest::handle_stall_answer
+//! [`handle_registered`]: AgentRequest::handle_registered
+//! [`handle_worker_failed`]: AgentRequest::handle_worker_failed
 //! [`handle_timeout`]: AgentRequest::handle_timeout
 //! [`cancel`]: AgentRequest::cancel
 //! [`poll_action`]: AgentRequest::poll_action
@@ -39,11 +50,18 @@ use crate::llama::{
 
 use super::answer::asked;
 use super::bios::{BiosContext, BiosProvider};
-use super::worker::{StallAnswer, WorkerError, WorkerState, WorkerStatus};
+use super::worker::{
+    ProgressKind, RegisterAnswer, StallAnswer, WorkerError, WorkerFailReason, WorkerState,
+    WorkerStatus,
+};
 use super::{
     CallSource, FailReason, GenerationStats, Outcome, RequestId, RunEvent, RunRequest, RunResult,
     ToolError, ToolRecord, ToolRegistry,
 };
+
+/// The generation's stream bytes are reported to llama-worker at most this often (after the
+/// first byte, reported at once): the worker's view of the last byte is at most this old.
+pub const PROGRESS_EVERY: Duration = Duration::from_secs(1);
 
 /// What the machine asks of its driver.
 #[derive(Debug)]
@@ -84,9 +102,29 @@ pub enum Action {
     /// Read llama-worker's status; answer with
     /// [`handle_worker_status`](AgentRequest::handle_worker_status).
     WorkerStatus,
-    /// Report a stall to llama-worker; answer with
-    /// [`handle_stall_answer`](AgentRequest::handle_stall_answer).
-    ReportStall,
+    /// Report a stall to llama-worker (`stall <id>` for a registered generation, else a bare
+    /// `stall`); answer with [`handle_stall_answer`](AgentRequest::handle_stall_answer).
+    ReportStall {
+        /// The generation's id with the worker, when it is registered.
+        generation: Option<u64>,
+    },
+    /// Register the generation about to be sent with llama-worker (`register <slot>`);
+    /// answer with [`handle_registered`](AgentRequest::handle_registered). Its
+    /// [`Action::Send`] follows the answer.
+    RegisterGeneration,
+    /// Report stream progress of the registered generation `id`; no answer is needed.
+    ReportProgress {
+        /// The generation's id with the worker.
+        id: u64,
+        /// `first_byte` once, then `bytes`.
+        kind: ProgressKind,
+    },
+    /// The registered generation `id` ended: unregister it (`done <id>`); no answer is
+    /// needed.
+    GenerationDone {
+        /// The generation's id with the worker.
+        id: u64,
+    },
     /// The request is over: its result. Nothing follows.
     Done(Box<RunResult>),
 }
@@ -171,6 +209,18 @@ pub struct AgentRequest<'b> {
     next_status: Duration,
     status_out: bool,
     stall_out: bool,
+    /// The request of the generation whose registration is out.
+    unsent: Option<ChatRequest>,
+    /// The generation's id with the worker, while registered.
+    generation: Option<u64>,
+    /// When its progress was last reported; `None` before its first byte.
+    progressed: Option<Duration>,
+    /// A stall report is out to judge a silent prefill (the exchange waits for it).
+    judging: bool,
+    /// The judge said the silent prefill is not alive: the stall was reported already.
+    silence_reported: bool,
+    /// Until when a generation that broke off waits for the worker to explain it.
+    explain_by: Option<Duration>,
 }
 
 impl std::fmt::Debug for AgentRequest<'_> {
@@ -265,6 +315,12 @@ impl<'b> AgentRequest<'b> {
             next_status: now + ms(setup.settings.worker_poll_ms),
             status_out: false,
             stall_out: false,
+            unsent: None,
+            generation: None,
+            progressed: None,
+            judging: false,
+            silence_reported: false,
+            explain_by: None,
         };
         m.start_generation(now);
         m
@@ -314,7 +370,11 @@ impl<'b> AgentRequest<'b> {
         let Some(storage) = self.storage.take() else {
             return;
         };
-        let x = ChatExchange::with_storage(self.limits, now, storage);
+        let mut x = ChatExchange::with_storage(self.limits, now, storage);
+        // The worker knows the generation: it judges a silent prefill by the server's CPU.
+        if self.generation.is_some() {
+            x.judge_prefill();
+        }
         self.phase = Phase::Generating(Box::new(x));
         if self.fail.is_some() {
             self.abort(now);
@@ -336,6 +396,9 @@ impl<'b> AgentRequest<'b> {
             return input.len();
         };
         let used = x.handle_bytes(now, input);
+        if used > 0 {
+            self.report_progress(now);
+        }
         self.pump(now);
         used
     }
@@ -396,7 +459,12 @@ impl<'b> AgentRequest<'b> {
             ask: Ask::Status, ..
         } = self.phase
         {
-            self.conclude(now);
+            // A generation that broke off waits for the worker's push (or a restart on the
+            // status poll) until `death_grace_ms`.
+            let waiting = self.explain_by.is_some_and(|t| now < t);
+            if self.fail.is_some() || !waiting {
+                self.conclude(now);
+            }
         } else if self.fail.is_some() {
             self.abort(now);
         }
@@ -405,22 +473,41 @@ impl<'b> AgentRequest<'b> {
     /// llama-worker's answer to a stall report (or why there was none).
     pub fn handle_stall_answer(&mut self, now: Duration, answer: Result<StallAnswer, WorkerError>) {
         self.stall_out = false;
+        let alive = matches!(answer, Ok(StallAnswer::NotStalled { .. }));
         if let Ok(a) = answer {
             self.r.stalls.push(a);
             self.actions.push_back(Action::Event(RunEvent::Stall(a)));
             if a == StallAnswer::Restarting {
-                let detail = format!(
-                    "no stream progress for {} ms (runner.stall_ms); llama-worker saw none \
-                     either and restarted llama-server",
-                    self.settings.stall_ms
-                );
+                let detail = if self.judging {
+                    format!(
+                        "no byte while the slot was idle for {} ms (limits.idle_grace_ms); \
+                         llama-worker saw no progress either and restarted llama-server",
+                        self.limits.idle_grace_ms
+                    )
+                } else {
+                    format!(
+                        "no stream progress for {} ms (runner.stall_ms); llama-worker saw none \
+                         either and restarted llama-server",
+                        self.settings.stall_ms
+                    )
+                };
                 self.set_fail(FailReason::WorkerRestarted, detail);
+            }
+        }
+        if std::mem::take(&mut self.judging) {
+            if let Phase::Generating(x) = &mut self.phase {
+                let alive = alive && self.fail.is_none();
+                self.silence_reported = !alive;
+                x.handle_silence_verdict(now, alive);
+                self.pump(now);
+                return;
             }
         }
         if let Phase::Concluding {
             ask: Ask::Stall, ..
         } = self.phase
         {
+            self.unregister();
             if self.fail.is_some() {
                 self.conclude(now);
             } else {
@@ -429,6 +516,66 @@ impl<'b> AgentRequest<'b> {
         } else if self.fail.is_some() {
             self.abort(now);
         }
+    }
+
+    /// llama-worker's answer to `register` (or why there was none). Registered: the
+    /// generation is sent. Refused: the worker is not ready, the request fails with its
+    /// output so far. No answer: it is sent unregistered (the status poll still watches it).
+    pub fn handle_registered(
+        &mut self,
+        _now: Duration,
+        answer: Result<RegisterAnswer, WorkerError>,
+    ) {
+        let Some(chat) = self.unsent.take() else {
+            return;
+        };
+        if let Ok(RegisterAnswer::Registered(id)) = answer {
+            self.generation = Some(id);
+        }
+        if let Ok(RegisterAnswer::Refused(state)) = answer {
+            let reason = match state {
+                WorkerState::Stopped => FailReason::WorkerStopped,
+                _ => FailReason::WorkerRestarted,
+            };
+            let detail = format!(
+                "llama-worker refused to register generation {} (worker {})",
+                self.r.generations.len() + 1,
+                state.as_str()
+            );
+            self.set_fail(reason, detail);
+        }
+        if let Some((reason, detail)) = self.fail.clone() {
+            self.end(Outcome::Failed { reason, detail });
+            return;
+        }
+        self.actions.push_back(Action::Send(chat));
+    }
+
+    /// llama-worker pushed the failure of generation `id` on its watch channel (and forgot
+    /// it): the request ends at once with `reason` and its output so far. An id that is not
+    /// the registered generation's is stale and ignored.
+    pub fn handle_worker_failed(&mut self, now: Duration, id: u64, reason: WorkerFailReason) {
+        if self.generation != Some(id) {
+            return;
+        }
+        self.generation = None;
+        let (reason, what) = match reason {
+            WorkerFailReason::WorkerRestarted => (
+                FailReason::WorkerRestarted,
+                "llama-worker restarted llama-server",
+            ),
+            WorkerFailReason::ServerDied => {
+                (FailReason::ServerDied, "llama-server died on its own")
+            }
+            WorkerFailReason::WorkerStopped => {
+                (FailReason::WorkerStopped, "llama-worker was stopped")
+            }
+        };
+        self.set_fail(
+            reason,
+            format!("{what} (generation {id}, pushed on the watch)"),
+        );
+        self.abort(now);
     }
 
     /// Time passed: fires every timer due at `now`.
@@ -453,7 +600,8 @@ impl<'b> AgentRequest<'b> {
         if self.stall_due().is_some_and(|at| now >= at) {
             self.reported = Some(now);
             self.stall_out = true;
-            self.actions.push_back(Action::ReportStall);
+            let generation = self.generation;
+            self.actions.push_back(Action::ReportStall { generation });
         }
         if self.worker() && !self.status_out && !self.is_done() && now >= self.next_status {
             self.status_out = true;
@@ -481,6 +629,27 @@ impl<'b> AgentRequest<'b> {
                 .max(self.last_progress)
                 + ms(self.settings.stall_ms)
         })
+    }
+
+    /// Reports the registered generation's stream progress: its first byte at once, then at
+    /// most every [`PROGRESS_EVERY`].
+    fn report_progress(&mut self, now: Duration) {
+        let Some(id) = self.generation else { return };
+        let kind = match self.progressed {
+            None => ProgressKind::FirstByte,
+            Some(at) if now >= at + PROGRESS_EVERY => ProgressKind::Bytes,
+            Some(_) => return,
+        };
+        self.progressed = Some(now);
+        self.actions.push_back(Action::ReportProgress { id, kind });
+    }
+
+    /// The generation ended: unregister it with the worker.
+    fn unregister(&mut self) {
+        self.progressed = None;
+        if let Some(id) = self.generation.take() {
+            self.actions.push_back(Action::GenerationDone { id });
+        }
     }
 
     fn set_fail(&mut self, reason: FailReason, detail: String) {
@@ -563,7 +732,12 @@ impl<'b> AgentRequest<'b> {
             number,
             budget_left: self.r.budget_left,
         }));
-        self.actions.push_back(Action::Send(chat));
+        if self.worker() {
+            self.unsent = Some(chat);
+            self.actions.push_back(Action::RegisterGeneration);
+        } else {
+            self.actions.push_back(Action::Send(chat));
+        }
         self.phase = Phase::Sending;
         self.started = now;
         // The config was validated, so the detector accepts it; an invalid one in code is a
@@ -588,6 +762,12 @@ impl<'b> AgentRequest<'b> {
                 Output::Event(e) => self.on_chat_event(now, e),
                 Output::PollSlots => self.actions.push_back(Action::PollSlots),
                 Output::EndReasoning { id } => self.actions.push_back(Action::EndReasoning { id }),
+                Output::JudgeSilence => {
+                    self.judging = true;
+                    self.stall_out = true;
+                    let generation = self.generation;
+                    self.actions.push_back(Action::ReportStall { generation });
+                }
             }
         }
         let Phase::Generating(x) = &mut self.phase else {
@@ -619,6 +799,7 @@ impl<'b> AgentRequest<'b> {
                     reasoning_tokens: done.reasoning_tokens,
                 };
                 self.keep_partial(now, &whole);
+                self.unregister();
                 self.end(Outcome::Failed { reason, detail });
             }
             (Some(Err(e)), _) => self.generation_failed(now, e, partial),
@@ -681,11 +862,21 @@ impl<'b> AgentRequest<'b> {
             self.end(Outcome::Failed { reason, detail });
             return;
         }
-        let ask = if matches!(error, InferError::Stalled(_)) {
+        let reported = std::mem::take(&mut self.silence_reported);
+        let ask = if matches!(error, InferError::Stalled(_)) && !reported {
             Ask::Stall
         } else {
             Ask::Status
         };
+        // A stall is reported about the generation, so it stays registered until answered;
+        // one that broke off stays registered for the worker to explain (a server death).
+        let grace = self.settings.death_grace_ms;
+        let broke_off = !matches!(error, InferError::Stalled(_));
+        if ask == Ask::Status && broke_off && self.generation.is_some() && grace > 0 {
+            self.explain_by = Some(now + ms(grace));
+        } else if ask == Ask::Status {
+            self.unregister();
+        }
         self.phase = Phase::Concluding { error, ask };
         self.ask_worker(ask);
     }
@@ -697,7 +888,8 @@ impl<'b> AgentRequest<'b> {
         match ask {
             Ask::Stall => {
                 self.stall_out = true;
-                self.actions.push_back(Action::ReportStall);
+                let generation = self.generation;
+                self.actions.push_back(Action::ReportStall { generation });
             }
             Ask::Status => {
                 self.status_out = true;
@@ -727,6 +919,7 @@ impl<'b> AgentRequest<'b> {
 
     /// A whole answer: complete, or an iteration of tool calls.
     fn answered(&mut self, now: Duration, done: Completion) {
+        self.unregister();
         let cache = match (&self.previous, &done.timings) {
             (Some(p), Some(c)) => Some(cache_outcome(p, c)),
             _ => None,
@@ -887,6 +1080,7 @@ impl<'b> AgentRequest<'b> {
         if matches!(self.phase, Phase::Done) {
             return;
         }
+        self.unregister();
         self.phase = Phase::Done;
         let mut r = no_output(self.r.id, self.r.budget, outcome.clone());
         std::mem::swap(&mut r, &mut self.r);

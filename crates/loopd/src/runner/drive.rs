@@ -1,10 +1,13 @@
 //! The IO driver of one [`AgentRequest`]: it carries out the machine's actions (the chat
 //! request over the inference socket, `/slots` and `reasoning_end` calls, tool calls on
-//! threads of their own, llama-worker's status socket) and feeds the machine what came back,
-//! with the time from the client's clock. It decides nothing: every wait is bounded by the
-//! machine's [`poll_timeout`](AgentRequest::poll_timeout) and by `limits.poll_ms`, so a cancel
-//! is seen within one poll interval. A tool that ignores its cancel token keeps only its own
-//! thread: the machine has given up on it at its deadline and the request goes on.
+//! threads of their own, llama-worker's socket: status, stall, register / progress / done) and
+//! feeds the machine what came back (and the failures the runner's watch pushes for its
+//! generation) with the time from the client's clock. It decides nothing: every wait is
+//! bounded by the machine's [`poll_timeout`](AgentRequest::poll_timeout) and by
+//! `limits.poll_ms`, so a cancel is seen within one poll interval, and a failure pushed for a
+//! registered generation within [`PUSHED_WITHIN`]. A tool that ignores its cancel token keeps
+//! only its own thread: the machine has given up on it at its deadline and the request goes
+//! on.
 
 use std::os::unix::net::UnixStream;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
@@ -14,7 +17,13 @@ use crate::http::{self, READ_CHUNK};
 use crate::llama::{end_reasoning, poll_slot, send, Buffers, Cancel};
 
 use super::agent::{Action, AgentRequest, Setup};
-use super::{worker, Observer, RequestId, RunEvent, RunRequest, RunResult, Shared, ToolError};
+use super::watch::Pushed;
+use super::worker::{self, RegisterAnswer, WorkerError};
+use super::{Observer, RequestId, RunEvent, RunRequest, RunResult, Shared, ToolError};
+
+/// While a generation is registered, the longest wait before a failure the watch pushed for
+/// it is seen (the socket read and the sleep are cut into slices this long).
+const PUSHED_WITHIN: Duration = Duration::from_millis(100);
 
 /// A tool call running on its thread.
 struct ToolRun {
@@ -62,6 +71,17 @@ pub(super) fn drive(
     // The socket's read timeout as last set; `None` for a new connection.
     let mut timeout: Option<Duration> = None;
     let mut cancelled = false;
+    // The generation registered with the worker, and where the watch sends its failure.
+    let mut registered: Option<u64> = None;
+    let (pushed_to, pushed) = mpsc::channel::<Pushed>();
+    // A worker that does not answer is logged once per request; the request goes on.
+    let mut quiet = false;
+    let mut unanswered = |what: &str, e: &WorkerError| {
+        if !std::mem::replace(&mut quiet, true) {
+            eprintln!("loopd: {id}: llama-worker did not answer `{what}` ({e}); going on");
+        }
+    };
+    let socket = shared.settings.worker_socket.as_deref();
     loop {
         while let Some(action) = m.poll_action() {
             match action {
@@ -114,18 +134,56 @@ pub(super) fn drive(
                     };
                     m.handle_worker_status(clock.now(), st);
                 }
-                Action::ReportStall => {
-                    let answer = match &shared.settings.worker_socket {
-                        Some(socket) => worker::report_stall(socket, worker_timeout),
-                        None => continue,
+                Action::ReportStall { generation } => {
+                    let answer = match (socket, generation) {
+                        (Some(s), Some(g)) => worker::report_stall_of(s, g, worker_timeout),
+                        (Some(s), None) => worker::report_stall(s, worker_timeout),
+                        (None, _) => continue,
                     };
                     m.handle_stall_answer(clock.now(), answer);
                 }
+                Action::RegisterGeneration => {
+                    let Some(s) = socket else { continue };
+                    let answer = worker::register(s, slot, worker_timeout);
+                    match &answer {
+                        Ok(RegisterAnswer::Registered(g)) => {
+                            registered = Some(*g);
+                            if let Some(w) = &shared.watch {
+                                w.route(*g, pushed_to.clone());
+                            }
+                        }
+                        Ok(RegisterAnswer::Refused(_)) => {}
+                        Err(e) => unanswered("register", e),
+                    }
+                    m.handle_registered(clock.now(), answer);
+                }
+                Action::ReportProgress { id: g, kind } => {
+                    let Some(s) = socket else { continue };
+                    // An unknown id was failed by the worker: its push ends the request.
+                    if let Err(e) = worker::progress(s, g, kind, worker_timeout) {
+                        unanswered("progress", &e);
+                    }
+                }
+                Action::GenerationDone { id: g } => {
+                    unroute(shared, &mut registered);
+                    let Some(s) = socket else { continue };
+                    if let Err(e) = worker::done(s, g, worker_timeout) {
+                        unanswered("done", &e);
+                    }
+                }
                 Action::Done(result) => {
+                    unroute(shared, &mut registered);
                     drop(permit);
                     return *result;
                 }
             }
+        }
+        if let Ok((g, reason)) = pushed.try_recv() {
+            if registered == Some(g) {
+                registered = None;
+            }
+            m.handle_worker_failed(clock.now(), g, reason);
+            continue;
         }
         if cancel.is_cancelled() && !cancelled {
             cancelled = true;
@@ -138,9 +196,14 @@ pub(super) fn drive(
             m.handle_timeout(now);
             continue;
         }
+        // A registered generation's pushed failure is looked for at least this often.
+        let most = match registered {
+            Some(_) => poll.min(PUSHED_WITHIN),
+            None => poll,
+        };
         let wait = due
-            .map_or(poll, |at| at.saturating_sub(now))
-            .clamp(Duration::from_millis(1), poll);
+            .map_or(most, |at| at.saturating_sub(now))
+            .clamp(Duration::from_millis(1), most);
         if let Some(s) = stream.as_mut() {
             if pos < len {
                 pos += m.handle_bytes(now, &buf[pos..len]);
@@ -171,6 +234,13 @@ pub(super) fn drive(
             cancel.sleep(wait);
             m.handle_timeout(clock.now());
         }
+    }
+}
+
+/// Stops routing pushed failures to this request: its generation ended.
+fn unroute(shared: &Shared, registered: &mut Option<u64>) {
+    if let (Some(g), Some(w)) = (registered.take(), &shared.watch) {
+        w.unroute(g);
     }
 }
 

@@ -19,6 +19,11 @@
 //!   with `worker_restarted` (`server_died` when the server exited on its own). A generating
 //!   request with no stream progress for `runner.stall_ms` reports a stall on the socket; the
 //!   worker restarts only if it saw no CPU progress either.
+//! - With a worker socket each generation is registered with the worker, and one `watch`
+//!   connection per runner (`watch.rs`, its own thread, reopened when lost) delivers the
+//!   worker's `failed <id> <reason>` to the request holding that generation: it ends at once
+//!   (within 100 ms) with its partial output. The status poll stays as the
+//!   fallback for a failure the watch missed.
 
 mod agent;
 mod answer;
@@ -27,6 +32,7 @@ mod builtin;
 mod drive;
 mod result;
 mod tools;
+mod watch;
 pub mod worker;
 
 use std::collections::HashMap;
@@ -38,7 +44,7 @@ use std::time::{Duration, Instant};
 use crate::llama::{Cancel, ChatMessage, ChatOptions, Client};
 
 pub use crate::config::{LoopThresholds, RunnerConfig};
-pub use agent::{Action, AgentRequest, Setup};
+pub use agent::{Action, AgentRequest, Setup, PROGRESS_EVERY};
 pub use bios::{BiosContext, BiosProvider, StandardBios};
 pub use builtin::{builtin_tools, Arithmetic, Clock as ClockTool, Finish, ReadFile, READ_FILE_CAP};
 pub use result::{
@@ -163,6 +169,8 @@ struct Shared {
     tools: ToolRegistry,
     bios: Arc<dyn BiosProvider>,
     settings: RunnerConfig,
+    /// The watch channel's routes, with a worker socket.
+    watch: Option<Arc<watch::Watch>>,
     table: Mutex<Table>,
     stored: Condvar,
 }
@@ -196,11 +204,17 @@ impl Runner {
         slots: u32,
     ) -> Runner {
         let settings = client.config().runner.clone();
+        let watch = settings.worker_socket.clone().and_then(|socket| {
+            let timeout = Duration::from_millis(settings.worker_timeout_ms);
+            let retry = Duration::from_millis(settings.worker_poll_ms);
+            watch::Watch::start(socket, timeout, retry)
+        });
         let shared = Arc::new(Shared {
             client,
             tools,
             bios,
             settings,
+            watch,
             table: Mutex::new(Table {
                 slots: vec![None; slots.max(1) as usize],
                 records: HashMap::new(),
@@ -387,6 +401,9 @@ impl Drop for Runner {
     /// Cancels every running request and waits for their driver threads (not for tool
     /// threads that ignore their cancel token).
     fn drop(&mut self) {
+        if let Some(w) = &self.shared.watch {
+            w.stop();
+        }
         let threads: Vec<JoinHandle<()>> = {
             let mut t = lock(&self.shared.table);
             t.records

@@ -1,12 +1,16 @@
-//! A fake llama-worker status socket: `status` answers the scripted state, `stall` the
-//! scripted verdict (a `restarting` verdict also moves the state to `restarting` with a new
-//! spawn, as the real worker does). Every command is recorded.
+//! A fake llama-worker status socket: `status` answers the scripted state, `stall` and
+//! `stall <id>` the scripted verdict (a `restarting` verdict also moves the state to
+//! `restarting` with a new spawn, as the real worker does). `register <slot>` answers ids 1,
+//! 2, ... while the scripted state is `ready` (else refused with it), `progress` and `done`
+//! answer `{"ok":true}`, and `watch` stays open: the state line, then the failures pushed
+//! with [`FakeWorker::push_failed`], and a ping every second. Every command is recorded.
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
@@ -36,6 +40,8 @@ struct Shared {
     script: Mutex<Script>,
     commands: Mutex<Vec<String>>,
     stop: AtomicBool,
+    next_id: AtomicU64,
+    watchers: Mutex<Vec<Sender<String>>>,
 }
 
 /// The fake worker; stops and removes its directory on drop.
@@ -59,6 +65,8 @@ impl FakeWorker {
             script: Mutex::new(script),
             commands: Mutex::new(Vec::new()),
             stop: AtomicBool::new(false),
+            next_id: AtomicU64::new(1),
+            watchers: Mutex::new(Vec::new()),
         });
         let s = shared.clone();
         let accept = thread::spawn(move || {
@@ -93,9 +101,29 @@ impl FakeWorker {
         self.shared.commands.lock().unwrap().clone()
     }
 
-    /// How many `stall` commands came.
+    /// How many `stall` and `stall <id>` commands came.
     pub fn stalls(&self) -> usize {
-        self.commands().iter().filter(|c| *c == "stall").count()
+        self.commands()
+            .iter()
+            .filter(|c| *c == "stall" || c.starts_with("stall "))
+            .count()
+    }
+
+    /// How many `watch` connections are open.
+    pub fn watching(&self) -> usize {
+        let mut w = self.shared.watchers.lock().unwrap();
+        w.retain(|tx| tx.send(String::new()).is_ok());
+        w.len()
+    }
+
+    /// Pushes `{"event":"failed","id":<id>,"reason":<reason>}` to every open watch.
+    pub fn push_failed(&self, id: u64, reason: &str) {
+        let line = format!("{{\"event\":\"failed\",\"id\":{id},\"reason\":\"{reason}\"}}");
+        self.shared
+            .watchers
+            .lock()
+            .unwrap()
+            .retain(|tx| tx.send(line.clone()).is_ok());
     }
 }
 
@@ -110,7 +138,23 @@ impl Drop for FakeWorker {
     }
 }
 
-fn serve(conn: UnixStream, s: &Shared) {
+/// Writes the watch's lines until the client goes or the fake stops; an empty line from
+/// [`FakeWorker::watching`] is only a probe.
+fn watch(conn: UnixStream, rx: Receiver<String>, stop: Arc<Shared>) {
+    while !stop.stop.load(Ordering::SeqCst) {
+        let line = match rx.recv_timeout(Duration::from_secs(1)) {
+            Ok(l) if l.is_empty() => continue,
+            Ok(l) => l,
+            Err(RecvTimeoutError::Timeout) => "{\"event\":\"ping\"}".to_owned(),
+            Err(RecvTimeoutError::Disconnected) => return,
+        };
+        if (&conn).write_all(format!("{line}\n").as_bytes()).is_err() {
+            return;
+        }
+    }
+}
+
+fn serve(conn: UnixStream, s: &Arc<Shared>) {
     let _ = conn.set_read_timeout(Some(Duration::from_secs(2)));
     let mut line = String::new();
     if BufReader::new(&conn).read_line(&mut line).is_err() {
@@ -119,7 +163,27 @@ fn serve(conn: UnixStream, s: &Shared) {
     let command = line.trim().to_owned();
     s.commands.lock().unwrap().push(command.clone());
     let mut script = s.script.lock().unwrap();
-    let answer = match command.as_str() {
+    let word = command.split(' ').next().unwrap_or("");
+    let answer = match word {
+        "watch" => {
+            let first = format!(
+                "{{\"event\":\"state\",\"state\":\"{}\",\"spawns\":{}}}",
+                script.state, script.spawns
+            );
+            let (tx, rx) = mpsc::channel();
+            let _ = tx.send(first);
+            s.watchers.lock().unwrap().push(tx);
+            let _ = conn.set_write_timeout(Some(Duration::from_secs(2)));
+            let stop = s.clone();
+            thread::spawn(move || watch(conn, rx, stop));
+            return;
+        }
+        "register" if script.state == "ready" => {
+            let id = s.next_id.fetch_add(1, Ordering::SeqCst);
+            format!("{{\"registered\":{id}}}")
+        }
+        "register" => format!("{{\"refused\":\"{}\"}}", script.state),
+        "progress" | "done" => "{\"ok\":true}".to_owned(),
         "status" => format!(
             "{{\"state\":\"{}\",\"pid\":42,\"port\":8080,\"restarts_in_window\":0,\
              \"total_restarts\":0,\"spawns\":{},\"last_cause\":{},\"cpu_ticks\":7,\

@@ -1,0 +1,105 @@
+//! The runner's `watch` connection to llama-worker. One thread per runner keeps it open (the
+//! worker forgets every registered generation when no watch is open), opens a new one
+//! `runner.worker_poll_ms` after it is lost (no line for 3 s, the end of the stream, a refused
+//! connection), and hands each pushed `failed <id> <reason>` to the driver of the request that
+//! registered generation `id`, which ends it at once. A failure pushed for an id no driver has
+//! routed (yet) is dropped: the request's status poll still sees the restart.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::Sender;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use super::lock;
+use super::worker::{self, WatchEvent, WorkerError, WorkerFailReason};
+
+/// A failure the worker pushed: the generation's id and why.
+pub(super) type Pushed = (u64, WorkerFailReason);
+
+/// The routes from generation ids to their drivers, shared with the watch thread.
+pub(super) struct Watch {
+    routes: Mutex<HashMap<u64, Sender<Pushed>>>,
+    stop: AtomicBool,
+}
+
+impl Watch {
+    /// Starts the watch thread on `socket`; `timeout` bounds connecting and writing, `retry`
+    /// is the wait before a new connection. `None` when no thread could be started (then
+    /// only the status poll sees restarts).
+    pub(super) fn start(socket: PathBuf, timeout: Duration, retry: Duration) -> Option<Arc<Watch>> {
+        let w = Arc::new(Watch {
+            routes: Mutex::new(HashMap::new()),
+            stop: AtomicBool::new(false),
+        });
+        let t = w.clone();
+        std::thread::Builder::new()
+            .name("loopd-watch".into())
+            .spawn(move || t.run(&socket, timeout, retry))
+            .ok()?;
+        Some(w)
+    }
+
+    /// Sends failures pushed for generation `id` to `to`.
+    pub(super) fn route(&self, id: u64, to: Sender<Pushed>) {
+        lock(&self.routes).insert(id, to);
+    }
+
+    /// Forgets generation `id` (it ended).
+    pub(super) fn unroute(&self, id: u64) {
+        lock(&self.routes).remove(&id);
+    }
+
+    /// Ends the thread at its next event (the worker pings every second) or retry.
+    pub(super) fn stop(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
+
+    fn stopped(&self) -> bool {
+        self.stop.load(Ordering::SeqCst)
+    }
+
+    fn run(&self, socket: &std::path::Path, timeout: Duration, retry: Duration) {
+        // Logged once per outage, not once per retry.
+        let mut lost = false;
+        while !self.stopped() {
+            match worker::watch(socket, timeout) {
+                Ok(mut w) => {
+                    if lost {
+                        eprintln!("loopd: llama-worker's watch is open again");
+                    }
+                    lost = false;
+                    while !self.stopped() {
+                        match w.next_event() {
+                            Ok(WatchEvent::Failed { id, reason }) => {
+                                if let Some(to) = lock(&self.routes).remove(&id) {
+                                    let _ = to.send((id, reason));
+                                }
+                            }
+                            Ok(_) => {}
+                            // A line this loopd does not know: the next one may be.
+                            Err(WorkerError::BadAnswer(_)) => {}
+                            Err(e) => {
+                                eprintln!("loopd: llama-worker's watch was lost ({e})");
+                                lost = true;
+                                break;
+                            }
+                        }
+                    }
+                }
+                Err(e) if !lost => {
+                    eprintln!("loopd: llama-worker's watch could not be opened ({e})");
+                    lost = true;
+                }
+                Err(_) => {}
+            }
+            let mut left = retry;
+            while !left.is_zero() && !self.stopped() {
+                let step = left.min(Duration::from_millis(100));
+                std::thread::sleep(step);
+                left -= step;
+            }
+        }
+    }
+}
