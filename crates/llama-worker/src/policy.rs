@@ -706,14 +706,15 @@ impl Policy {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    const fn s(secs: u64) -> Duration {
+    pub(crate) const fn s(secs: u64) -> Duration {
         Duration::from_secs(secs)
     }
 
-    const CFG: PolicyConfig = PolicyConfig {
+    /// The numbers the policy tests run on (the RPC tests too, with `await_endpoints`).
+    pub(crate) const CFG: PolicyConfig = PolicyConfig {
         startup_deadline: s(60),
         unready_restart_after: s(30),
         stall_timeout: s(120),
@@ -723,7 +724,7 @@ mod tests {
         await_endpoints: false,
     };
 
-    fn drain(p: &mut Policy) -> Vec<Action> {
+    pub(crate) fn drain(p: &mut Policy) -> Vec<Action> {
         core::iter::from_fn(|| p.poll_action()).collect()
     }
 

@@ -381,24 +381,14 @@ mod policy_tests {
         Action, Endpoints, FailReason, Policy, PolicyConfig, Refusal, RestartCause, State,
     };
 
-    const fn s(secs: u64) -> Duration {
-        Duration::from_secs(secs)
-    }
+    use crate::policy::tests::{drain, s};
     const MS: Duration = Duration::from_millis(1);
 
+    /// The policy tests' numbers, waiting for RPC endpoints before each spawn.
     const CFG: PolicyConfig = PolicyConfig {
-        startup_deadline: s(60),
-        unready_restart_after: s(30),
-        stall_timeout: s(120),
-        restart_window: s(600),
-        max_restarts_per_window: 3,
-        restart_backoff: s(2),
         await_endpoints: true,
+        ..crate::policy::tests::CFG
     };
-
-    fn drain(p: &mut Policy) -> Vec<Action> {
-        core::iter::from_fn(|| p.poll_action()).collect()
-    }
 
     /// Started at 0, RPC servers up at `up`, server spawned then and ready 1 s later.
     fn ready(up: Duration) -> Policy {
