@@ -97,7 +97,7 @@ fn kinds(actions: &[Action]) -> Vec<String> {
             Action::Send(_) => Some("send".into()),
             Action::PollSlots => Some("slots".into()),
             Action::EndReasoning { .. } => Some("end_reasoning".into()),
-            Action::Close => Some("close".into()),
+            Action::Close { .. } => Some("close".into()),
             Action::RunTool { name, .. } => Some(format!("tool {name}")),
             Action::CancelTool { id } => Some(format!("cancel {id}")),
             Action::WorkerStatus => Some("status".into()),

@@ -180,7 +180,7 @@ fn play(
                 }
                 Action::PollSlots => m.handle_slots(now, SlotSeen::Busy),
                 Action::EndReasoning { .. } => m.handle_control_answer(now, true),
-                Action::Close => due = None,
+                Action::Close { .. } => due = None,
                 Action::RunTool {
                     id,
                     name,

@@ -176,3 +176,46 @@ fn cancel_during_a_retry_wait_keeps_the_failed_attempts_partial() {
     assert_eq!(failed.partial.content.as_deref(), Some("Red"));
     assert_eq!(server.requests_to(CHAT).len(), 1);
 }
+
+/// A cancelled request may leave the server generating: the slot's next request asks `/slots`
+/// until the slot is idle (a `Waiting` per busy answer) before it sends; a request after a
+/// normal completion sends at once.
+#[test]
+fn the_request_after_a_cancel_waits_for_slots_to_say_idle() {
+    let busy = Reply::json(200, &slots_json(Some(0)));
+    let idle = Reply::json(200, &slots_json(None));
+    let server = FakeServer::start(vec![
+        (CHAT, vec![Reply::silence(), support::answer()]),
+        // The first busy is the cancelled request's own first-byte poll.
+        ("/slots", vec![busy.clone(), busy.clone(), busy, idle]),
+    ]);
+    let client = Client::new(config(&server));
+    let cancel = Cancel::new();
+    let r = client.run(&request(), &cancel, &mut |e| {
+        assert_eq!(*e, ChatEvent::Waiting { slot_busy: true });
+        cancel.cancel();
+    });
+    assert!(matches!(r.unwrap_err().error, InferError::Cancelled));
+    assert_eq!(server.requests_to("/slots").len(), 1);
+
+    let mut after_cancel = Vec::new();
+    let done = client.run(&request(), &Cancel::new(), &mut |e| {
+        after_cancel.push(e.clone())
+    });
+    assert_eq!(done.unwrap().content.as_deref(), Some("Red, blue"));
+    assert_eq!(server.requests_to("/slots").len(), 4);
+
+    let mut after_answer = Vec::new();
+    let done = client.run(&request(), &Cancel::new(), &mut |e| {
+        after_answer.push(e.clone())
+    });
+    assert_eq!(done.unwrap().content.as_deref(), Some("Red, blue"));
+    assert_eq!(
+        server.requests_to("/slots").len(),
+        4,
+        "no check after an answer"
+    );
+    let waits = vec![ChatEvent::Waiting { slot_busy: true }; 2];
+    assert_eq!(after_cancel, [waits, after_answer.clone()].concat());
+    assert_eq!(server.requests_to(CHAT).len(), 3);
+}

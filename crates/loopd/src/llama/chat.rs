@@ -1,7 +1,9 @@
 //! One request from the slot gate to the completion (design section 4): the thin loop that does
 //! the IO for a [`ChatExchange`].
 //!
-//! 1. The slot gate ([`super::gate`]), for at most `busy_wait_ms`.
+//! 1. The slot gate ([`super::gate`]), for at most `busy_wait_ms`; if the slot's previous
+//!    request was abandoned (its connection closed while the server may still be generating),
+//!    `/slots` every `poll_ms` until it says the slot is idle ([`IdleWait`], `busy_wait_ms`).
 //! 2. Connect and send the request within `connect_ms`.
 //! 3. Then, until the exchange is over: hand its outputs on (events to the caller, `/slots`
 //!    polls and the `reasoning_end` call on a second connection, each within its deadline),
@@ -9,7 +11,7 @@
 //!    of what is left until [`ChatExchange::poll_timeout`], never more than `poll_ms`, so a
 //!    cancel is seen within one poll interval. Only this loop reads the clock.
 //! 4. Dropping the connection at the end closes it, which makes the server stop generating
-//!    on every error and on a cancel.
+//!    on every error and on a cancel; such an end marks the permit abandoned (step 1).
 //!
 //! Everything runs on the caller's thread.
 
@@ -23,7 +25,8 @@ use crate::http::{self, READ_CHUNK};
 
 use super::assemble::Buffers;
 use super::exchange::{ChatExchange, Output};
-use super::timers::SlotSeen;
+use super::gate::SlotPermit;
+use super::timers::{IdleWait, SlotSeen};
 use super::{
     info, request, Cancel, ChatEvent, ChatRequest, Client, Completion, Failed, InferError,
 };
@@ -71,10 +74,11 @@ impl Client {
         let limits = config.limits;
         let poll = Duration::from_millis(limits.poll_ms);
         let busy = Duration::from_millis(limits.busy_wait_ms);
-        let _permit = self
+        let mut permit = self
             .gate
             .acquire(req.slot, busy, poll, cancel, on_event)
             .map_err(Failed::bare)?;
+        wait_idle(config, &mut permit, &*self.clock, cancel, on_event).map_err(Failed::bare)?;
         let mut stream = send(config, req, cancel).map_err(Failed::bare)?;
         let mut buffers = Buffers::new();
         let mut x = ChatExchange::new(limits, self.clock.now(), &mut buffers);
@@ -127,13 +131,54 @@ impl Client {
         drop(stream);
         match x.take_result() {
             Some(Ok(done)) => Ok(done),
-            Some(Err(error)) => Err(Failed {
-                error,
-                partial: x.partial(),
-            }),
+            Some(Err(error)) => {
+                if error.may_leave_slot_busy() {
+                    permit.abandon();
+                }
+                Err(Failed {
+                    error,
+                    partial: x.partial(),
+                })
+            }
             None => unreachable!("the loop ends only when the exchange is over"),
         }
     }
+}
+
+/// If `permit`'s slot was abandoned by its previous request, asks `/slots` every `poll_ms`
+/// until it says the slot is idle (or cannot say), emitting `Waiting { slot_busy: true }` for
+/// each busy answer; `WaitTimeout` after `busy_wait_ms`, `Cancelled` on a cancel. A wait that
+/// fails leaves the slot marked abandoned for the next request.
+pub(crate) fn wait_idle(
+    config: &Config,
+    permit: &mut SlotPermit<'_>,
+    clock: &dyn crate::clock::Clock,
+    cancel: &Cancel,
+    on_event: &mut dyn FnMut(&ChatEvent),
+) -> Result<(), InferError> {
+    if !permit.after_abandoned() {
+        return Ok(());
+    }
+    let poll = Duration::from_millis(config.limits.poll_ms);
+    let wait = IdleWait::new(config.limits, clock.now());
+    let r = loop {
+        let seen = poll_slot(config, permit.slot(), cancel);
+        if cancel.is_cancelled() {
+            break Err(InferError::Cancelled);
+        }
+        match wait.observe(seen, clock.now()) {
+            Ok(true) => break Ok(()),
+            Ok(false) => on_event(&ChatEvent::Waiting { slot_busy: true }),
+            Err(e) => break Err(e),
+        }
+        if cancel.sleep(poll) {
+            break Err(InferError::Cancelled);
+        }
+    };
+    if r.is_err() {
+        permit.abandon();
+    }
+    r
 }
 
 /// Connects to the inference socket and sends `req` as a chat request, within

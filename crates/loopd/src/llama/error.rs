@@ -195,6 +195,23 @@ impl fmt::Display for InferError {
 }
 
 impl InferError {
+    /// Whether a request that ended this way, once sent, may have left the server generating:
+    /// loopd closed the connection (a cancel, a stall, a deadline, the thinking cap, a broken
+    /// stream) rather than the server ending the answer (an error status or payload, a close).
+    /// The next request on that slot waits for `/slots` to say it is idle.
+    pub fn may_leave_slot_busy(&self) -> bool {
+        matches!(
+            self,
+            InferError::Cancelled
+                | InferError::Stalled(_)
+                | InferError::TimedOut(_)
+                | InferError::ThinkingOverrun
+                | InferError::Protocol(_)
+                | InferError::WaitTimeout
+                | InferError::LoadTimeout
+        )
+    }
+
     /// Whether this is the router's answer for a model whose instance could not load (an
     /// HTTP 500 whose body says `model name=… failed to load`): waiting longer will not help,
     /// the worker's status has the cause.

@@ -5,6 +5,11 @@
 //! slot is released on every path: success, error, and a panic unwinding through the caller.
 //! A full queue answers [`InferError::Busy`] at once; a waiter gives up after
 //! `limits.busy_wait_ms` ([`InferError::WaitTimeout`]) or when its request is cancelled.
+//!
+//! A holder that closed its connection while the server may still be generating marks its
+//! permit [`abandon`](SlotPermit::abandon)ed; the next permit for that slot says so
+//! ([`SlotPermit::after_abandoned`]), and its holder waits for `/slots` to say the slot is idle
+//! before sending (the IO is the caller's: `llama::chat::wait_idle`).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Condvar, Mutex, MutexGuard};
@@ -16,6 +21,8 @@ use super::{Cancel, ChatEvent, InferError};
 #[derive(Debug, Default)]
 struct Slot {
     held: bool,
+    // The last holder abandoned the slot; the next permit takes this flag.
+    abandoned: bool,
     queue: VecDeque<u64>,
 }
 
@@ -38,6 +45,8 @@ pub struct SlotGate {
 pub struct SlotPermit<'a> {
     gate: &'a SlotGate,
     slot: u32,
+    after_abandoned: bool,
+    abandoned: bool,
 }
 
 impl SlotGate {
@@ -76,7 +85,8 @@ impl SlotGate {
         let s = state.slots.entry(slot).or_default();
         if !s.held && s.queue.is_empty() {
             s.held = true;
-            return Ok(SlotPermit { gate: self, slot });
+            let after_abandoned = std::mem::take(&mut s.abandoned);
+            return Ok(SlotPermit::new(self, slot, after_abandoned));
         }
         if s.queue.len() >= self.queue_cap {
             return Err(InferError::Busy);
@@ -102,8 +112,9 @@ impl SlotGate {
             if position == 0 && !s.held {
                 s.queue.pop_front();
                 s.held = true;
+                let after_abandoned = std::mem::take(&mut s.abandoned);
                 std::mem::forget(guard);
-                return Ok(SlotPermit { gate: self, slot });
+                return Ok(SlotPermit::new(self, slot, after_abandoned));
             }
             let ahead = position + usize::from(s.held);
             if reported != Some(ahead) {
@@ -144,10 +155,31 @@ impl SlotGate {
     }
 }
 
-impl SlotPermit<'_> {
+impl<'a> SlotPermit<'a> {
+    fn new(gate: &'a SlotGate, slot: u32, after_abandoned: bool) -> Self {
+        SlotPermit {
+            gate,
+            slot,
+            after_abandoned,
+            abandoned: false,
+        }
+    }
+
     /// The slot this permit holds.
     pub fn slot(&self) -> u32 {
         self.slot
+    }
+
+    /// Whether the previous holder of the slot abandoned it: the server may still be
+    /// generating its request, so `/slots` is to say idle before this one is sent.
+    pub fn after_abandoned(&self) -> bool {
+        self.after_abandoned
+    }
+
+    /// Marks the slot abandoned: this holder closed its connection while the server may still
+    /// be generating (or it never saw the slot idle). The next permit says so.
+    pub fn abandon(&mut self) {
+        self.abandoned = true;
     }
 }
 
@@ -156,6 +188,7 @@ impl Drop for SlotPermit<'_> {
         let mut state = self.gate.lock();
         if let Some(s) = state.slots.get_mut(&self.slot) {
             s.held = false;
+            s.abandoned = self.abandoned;
         }
         drop(state);
         self.gate.changed.notify_all();
@@ -243,6 +276,20 @@ mod tests {
             thread::sleep(Duration::from_millis(1));
         }
         panic!("condition never held");
+    }
+
+    #[test]
+    fn an_abandoned_slot_is_told_to_the_next_permit_only() {
+        let gate = SlotGate::new(8);
+        let mut p = take(&gate, 0, &mut no_events).unwrap();
+        assert!(!p.after_abandoned());
+        p.abandon();
+        drop(p);
+        assert!(!take(&gate, 1, &mut no_events).unwrap().after_abandoned());
+        let p = take(&gate, 0, &mut no_events).unwrap();
+        assert!(p.after_abandoned());
+        drop(p);
+        assert!(!take(&gate, 0, &mut no_events).unwrap().after_abandoned());
     }
 
     #[test]

@@ -27,7 +27,7 @@ mod timers;
 
 pub use crate::cancel::Cancel;
 pub use assemble::{Buffers, Storage, ARGUMENTS_CAP, CONTENT_CAP, REASONING_CAP, TOOL_CALLS_CAP};
-pub(crate) use chat::{end_reasoning, poll_slot, send};
+pub(crate) use chat::{end_reasoning, poll_slot, send, wait_idle};
 pub use chat::{CHAT_PATH, CONTROL_PATH};
 pub use error::{
     capped_body, Deadline, Failed, InferError, Partial, ProtocolError, Silence, ERROR_BODY_CAP,
@@ -41,7 +41,7 @@ pub use llama_proto::{
 };
 pub use request::render as render_request;
 pub use retry::{is_retryable, Decision, RetrySchedule};
-pub use timers::{CapAction, FirstByteWait, SlotSeen, ThinkingCap};
+pub use timers::{CapAction, FirstByteWait, IdleWait, SlotSeen, ThinkingCap};
 
 /// How the model is to answer one request: the per-request settings of the chat body.
 ///

@@ -64,6 +64,40 @@ impl FirstByteWait {
     }
 }
 
+/// The wait for a slot that the previous request left abandoned (closed while the server may
+/// still have been generating): each `/slots` answer and time in, whether to send.
+///
+/// A slot seen idle lets the request go; so does a `/slots` that cannot say (the first-byte
+/// wait after the send handles a loading server). Busy past `limits.busy_wait_ms` from the
+/// start of the wait is `WaitTimeout`.
+#[derive(Debug, Clone, Copy)]
+pub struct IdleWait {
+    busy_wait: Duration,
+    since: Duration,
+}
+
+impl IdleWait {
+    /// A wait that starts at `now`.
+    pub fn new(limits: Limits, now: Duration) -> Self {
+        IdleWait {
+            busy_wait: Duration::from_millis(limits.busy_wait_ms),
+            since: now,
+        }
+    }
+
+    /// Takes one poll's answer at `now`: `Ok(true)` to send, `Ok(false)` to poll again after
+    /// `poll_ms`, or `WaitTimeout`.
+    pub fn observe(&self, seen: SlotSeen, now: Duration) -> Result<bool, InferError> {
+        match seen {
+            SlotSeen::Idle | SlotSeen::Unavailable => Ok(true),
+            SlotSeen::Busy if now.saturating_sub(self.since) >= self.busy_wait => {
+                Err(InferError::WaitTimeout)
+            }
+            SlotSeen::Busy => Ok(false),
+        }
+    }
+}
+
 /// What the thinking cap asks of the client after a chunk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CapAction {
@@ -130,6 +164,19 @@ mod tests {
 
     fn outcome(w: &mut FirstByteWait, seen: SlotSeen, now: u64) -> Option<String> {
         w.observe(seen, at(now)).err().map(|e| e.to_string())
+    }
+
+    #[test]
+    fn an_abandoned_slot_is_waited_for_while_busy_up_to_busy_wait_ms() {
+        let w = IdleWait::new(limits(), at(100));
+        assert_eq!(w.observe(SlotSeen::Busy, at(100)).ok(), Some(false));
+        assert_eq!(w.observe(SlotSeen::Busy, at(1_099)).ok(), Some(false));
+        assert!(matches!(
+            w.observe(SlotSeen::Busy, at(1_100)),
+            Err(InferError::WaitTimeout)
+        ));
+        assert_eq!(w.observe(SlotSeen::Idle, at(1_099)).ok(), Some(true));
+        assert_eq!(w.observe(SlotSeen::Unavailable, at(100)).ok(), Some(true));
     }
 
     #[test]

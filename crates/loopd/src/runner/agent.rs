@@ -82,7 +82,12 @@ pub enum Action {
         id: String,
     },
     /// The generation is over: close its connection (the server stops generating).
-    Close,
+    Close {
+        /// The connection is closed while the server may still be generating (a cancel, a
+        /// stall, a deadline: [`InferError::may_leave_slot_busy`]): mark the slot abandoned,
+        /// so its next request waits for `/slots` to say it is idle.
+        abandoned: bool,
+    },
     /// Run a tool call (on a thread of its own); answer with
     /// [`handle_tool_result`](AgentRequest::handle_tool_result).
     RunTool {
@@ -384,7 +389,7 @@ impl<'b> AgentRequest<'b> {
     /// The request could not be sent (`Connect`, `TimedOut(Connect)`, a cancel).
     pub fn handle_send_error(&mut self, now: Duration, error: InferError) {
         if matches!(self.phase, Phase::Sending) {
-            self.actions.push_back(Action::Close);
+            self.actions.push_back(Action::Close { abandoned: false });
             self.generation_failed(now, error, Partial::default());
         }
     }
@@ -785,7 +790,12 @@ impl<'b> AgentRequest<'b> {
         let result = x.take_result();
         let partial = x.partial();
         self.storage = Some(x.into_storage());
-        self.actions.push_back(Action::Close);
+        let abandoned = match &result {
+            Some(Err(e)) => e.may_leave_slot_busy(),
+            Some(Ok(_)) => false,
+            None => true,
+        };
+        self.actions.push_back(Action::Close { abandoned });
         match (result, self.fail.clone()) {
             (Some(Ok(done)), None) => self.answered(now, done),
             // Stopped by the machine while the rest of the stream was in hand: its reason

@@ -14,7 +14,7 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::time::Duration;
 
 use crate::http::{self, READ_CHUNK};
-use crate::llama::{end_reasoning, poll_slot, send, Buffers, Cancel};
+use crate::llama::{end_reasoning, poll_slot, send, wait_idle, Buffers, Cancel};
 
 use super::agent::{Action, AgentRequest, Setup};
 use super::watch::Pushed;
@@ -89,7 +89,13 @@ pub(super) fn drive(
                 Action::Send(chat) => {
                     let busy = Duration::from_millis(config.limits.busy_wait_ms);
                     let mut queued = |e: &crate::llama::ChatEvent| emit(&RunEvent::Chat(e.clone()));
-                    match client.gate().acquire(slot, busy, poll, cancel, &mut queued) {
+                    let acquired = client
+                        .gate()
+                        .acquire(slot, busy, poll, cancel, &mut queued)
+                        .and_then(|mut p| {
+                            wait_idle(config, &mut p, clock, cancel, &mut queued).map(|()| p)
+                        });
+                    match acquired {
                         Ok(p) => permit = Some(p),
                         Err(e) => {
                             m.handle_send_error(clock.now(), e);
@@ -112,8 +118,14 @@ pub(super) fn drive(
                     let ok = end_reasoning(config, &id, cancel);
                     m.handle_control_answer(clock.now(), ok);
                 }
-                // Dropping the connection closes it: the server stops generating.
-                Action::Close => (stream, permit, pos, len) = (None, None, 0, 0),
+                // Dropping the connection closes it: the server stops generating, and the
+                // slot's next request checks that it did.
+                Action::Close { abandoned } => {
+                    if let Some(p) = permit.as_mut().filter(|_| abandoned) {
+                        p.abandon();
+                    }
+                    (stream, permit, pos, len) = (None, None, 0, 0);
+                }
                 Action::RunTool {
                     id,
                     name,
