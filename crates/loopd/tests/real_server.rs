@@ -16,15 +16,19 @@ use loopd::llama::{
     FinishReason, InferError,
 };
 
-/// The socket of the shared proxy in front of the shared server.
-fn socket() -> PathBuf {
+/// The shared server and the proxy in front of it.
+fn shared() -> &'static (LocalServer, Proxy) {
     static SHARED: OnceLock<(LocalServer, Proxy)> = OnceLock::new();
-    let (_, proxy) = SHARED.get_or_init(|| {
+    SHARED.get_or_init(|| {
         let server = LocalServer::start();
         let proxy = Proxy::start(server.addr());
         (server, proxy)
-    });
-    proxy.socket().to_owned()
+    })
+}
+
+/// The socket of the shared proxy in front of the shared server.
+fn socket() -> PathBuf {
+    shared().1.socket().to_owned()
 }
 
 /// One test at a time against the shared server.
@@ -290,4 +294,59 @@ fn props_slots_and_tokenize() {
     assert_eq!(slots.iter().map(|s| s.id).collect::<Vec<_>>(), [0, 1]);
     let tokens = client.tokenize("Hello world").unwrap();
     assert!(!tokens.is_empty() && tokens.len() < 5, "{tokens:?}");
+}
+
+/// Issue 23 item 4: a generation loopd abandons mid-stream (here a cancel after the first
+/// tokens) leaves the server's slot idle soon after, because the server notices the closed
+/// connection; and the next request on that slot goes through once `/slots` says idle.
+#[test]
+fn a_cancelled_generation_frees_its_server_slot() {
+    let _turn = turn();
+    let mut c = config();
+    c.limits.max_tokens = 400;
+    let client = Client::new(c);
+    let req = ChatRequest::user(0, "Write a long story about a lighthouse keeper.");
+    let cancel = loopd::llama::Cancel::new();
+    let mut tokens = 0;
+    let r = client.run(&req, &cancel, &mut |e| {
+        if matches!(e, ChatEvent::Content(_)) {
+            tokens += 1;
+            if tokens == 3 {
+                cancel.cancel();
+            }
+        }
+    });
+    let cancelled_at = std::time::Instant::now();
+    let failed = r.expect_err("cancelled mid-stream");
+    assert!(
+        matches!(failed.error, InferError::Cancelled),
+        "{}",
+        failed.error
+    );
+    assert!(failed
+        .partial
+        .content
+        .as_deref()
+        .is_some_and(|t| !t.is_empty()));
+    // Poll /slots until slot 0 is idle, saying what was last seen. Through a proxy of its own:
+    // through the shared one these polls would spend the accept bucket (burst 10, 2 a second)
+    // that the tests after this one need.
+    let poll_proxy = Proxy::start(shared().0.addr());
+    let poller = Client::new(Config::new(poll_proxy.socket(), llama_harness::MODEL_ID));
+    let idle_after = loop {
+        let slots = poller.slots().expect("GET /slots");
+        let busy = slots.iter().find(|s| s.id == 0).map(|s| s.is_processing);
+        if busy == Some(false) {
+            break cancelled_at.elapsed();
+        }
+        assert!(
+            cancelled_at.elapsed() < Duration::from_secs(10),
+            "slot 0 still processing 10 s after the cancel: {slots:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    eprintln!("slot 0 idle {idle_after:?} after the cancel ({tokens} tokens streamed)");
+    // The next request on the slot completes.
+    let (r, _) = chat(&client, &ChatRequest::user(0, "Name three colours."));
+    r.unwrap();
 }
