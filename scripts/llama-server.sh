@@ -10,7 +10,7 @@
 #                                      tokens, exit non-zero naming the failed step otherwise
 #
 # Everything lands under ${BOXMAKER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/boxmaker}, keyed by
-# version, hash and the build flags (an instruction set chosen explicitly, never -march=native: a
+# version, hash and the build flags (an instruction set chosen explicitly, never a native build: a
 # native build on a VM whose CPU advertises AMX compiles kernels the VM does not execute). Each
 # artefact is built or extracted in a temporary directory beside its final place and renamed into
 # place only when complete, and a new llama-server is cached only after a smoke run on the test
