@@ -1,13 +1,15 @@
 //! `loopd serve` on the real local stack (llama-worker, llama-server, inferproxy), driven by
-//! the real `loopd submit` and `loopd result`: a tool request on a budget of two completes,
-//! and its result shows each call with its result and the budget down by one per iteration.
+//! the real `loopd submit` and `loopd result`: a two-iteration tool request on a budget of two
+//! completes, and its result shows each call with its result and the budget down by one per
+//! iteration.
 //!
 //! As in `runner_real_server.rs`, greedy sampling with a seed and a small `max_tokens` keep the
-//! tiny model's answers the same from run to run, and worked examples (`--history`: earlier
-//! turns with their calls and results) get it to call the tool; the request offers only
-//! `arithmetic`. SmolLM2 copies the first call of the examples but answers after its result
-//! instead of making the second: the test asserts the bookkeeping of however many iterations
-//! it used (one, today), not two.
+//! tiny model's answers the same from run to run, and a worked example (`--history`) gets it to
+//! call the tool. The request offers only `read_file`, over a folder where `start.txt` says to
+//! read `step2.txt`, which holds the number: the model reads one, then the other, then answers.
+//! The example carries the budget notes the runner adds to tool results, so that the model
+//! answers once the budget is spent instead of calling a third time; the call-only examples
+//! after it keep its first move a call (SmolLM2-135M copies whatever came last).
 
 use std::os::unix::net::UnixDatagram;
 use std::path::Path;
@@ -20,25 +22,32 @@ use loopd::llama::Client;
 use loopd::selftest::SAMPLING;
 use serde_json::{json, Value};
 
-const PROMPT: &str = "Multiply 17 by 23, then add 5.";
+const PROMPT: &str = "Read the file start.txt.";
 
-/// Three worked examples, each a multiplication then an addition, with the calls and results.
+/// One worked example of a file that points to another (with the runner's budget notes), then
+/// two single reads.
 fn history() -> Value {
-    let call = |i: u32, op: &str, a: u32, b: u32| {
+    let call = |i: u32, path: &str| {
         json!({"role": "assistant", "content": "", "tool_calls": [{"id": format!("call_{i}"),
-               "name": "arithmetic",
-               "arguments": json!({"operation": op, "numbers": [a, b]}).to_string()}]})
+               "name": "read_file", "arguments": json!({"path": path}).to_string()}]})
     };
-    let result = |i: u32, v: u32| json!({"role": "tool", "tool_call_id": format!("call_{i}"), "content": v.to_string()});
-    let mut m = Vec::new();
-    for (k, (a, b, c)) in [(2, 4, 1), (3, 5, 2), (6, 2, 7)].into_iter().enumerate() {
-        let i = 2 * k as u32 + 1;
-        m.push(json!({"role": "user", "content": format!("Multiply {a} by {b}, then add {c}.")}));
-        m.extend([call(i, "multiply", a, b), result(i, a * b)]);
-        m.extend([call(i + 1, "add", a * b, c), result(i + 1, a * b + c)]);
-        m.push(json!({"role": "assistant", "content": (a * b + c).to_string()}));
-    }
-    Value::Array(m)
+    let result = |i: u32, v: &str| json!({"role": "tool", "tool_call_id": format!("call_{i}"), "content": v});
+    let user = |c: &str| json!({"role": "user", "content": c});
+    json!([
+        user("Read the file a.txt."),
+        call(1, "a.txt"),
+        result(1, "Read the file b.txt.\n[Tool iterations left: 1 of 2.]"),
+        call(2, "b.txt"),
+        result(
+            2,
+            "The number is 7.\n[Tool iterations left: 0 of 2. Do not call tools any more; answer now.]"
+        ),
+        {"role": "assistant", "content": "The number is 7."},
+        user("Read the file notes.txt."),
+        call(3, "notes.txt"),
+        user("Read the file list.txt."),
+        call(4, "list.txt"),
+    ])
 }
 
 struct Serve(Child);
@@ -60,7 +69,7 @@ fn loopd(args: &[&str], config: &Path) -> Output {
 }
 
 #[test]
-fn a_tool_request_on_a_budget_through_loopd_submit_and_loopd_result() {
+fn a_two_iteration_read_file_request_through_loopd_submit_and_loopd_result() {
     let server = LocalServer::start();
     let proxy = Proxy::start(server.addr());
     let props = Client::new(Config::new(proxy.socket(), server.model()))
@@ -92,10 +101,17 @@ fn a_tool_request_on_a_budget_through_loopd_submit_and_loopd_result() {
     let notify_path = dir.join("notify.sock");
     let log = dir.join("serve.log");
     let notify = UnixDatagram::bind(&notify_path).unwrap();
+    // The folder read_file reads under: one file that points to the other.
+    let folder = dir.join("folder");
+    std::fs::create_dir(&folder).unwrap();
+    std::fs::write(folder.join("start.txt"), "Read the file step2.txt.\n").unwrap();
+    std::fs::write(folder.join("step2.txt"), "The number is 391.\n").unwrap();
     let mut serve = Serve(
         Command::new(env!("CARGO_BIN_EXE_loopd"))
             .args(["serve", "--config"])
             .arg(&config)
+            .arg("--folder")
+            .arg(&folder)
             .env("NOTIFY_SOCKET", &notify_path)
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
@@ -125,7 +141,7 @@ fn a_tool_request_on_a_budget_through_loopd_submit_and_loopd_result() {
             "--budget",
             "2",
             "--tool",
-            "arithmetic",
+            "read_file",
             "--system",
             "You answer every question by calling a tool.",
             "--history",
@@ -158,35 +174,43 @@ fn a_tool_request_on_a_budget_through_loopd_submit_and_loopd_result() {
     );
     assert_eq!(r["outcome"], "completed", "{r:#}");
     assert!(out.status.success(), "{r:#}");
-    // Every iteration ran its calls, each with a result, and cost exactly one of the budget.
+    // Two iterations, one call each, each with its result, each costing one of the budget;
+    // then the answer from what the second read.
     let calls = r["tool_calls"].as_array().unwrap();
-    assert!(!calls.is_empty(), "the model called no tool: {r:#}");
-    let iterations = calls
+    let seen: Vec<(u64, Value, &str)> = calls
         .iter()
-        .filter_map(|c| c["iteration"].as_u64())
-        .max()
-        .unwrap();
-    assert_eq!(r["budget_left"].as_u64(), Some(2 - iterations), "{r:#}");
+        .map(|c| {
+            assert_eq!(c["name"], "read_file", "{r:#}");
+            assert_eq!(c["ok"], true, "{r:#}");
+            let args = serde_json::from_str(c["arguments"].as_str().unwrap_or("")).unwrap();
+            (
+                c["iteration"].as_u64().unwrap(),
+                args,
+                c["result"].as_str().unwrap_or(""),
+            )
+        })
+        .collect();
     assert_eq!(
-        r["generations"].as_array().map(Vec::len),
-        Some(iterations as usize + 1),
+        seen,
+        [
+            (
+                1,
+                json!({"path": "start.txt"}),
+                "Read the file step2.txt.\n"
+            ),
+            (2, json!({"path": "step2.txt"}), "The number is 391.\n"),
+        ],
         "{r:#}"
     );
-    for c in calls {
-        assert_eq!(c["name"], "arithmetic", "{r:#}");
-        assert_eq!(c["ok"], true, "{r:#}");
-        assert!(!c["result"].as_str().unwrap_or("").is_empty(), "{r:#}");
-    }
-    let first: Value = serde_json::from_str(calls[0]["arguments"].as_str().unwrap()).unwrap();
-    assert_eq!(
-        first,
-        json!({"operation": "multiply", "numbers": [17, 23]}),
-        "{r:#}"
-    );
-    assert!(
-        calls[0]["result"].as_str().unwrap().starts_with("391"),
-        "{r:#}"
-    );
+    assert_eq!(r["budget_left"].as_u64(), Some(0), "{r:#}");
+    let budgets: Vec<u64> = r["generations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|g| g["budget_left"].as_u64())
+        .collect();
+    assert_eq!(budgets, [2, 1, 0], "{r:#}");
+    assert!(r["content"].as_str().unwrap_or("").contains("391"), "{r:#}");
 
     let _ = Command::new("kill")
         .arg("-TERM")
