@@ -215,7 +215,7 @@ impl std::fmt::Display for Printable<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use loopd::llama::{FinishReason, Timings};
+    use loopd::llama::{AssistantMessage, FinishReason, Timings};
 
     fn plain(events: &[ChatEvent]) -> String {
         let mut w = Watcher::new(Vec::new(), false);
@@ -345,9 +345,7 @@ mod tests {
         let mut w = Watcher::new(Vec::new(), false);
         w.finish(&Completion {
             id: "x".into(),
-            content: None,
-            reasoning_content: None,
-            tool_calls: Vec::new(),
+            message: Default::default(),
             finish_reason: FinishReason::Length,
             timings: Some(Timings {
                 cache_n: u64::MAX,
@@ -367,9 +365,10 @@ mod tests {
         let mut w = Watcher::new(Vec::new(), false);
         w.finish(&Completion {
             id: "x".into(),
-            content: Some("a".into()),
-            reasoning_content: None,
-            tool_calls: Vec::new(),
+            message: AssistantMessage {
+                content: Some("a".into()),
+                ..Default::default()
+            },
             finish_reason: FinishReason::Stop,
             timings: Some(Timings {
                 cache_n: 3,

@@ -142,7 +142,7 @@ fn not_run(r: &RunResult) -> impl Iterator<Item = &ToolCall> {
     r.transcript
         .iter()
         .filter_map(|m| match m {
-            ChatMessage::Assistant { tool_calls, .. } => Some(tool_calls),
+            ChatMessage::Assistant(a) => Some(&a.tool_calls),
             _ => None,
         })
         .flatten()
@@ -152,7 +152,7 @@ fn not_run(r: &RunResult) -> impl Iterator<Item = &ToolCall> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use loopd::llama::{ChatEvent, ToolCall};
+    use loopd::llama::{AssistantMessage, ChatEvent, ToolCall};
 
     use loopd::runner::{FailReason, RequestId, ToolRecord};
 
@@ -246,20 +246,20 @@ mod tests {
             content: None,
             reasoning_content: None,
             transcript: vec![
-                ChatMessage::Assistant {
+                ChatMessage::Assistant(AssistantMessage {
                     content: None,
                     reasoning_content: None,
                     tool_calls: vec![ran.clone()],
-                },
+                }),
                 ChatMessage::Tool {
                     tool_call_id: "c1".into(),
                     content: "1".into(),
                 },
-                ChatMessage::Assistant {
+                ChatMessage::Assistant(AssistantMessage {
                     content: None,
                     reasoning_content: None,
                     tool_calls: vec![refused],
-                },
+                }),
             ],
             tool_calls: vec![ToolRecord {
                 iteration: 1,

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use loopd::config::{Config, RunnerConfig};
-use loopd::llama::{Buffers, ChatMessage, InferError, Silence, SlotSeen};
+use loopd::llama::{AssistantMessage, Buffers, ChatMessage, InferError, Silence, SlotSeen};
 use loopd::runner::worker::{RegisterAnswer, WorkerError, WorkerFailReason};
 use loopd::runner::{
     Action, AgentRequest, BiosContext, BiosProvider, FailReason, Outcome, RequestId, RunEvent,
@@ -232,7 +232,9 @@ fn a_batch_of_three_calls_is_one_iteration_run_in_order_one_at_a_time() {
     let msgs = sent(&next);
     let tail: Vec<&ChatMessage> = msgs.iter().skip(2).collect();
     assert_eq!(tail.len(), 4, "one assistant message and three results");
-    assert!(matches!(tail[0], ChatMessage::Assistant { tool_calls, .. } if tool_calls.len() == 3));
+    assert!(
+        matches!(tail[0], ChatMessage::Assistant(AssistantMessage { tool_calls, .. }) if tool_calls.len() == 3)
+    );
     let results: Vec<&str> = tail[1..]
         .iter()
         .map(|m| match m {
@@ -286,7 +288,7 @@ fn budget_zero_and_another_call_is_tool_execution_error_with_output_kept() {
         )
     );
     assert!(
-        matches!(&r.transcript[0], ChatMessage::Assistant { tool_calls, .. } if tool_calls.len() == 1)
+        matches!(&r.transcript[0], ChatMessage::Assistant(AssistantMessage { tool_calls, .. }) if tool_calls.len() == 1)
     );
 }
 

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use llama_harness::fixture;
 use loopd::config::Config;
-use loopd::llama::{Cancel, ChatMessage, Client, InferError};
+use loopd::llama::{AssistantMessage, Cancel, ChatMessage, Client, InferError};
 use loopd::runner::{
     BiosContext, BiosProvider, CallSource, FailReason, Outcome, RequestId, ResultError, RunEvent,
     RunRequest, RunResult, Runner, StallAnswer, SubmitError, Tool, ToolError, ToolRegistry,
@@ -341,7 +341,7 @@ fn budget_zero_and_another_call_fails_with_tool_execution_error_output_kept() {
     // The output is kept: the first iteration and the refused message.
     let last = r.transcript.last().unwrap();
     assert!(
-        matches!(last, ChatMessage::Assistant { tool_calls, .. } if tool_calls[0].id == "c2"),
+        matches!(last, ChatMessage::Assistant(AssistantMessage { tool_calls, .. }) if tool_calls[0].id == "c2"),
         "{last:?}"
     );
     // A budget of 0 refuses the very first call.
@@ -592,11 +592,11 @@ fn cancel_ends_a_silent_stream_with_its_partial_output() {
     assert_eq!(r.content.as_deref(), Some("Hello, wor"));
     assert_eq!(
         r.transcript,
-        [ChatMessage::Assistant {
+        [ChatMessage::Assistant(AssistantMessage {
             content: Some("Hello, wor".into()),
             reasoning_content: None,
             tool_calls: vec![]
-        }]
+        })]
     );
     assert_released(&s.runner);
 }

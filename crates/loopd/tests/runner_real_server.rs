@@ -13,7 +13,9 @@ use std::time::Duration;
 
 use llama_harness::{LocalServer, Proxy};
 use loopd::config::Config;
-use loopd::llama::{CacheOutcome, Cancel, ChatMessage, ChatOptions, Client, ToolCall};
+use loopd::llama::{
+    AssistantMessage, CacheOutcome, Cancel, ChatMessage, ChatOptions, Client, ToolCall,
+};
 use loopd::runner::{
     BiosProvider, Outcome, RunRequest, RunResult, Runner, StandardBios, Tool, ToolError,
     ToolRegistry,
@@ -55,7 +57,7 @@ fn conversation() -> Vec<ChatMessage> {
         m.push(ChatMessage::User {
             content: format!("What is the weather in {city}?"),
         });
-        m.push(ChatMessage::Assistant {
+        m.push(ChatMessage::Assistant(AssistantMessage {
             content: Some(String::new()),
             reasoning_content: None,
             tool_calls: vec![ToolCall {
@@ -63,7 +65,7 @@ fn conversation() -> Vec<ChatMessage> {
                 name: "get_weather".into(),
                 arguments: format!("{{\"city\": \"{city}\"}}"),
             }],
-        });
+        }));
     }
     m.push(ChatMessage::User {
         content: "What is the weather in Paris?".into(),

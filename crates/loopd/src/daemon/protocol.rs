@@ -8,7 +8,7 @@ use std::fmt;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::llama::{ChatEvent, ChatMessage, ChatOptions, ToolCall};
+use crate::llama::{AssistantMessage, ChatEvent, ChatMessage, ChatOptions, ToolCall};
 use crate::runner::{CallSource, Outcome, RunEvent, RunRequest, RunResult, StallAnswer};
 
 /// Longest command line, newline included: a bigger one is refused with `LINE_TOO_LONG`.
@@ -231,7 +231,7 @@ pub fn parse(line: &[u8]) -> Result<Command, ProtoError> {
                 messages.push(match role {
                     "user" => ChatMessage::User { content: m.content },
                     "system" => ChatMessage::System { content: m.content },
-                    "assistant" => ChatMessage::Assistant {
+                    "assistant" => ChatMessage::Assistant(AssistantMessage {
                         content: Some(m.content),
                         reasoning_content: None,
                         tool_calls: m
@@ -243,7 +243,7 @@ pub fn parse(line: &[u8]) -> Result<Command, ProtoError> {
                                 arguments: c.arguments,
                             })
                             .collect(),
-                    },
+                    }),
                     "tool" => ChatMessage::Tool {
                         tool_call_id: m.tool_call_id.ok_or_else(|| {
                             ProtoError::BadRequest("role `tool`: tool_call_id is required".into())
@@ -488,7 +488,7 @@ mod tests {
         assert_eq!(
             request.messages[1..3],
             [
-                ChatMessage::Assistant {
+                ChatMessage::Assistant(AssistantMessage {
                     content: Some(String::new()),
                     reasoning_content: None,
                     tool_calls: vec![ToolCall {
@@ -496,7 +496,7 @@ mod tests {
                         name: "arithmetic".into(),
                         arguments: "{}".into()
                     }],
-                },
+                }),
                 ChatMessage::Tool {
                     tool_call_id: "c1".into(),
                     content: "5".into()

@@ -36,8 +36,8 @@ pub use exchange::{ChatExchange, Output};
 pub use gate::{SlotGate, SlotPermit};
 pub use info::{Props, SlotState};
 pub use llama_proto::{
-    cache_outcome, CacheOutcome, ChatMessage, Completion, FinishReason, Timings, ToolCall,
-    ToolSchema, CACHE_LOSS_TOLERANCE,
+    cache_outcome, AssistantMessage, CacheOutcome, ChatMessage, Completion, FinishReason, Timings,
+    ToolCall, ToolSchema, CACHE_LOSS_TOLERANCE,
 };
 pub use request::render as render_request;
 pub use retry::{is_retryable, Decision, RetrySchedule};

@@ -259,15 +259,6 @@ pub(super) fn no_output(id: RequestId, budget: u32, outcome: Outcome) -> RunResu
     }
 }
 
-/// The assistant message of a partial answer, kept in the transcript.
-fn assistant(p: &Partial) -> ChatMessage {
-    ChatMessage::Assistant {
-        content: p.content.clone(),
-        reasoning_content: p.reasoning_content.clone(),
-        tool_calls: p.tool_calls.clone(),
-    }
-}
-
 impl<'b> AgentRequest<'b> {
     /// The request `req` at `now`, assembling into `storage`; its first action sends
     /// generation 1.
@@ -801,14 +792,7 @@ impl<'b> AgentRequest<'b> {
             // Stopped by the machine while the rest of the stream was in hand: its reason
             // stands, with the whole output kept.
             (Some(Ok(done)), Some((reason, detail))) => {
-                let whole = Partial {
-                    content: done.content,
-                    reasoning_content: done.reasoning_content,
-                    tool_calls: done.tool_calls,
-                    timings: done.timings,
-                    reasoning_tokens: done.reasoning_tokens,
-                };
-                self.keep_partial(now, &whole);
+                self.keep_partial(now, done.into());
                 self.unregister();
                 self.end(Outcome::Failed { reason, detail });
             }
@@ -838,7 +822,7 @@ impl<'b> AgentRequest<'b> {
     }
 
     /// Records a generation that ended without an answer, keeping its output.
-    fn keep_partial(&mut self, now: Duration, p: &Partial) {
+    fn keep_partial(&mut self, now: Duration, p: Partial) {
         self.r.generations.push(GenerationStats {
             budget_left: self.r.budget_left,
             timings: p.timings,
@@ -847,16 +831,18 @@ impl<'b> AgentRequest<'b> {
             finish_reason: None,
             elapsed: now.saturating_sub(self.started),
         });
-        self.r.content.clone_from(&p.content);
-        self.r.reasoning_content.clone_from(&p.reasoning_content);
-        self.r.transcript.push(assistant(p));
+        self.r.content.clone_from(&p.message.content);
+        self.r
+            .reasoning_content
+            .clone_from(&p.message.reasoning_content);
+        self.r.transcript.push(ChatMessage::Assistant(p.message));
     }
 
     /// The failure policy for a generation the client ended with `error`: the machine's own
     /// reason when it has one; with a worker socket, what the worker says (a silent server
     /// is reported as a stall first); else the client's error.
     fn generation_failed(&mut self, now: Duration, error: InferError, partial: Partial) {
-        self.keep_partial(now, &partial);
+        self.keep_partial(now, partial);
         if let Some((reason, detail)) = self.fail.clone() {
             self.end(Outcome::Failed { reason, detail });
             return;
@@ -943,17 +929,16 @@ impl<'b> AgentRequest<'b> {
             finish_reason: Some(done.finish_reason),
             elapsed: now.saturating_sub(self.started),
         });
-        self.r.content.clone_from(&done.content);
-        self.r.reasoning_content.clone_from(&done.reasoning_content);
+        let mut message = done.message;
+        self.r.content.clone_from(&message.content);
+        self.r
+            .reasoning_content
+            .clone_from(&message.reasoning_content);
         let number = self.r.generations.len() as u32;
-        let asked = match asked(&self.tools, &done, number) {
+        let asked = match asked(&self.tools, &message, number) {
             Ok(a) => a,
             Err((reason, detail)) => {
-                self.r.transcript.push(ChatMessage::Assistant {
-                    content: done.content,
-                    reasoning_content: done.reasoning_content,
-                    tool_calls: done.tool_calls,
-                });
+                self.r.transcript.push(ChatMessage::Assistant(message));
                 self.end(Outcome::Failed { reason, detail });
                 return;
             }
@@ -963,11 +948,11 @@ impl<'b> AgentRequest<'b> {
                 .push_back(Action::Event(RunEvent::Exit(signal.clone())));
             self.r.exits.push(signal);
         }
-        self.r.transcript.push(ChatMessage::Assistant {
-            content: asked.content,
-            reasoning_content: done.reasoning_content,
-            tool_calls: asked.calls.iter().map(|(c, _)| c.clone()).collect(),
-        });
+        // The transcript keeps the answer as the next generation must see it: the prose
+        // around calls written as text, and only the normal calls (exit calls never run).
+        message.content = asked.content;
+        message.tool_calls = asked.calls.iter().map(|(c, _)| c.clone()).collect();
+        self.r.transcript.push(ChatMessage::Assistant(message));
         if asked.calls.is_empty() {
             let finish_reason = done.finish_reason;
             self.end(Outcome::Completed { finish_reason });
