@@ -4,7 +4,7 @@
 mod ask;
 mod cli;
 mod remote;
-mod run;
+mod request_watcher;
 mod serve;
 
 use std::io::IsTerminal;
@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use loopd::http::SendError;
 use loopd::llama::{Cancel, ChatMessage, ChatOptions, ChatRequest, Client};
-use loopd::runner::{builtin_tools, Outcome, ResultError, RunRequest, Runner, StandardBios};
+use loopd::runner::{builtin_tools, Outcome, ResultError, Runner, StandardBios, Submission};
 use loopd::selftest;
 use loopd::Config;
 
@@ -202,22 +202,22 @@ fn run_agent(a: RunArgs) -> ExitCode {
         std::sync::Arc::new(StandardBios),
         slots,
     );
-    let req = RunRequest {
+    let req = Submission {
         messages: vec![ChatMessage::User { content: a.prompt }],
         budget: a.budget,
         options: ChatOptions {
             thinking: a.thinking,
             ..ChatOptions::default()
         },
-        ..RunRequest::default()
+        ..Submission::default()
     };
     let stdout = std::io::stdout();
     let terminal = stdout.is_terminal();
-    let watcher = std::sync::Arc::new(std::sync::Mutex::new(run::RunWatcher::new(
+    let watcher = std::sync::Arc::new(std::sync::Mutex::new(request_watcher::RequestWatcher::new(
         stdout, terminal,
     )));
     let w = watcher.clone();
-    let observer = Box::new(move |e: &loopd::runner::RunEvent| {
+    let observer = Box::new(move |e: &loopd::runner::RequestEvent| {
         w.lock().unwrap_or_else(|e| e.into_inner()).event(e)
     });
     let id = match runner.submit_observed(req, Some(observer)) {

@@ -17,8 +17,9 @@ use llama_harness::fixture;
 use loopd::config::Config;
 use loopd::llama::{AssistantMessage, Cancel, ChatMessage, Client, InferError};
 use loopd::runner::{
-    BiosContext, BiosProvider, CallSource, FailReason, Outcome, RequestId, ResultError, RunEvent,
-    RunRequest, RunResult, Runner, StallAnswer, SubmitError, Tool, ToolError, ToolRegistry,
+    BiosContext, BiosProvider, CallSource, FailReason, Outcome, RequestEvent, RequestId,
+    RequestResult, ResultError, Runner, StallAnswer, Submission, SubmitError, Tool, ToolError,
+    ToolRegistry,
 };
 use scripted::tool_call_deltas;
 use serde_json::{json, Value};
@@ -167,22 +168,22 @@ fn setup(config: Config, slots: u32) -> Setup {
     Setup { runner, log }
 }
 
-fn ask(text: &str) -> RunRequest {
-    RunRequest {
+fn ask(text: &str) -> Submission {
+    Submission {
         messages: vec![ChatMessage::User {
             content: text.into(),
         }],
-        ..RunRequest::default()
+        ..Submission::default()
     }
 }
 
-fn wait(runner: &Runner, id: RequestId) -> RunResult {
+fn wait(runner: &Runner, id: RequestId) -> RequestResult {
     runner
         .wait_result(id, Duration::from_secs(10))
         .unwrap_or_else(|e| panic!("no result for {id} within 10 s: {e}"))
 }
 
-fn run(s: &Setup, req: RunRequest) -> RunResult {
+fn run(s: &Setup, req: Submission) -> RequestResult {
     let id = s.runner.submit(req).expect("a free slot");
     wait(&s.runner, id)
 }
@@ -194,7 +195,7 @@ fn sent(server: &FakeServer, n: usize) -> Vec<Value> {
     body["messages"].as_array().unwrap().clone()
 }
 
-fn failed(r: &RunResult) -> (FailReason, &str) {
+fn failed(r: &RequestResult) -> (FailReason, &str) {
     match &r.outcome {
         Outcome::Failed { reason, detail } => (reason.clone(), detail.as_str()),
         other => panic!("expected a failure, got {other:?}"),
@@ -573,8 +574,8 @@ fn cancel_ends_a_silent_stream_with_its_partial_output() {
     )]);
     let s = setup(config(&server, None), 1);
     let (tx, rx) = std::sync::mpsc::channel();
-    let observer = Box::new(move |e: &RunEvent| {
-        if let RunEvent::Chat(loopd::llama::ChatEvent::Content(t)) = e {
+    let observer = Box::new(move |e: &RequestEvent| {
+        if let RequestEvent::Chat(loopd::llama::ChatEvent::Content(t)) = e {
             let _ = tx.send(t.clone());
         }
     });
@@ -608,8 +609,8 @@ fn cancel_while_a_tool_runs_ends_the_request() {
     c.runner.tool_timeout_ms = 10_000;
     let s = setup(c, 1);
     let (tx, rx) = std::sync::mpsc::channel();
-    let observer = Box::new(move |e: &RunEvent| {
-        if matches!(e, RunEvent::ToolStarted { .. }) {
+    let observer = Box::new(move |e: &RequestEvent| {
+        if matches!(e, RequestEvent::ToolStarted { .. }) {
             let _ = tx.send(());
         }
     });
@@ -687,8 +688,8 @@ fn a_restart_or_death_seen_on_the_status_socket_fails_the_requests_in_flight() {
         let seen = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let observe = || -> Option<loopd::runner::Observer> {
             let seen = seen.clone();
-            Some(Box::new(move |e: &RunEvent| {
-                if matches!(e, RunEvent::Chat(loopd::llama::ChatEvent::Content(_))) {
+            Some(Box::new(move |e: &RequestEvent| {
+                if matches!(e, RequestEvent::Chat(loopd::llama::ChatEvent::Content(_))) {
                     seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 }
             }))
@@ -773,7 +774,7 @@ fn support_wait(cond: impl Fn() -> bool) {
 fn a_panicking_observer_fails_its_request_and_frees_the_slot() {
     let server = FakeServer::start(vec![(CHAT, vec![answer("hi")])]);
     let s = setup(config(&server, None), 1);
-    let observer = Box::new(|_: &RunEvent| panic!("observer bug"));
+    let observer = Box::new(|_: &RequestEvent| panic!("observer bug"));
     let id = s.runner.submit_observed(ask("x"), Some(observer)).unwrap();
     let r = wait(&s.runner, id);
     assert_eq!(failed(&r).0, FailReason::Panicked);

@@ -9,7 +9,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::llama::{AssistantMessage, ChatEvent, ChatMessage, ChatOptions, ToolCall};
-use crate::runner::{CallSource, Outcome, RunEvent, RunRequest, RunResult, StallAnswer};
+use crate::runner::{CallSource, Outcome, RequestEvent, RequestResult, StallAnswer, Submission};
 
 /// Longest command line, newline included: a bigger one is refused with `LINE_TOO_LONG`.
 pub const MAX_LINE_BYTES: usize = 1 << 20;
@@ -22,7 +22,7 @@ pub enum Command {
     /// Start an agent request; with `follow`, stream its events on this connection.
     Submit {
         /// The request; its `tools` are the ones the client chose (names of the daemon's set).
-        request: RunRequest,
+        request: Submission,
         /// Stream events then the result on this connection.
         follow: bool,
     },
@@ -266,7 +266,7 @@ pub fn parse(line: &[u8]) -> Result<Command, ProtoError> {
                 ));
             }
             Ok(Command::Submit {
-                request: RunRequest {
+                request: Submission {
                     system: w.system,
                     messages,
                     budget: w.budget,
@@ -330,7 +330,7 @@ fn stall(a: &StallAnswer) -> Value {
 }
 
 /// A result as JSON (the `result` of a `result`, `wait` or `follow` reply).
-pub fn result_json(r: &RunResult) -> Value {
+pub fn result_json(r: &RequestResult) -> Value {
     let (outcome, finish, reason, detail) = match &r.outcome {
         Outcome::Completed { finish_reason } => {
             ("completed", Some(finish_reason.as_str()), None, None)
@@ -382,13 +382,13 @@ pub fn result_json(r: &RunResult) -> Value {
 
 /// An event as JSON (`{"event": ...}` on a `follow` stream); `None` for the client's
 /// internal ones that say nothing to a watcher.
-pub fn event_json(e: &RunEvent) -> Option<Value> {
+pub fn event_json(e: &RequestEvent) -> Option<Value> {
     Some(match e {
-        RunEvent::Generation {
+        RequestEvent::Generation {
             number,
             budget_left,
         } => json!({"event": "generation", "number": number, "budget_left": budget_left}),
-        RunEvent::Chat(c) => match c {
+        RequestEvent::Chat(c) => match c {
             ChatEvent::Content(t) => json!({"event": "content", "text": t}),
             ChatEvent::Reasoning(t) => json!({"event": "reasoning", "text": t}),
             ChatEvent::Waiting { slot_busy } => json!({"event": "waiting", "slot_busy": slot_busy}),
@@ -411,19 +411,19 @@ pub fn event_json(e: &RunEvent) -> Option<Value> {
             }
             _ => return None,
         },
-        RunEvent::ToolStarted { call, source: s } => json!({"event": "tool_started",
+        RequestEvent::ToolStarted { call, source: s } => json!({"event": "tool_started",
             "id": call.id, "name": call.name, "arguments": call.arguments, "source": source(*s)}),
-        RunEvent::ToolFinished { id, result } => match result {
+        RequestEvent::ToolFinished { id, result } => match result {
             Ok(t) => json!({"event": "tool_finished", "id": id, "ok": true, "result": t}),
             Err(e) => json!({"event": "tool_finished", "id": id, "ok": false, "result": e}),
         },
-        RunEvent::Exit(x) => json!({"event": "exit", "name": x.call.name,
+        RequestEvent::Exit(x) => json!({"event": "exit", "name": x.call.name,
             "arguments": x.call.arguments, "source": source(x.source)}),
-        RunEvent::Iteration {
+        RequestEvent::Iteration {
             number,
             budget_left,
         } => json!({"event": "iteration", "number": number, "budget_left": budget_left}),
-        RunEvent::Stall(a) => {
+        RequestEvent::Stall(a) => {
             let mut v = stall(a);
             v["event"] = json!("stall");
             v

@@ -55,8 +55,8 @@ use super::worker::{
     WorkerStatus,
 };
 use super::{
-    CallSource, FailReason, GenerationStats, Outcome, RequestId, RunEvent, RunRequest, RunResult,
-    ToolError, ToolRecord, ToolRegistry,
+    CallSource, FailReason, GenerationStats, Outcome, RequestEvent, RequestId, RequestResult,
+    Submission, ToolError, ToolRecord, ToolRegistry,
 };
 
 /// The generation's stream bytes are reported to llama-worker at most this often (after the
@@ -67,7 +67,7 @@ pub const PROGRESS_EVERY: Duration = Duration::from_secs(1);
 #[derive(Debug)]
 pub enum Action {
     /// Show this event to whoever watches the request.
-    Event(RunEvent),
+    Event(RequestEvent),
     /// Connect and send this request, then call
     /// [`handle_sent`](AgentRequest::handle_sent) or, when it could not be sent,
     /// [`handle_send_error`](AgentRequest::handle_send_error).
@@ -131,7 +131,7 @@ pub enum Action {
         id: u64,
     },
     /// The request is over: its result. Nothing follows.
-    Done(Box<RunResult>),
+    Done(Box<RequestResult>),
 }
 
 /// What an [`AgentRequest`] is made from, besides the request itself.
@@ -188,7 +188,7 @@ enum Phase<'b> {
 /// One agent request: see the [module docs](self).
 pub struct AgentRequest<'b> {
     slot: u32,
-    req: RunRequest,
+    req: Submission,
     limits: Limits,
     settings: RunnerConfig,
     tools: ToolRegistry,
@@ -199,7 +199,7 @@ pub struct AgentRequest<'b> {
     /// The BIOS, written once: a BIOS that changed would cost the whole prompt cache.
     bios_text: String,
     spawns: Option<u64>,
-    r: RunResult,
+    r: RequestResult,
     iterations: u32,
     phase: Phase<'b>,
     storage: Option<Storage<'b>>,
@@ -243,8 +243,8 @@ fn ms(v: u64) -> Duration {
 }
 
 /// A result with no output yet: the whole budget left.
-pub(super) fn no_output(id: RequestId, budget: u32, outcome: Outcome) -> RunResult {
-    RunResult {
+pub(super) fn no_output(id: RequestId, budget: u32, outcome: Outcome) -> RequestResult {
+    RequestResult {
         id,
         outcome,
         content: None,
@@ -262,7 +262,7 @@ pub(super) fn no_output(id: RequestId, budget: u32, outcome: Outcome) -> RunResu
 impl<'b> AgentRequest<'b> {
     /// The request `req` at `now`, assembling into `storage`; its first action sends
     /// generation 1.
-    pub fn new(now: Duration, setup: Setup<'_>, req: RunRequest, storage: Storage<'b>) -> Self {
+    pub fn new(now: Duration, setup: Setup<'_>, req: Submission, storage: Storage<'b>) -> Self {
         let budget = req.budget.unwrap_or(setup.settings.budget);
         // The request's choice is the registry from here on: what the generations offer, and
         // a call to any other tool is refused as a call to an unknown one.
@@ -472,7 +472,8 @@ impl<'b> AgentRequest<'b> {
         let alive = matches!(answer, Ok(StallAnswer::NotStalled { .. }));
         if let Ok(a) = answer {
             self.r.stalls.push(a);
-            self.actions.push_back(Action::Event(RunEvent::Stall(a)));
+            self.actions
+                .push_back(Action::Event(RequestEvent::Stall(a)));
             if a == StallAnswer::Restarting {
                 let detail = if self.judging {
                     format!(
@@ -724,10 +725,11 @@ impl<'b> AgentRequest<'b> {
             tools: self.schemas.clone(),
             options: self.req.options.clone(),
         };
-        self.actions.push_back(Action::Event(RunEvent::Generation {
-            number,
-            budget_left: self.r.budget_left,
-        }));
+        self.actions
+            .push_back(Action::Event(RequestEvent::Generation {
+                number,
+                budget_left: self.r.budget_left,
+            }));
         if self.worker() {
             self.unsent = Some(chat);
             self.actions.push_back(Action::RegisterGeneration);
@@ -814,7 +816,7 @@ impl<'b> AgentRequest<'b> {
             self.last_progress = now;
             self.reported = None;
         }
-        self.actions.push_back(Action::Event(RunEvent::Chat(e)));
+        self.actions.push_back(Action::Event(RequestEvent::Chat(e)));
         if let Some(d) = fired {
             let detail = format!("the stream repeated itself: {d}");
             self.set_fail(FailReason::LoopDetected, detail);
@@ -945,7 +947,7 @@ impl<'b> AgentRequest<'b> {
         };
         for signal in asked.exits {
             self.actions
-                .push_back(Action::Event(RunEvent::Exit(signal.clone())));
+                .push_back(Action::Event(RequestEvent::Exit(signal.clone())));
             self.r.exits.push(signal);
         }
         // The transcript keeps the answer as the next generation must see it: the prose
@@ -980,17 +982,19 @@ impl<'b> AgentRequest<'b> {
         let Some((call, source)) = calls.pop_front() else {
             self.r.budget_left -= 1;
             self.note_budget();
-            self.actions.push_back(Action::Event(RunEvent::Iteration {
-                number: self.iterations,
-                budget_left: self.r.budget_left,
-            }));
+            self.actions
+                .push_back(Action::Event(RequestEvent::Iteration {
+                    number: self.iterations,
+                    budget_left: self.r.budget_left,
+                }));
             self.start_generation(now);
             return;
         };
-        self.actions.push_back(Action::Event(RunEvent::ToolStarted {
-            call: call.clone(),
-            source,
-        }));
+        self.actions
+            .push_back(Action::Event(RequestEvent::ToolStarted {
+                call: call.clone(),
+                source,
+            }));
         let checked = match self.tools.get(&call.name) {
             None => Err(ToolError::Failed(format!("no tool named `{}`", call.name))),
             Some(_) => match serde_json::from_str::<serde_json::Value>(&call.arguments) {
@@ -1038,7 +1042,7 @@ impl<'b> AgentRequest<'b> {
     fn tool_done(&mut self, now: Duration, run: Running, result: Result<String, ToolError>) {
         let shown = result.clone().map_err(|e| e.to_string());
         self.actions
-            .push_back(Action::Event(RunEvent::ToolFinished {
+            .push_back(Action::Event(RequestEvent::ToolFinished {
                 id: run.call.id.clone(),
                 result: shown.clone(),
             }));
