@@ -111,7 +111,7 @@ impl Tool for Sleep {
         object()
     }
     fn run(&self, _: &Value, cancel: &Cancel) -> Result<String, ToolError> {
-        cancel.sleep(Duration::from_secs(5));
+        cancel.sleep(&loopd::clock::SystemClock::new(), Duration::from_secs(5));
         Ok("woke".into())
     }
 }

@@ -198,9 +198,14 @@ impl Client {
         &self.config
     }
 
-    /// The clock the timers and the retry schedule read.
+    /// The clock the timers, the retry schedule and every wait of this client read.
     pub fn clock(&self) -> &dyn Clock {
         &*self.clock
+    }
+
+    /// The same clock, to share with what runs beside the client (the runner's tools).
+    pub fn shared_clock(&self) -> Arc<dyn Clock> {
+        Arc::clone(&self.clock)
     }
 
     /// The jitter source of the retry schedule.

@@ -92,7 +92,7 @@ pub(super) fn drive(
                         |e: &crate::llama::ChatEvent| emit(&RequestEvent::Chat(e.clone()));
                     let acquired = client
                         .gate()
-                        .acquire(slot, busy, poll, cancel, &mut queued)
+                        .acquire(slot, busy, poll, cancel, clock, &mut queued)
                         .and_then(|mut p| {
                             wait_idle(config, &mut p, clock, cancel, &mut queued).map(|()| p)
                         });
@@ -244,7 +244,7 @@ pub(super) fn drive(
                 }
             }
         } else {
-            cancel.sleep(wait);
+            cancel.sleep(clock, wait);
             m.handle_timeout(clock.now());
         }
     }

@@ -39,14 +39,14 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::llama::{Cancel, ChatMessage, ChatOptions, Client};
 
 pub use crate::config::{LoopThresholds, RunnerConfig};
 pub use agent::{Action, AgentRequest, Setup, PROGRESS_EVERY};
 pub use bios::{BiosContext, BiosProvider, StandardBios};
-pub use builtin::{builtin_tools, Arithmetic, Clock as ClockTool, Finish, ReadFile, READ_FILE_CAP};
+pub use builtin::{builtin_tools, Arithmetic, CurrentTime, Finish, ReadFile, READ_FILE_CAP};
 pub use result::{
     CallSource, ExitSignal, FailReason, GenerationStats, Outcome, RequestEvent, RequestResult,
     ToolRecord,
@@ -335,13 +335,15 @@ impl Runner {
         }
     }
 
-    /// Waits up to `timeout` for the result of `id`, then as [`Runner::get_result`].
+    /// Waits up to `timeout` of the client's clock for the result of `id`, then as
+    /// [`Runner::get_result`].
     pub fn wait_result(
         &self,
         id: RequestId,
         timeout: Duration,
     ) -> Result<RequestResult, ResultError> {
-        let deadline = Instant::now() + timeout;
+        let clock = self.shared.client.clock();
+        let deadline = clock.now().saturating_add(timeout);
         let mut t = lock(&self.shared.table);
         loop {
             match t.records.get(&id) {
@@ -351,14 +353,14 @@ impl Runner {
                     return self.get_result(id);
                 }
             }
-            let left = deadline.saturating_duration_since(Instant::now());
+            let left = deadline.saturating_sub(clock.now());
             if left.is_zero() {
                 return Err(ResultError::Pending);
             }
             t = self
                 .shared
                 .stored
-                .wait_timeout(t, left)
+                .wait_timeout(t, clock.wait_slice(left))
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         }
