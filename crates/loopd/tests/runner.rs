@@ -841,3 +841,37 @@ fn a_failure_pushed_on_the_watch_ends_the_request_with_its_partial_output() {
         );
     }
 }
+
+#[test]
+fn wait_result_waits_on_the_clients_clock() {
+    let server = FakeServer::start(vec![(CHAT, vec![answer("late")])]);
+    let clock = loopd::clock::FakeClock::new();
+    let client = Arc::new(Client::with_time(
+        config(&server, None),
+        Arc::new(clock.clone()),
+        Arc::new(loopd::clock::SystemJitter::new()),
+    ));
+    let runner = Runner::new(client.clone(), ToolRegistry::new(), Arc::new(NotedBios), 1);
+    // The request queues behind a holder of its slot, so it stays running.
+    let held = support::hold_slot(&client, 0);
+    let id = runner.submit(ask("x")).unwrap();
+    support_wait(|| client.gate().queued(0) == 1);
+    std::thread::scope(|s| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let r = &runner;
+        s.spawn(move || tx.send(r.wait_result(id, Duration::from_secs(1))).unwrap());
+        // A second of fake time: real time does not end the wait, the fake clock does.
+        assert!(rx.recv_timeout(Duration::from_millis(100)).is_err());
+        clock.advance(Duration::from_millis(999));
+        assert!(rx.recv_timeout(Duration::from_millis(50)).is_err());
+        clock.advance(Duration::from_millis(1));
+        let r = rx
+            .recv_timeout(Duration::from_secs(5))
+            .expect("the wait ended");
+        assert_eq!(r, Err(ResultError::Pending));
+    });
+    runner.cancel(id).unwrap();
+    let r = wait(&runner, id);
+    assert_eq!(failed(&r).0, FailReason::Cancelled);
+    drop(held);
+}
