@@ -396,10 +396,15 @@ mod tests {
         assert!(take(&gate, 0, &mut no_events).is_ok());
     }
 
+    /// A gate shared with a waiter thread, its slot 0 held.
+    fn held_gate() -> (&'static SlotGate, SlotPermit<'static>) {
+        let gate: &'static SlotGate = Box::leak(Box::new(SlotGate::new(8)));
+        (gate, take(gate, 0, &mut no_events).unwrap())
+    }
+
     #[test]
     fn a_cancelled_waiter_leaves_within_a_tick() {
-        let gate: &'static SlotGate = Box::leak(Box::new(SlotGate::new(8)));
-        let held = take(gate, 0, &mut no_events).unwrap();
+        let (gate, held) = held_gate();
         let cancel = Cancel::new();
         let c = cancel.clone();
         let waiter = thread::spawn(move || {
@@ -423,8 +428,7 @@ mod tests {
 
     #[test]
     fn a_waiters_deadline_is_on_the_injected_clock() {
-        let gate: &'static SlotGate = Box::leak(Box::new(SlotGate::new(8)));
-        let held = take(gate, 0, &mut no_events).unwrap();
+        let (gate, held) = held_gate();
         let clock = FakeClock::new();
         let fake = clock.clone();
         let (tx, rx) = mpsc::channel();
