@@ -22,7 +22,8 @@
 //! [`ChatStream`] borrowed through a `match` on what it returned.
 //!
 //! The `alloc` feature adds the owned types `loopd` builds requests from and returns at the
-//! end of a request ([`ChatMessage`], [`ToolCall`], [`ToolSchema`], [`Completion`]).
+//! end of a request ([`ChatMessage`], [`AssistantMessage`], [`ToolCall`], [`ToolSchema`],
+//! [`Completion`]).
 #![no_std]
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
@@ -61,7 +62,7 @@ pub use decode::{decode_chunk, decode_error_event};
 /// The push shape of [`ChatStream::feed`] and of its parts: httparse's `Status`.
 pub use http_nostd::Status;
 #[cfg(feature = "alloc")]
-pub use owned::{ChatMessage, Completion, ToolCall, ToolSchema};
+pub use owned::{AssistantMessage, ChatMessage, Completion, ToolCall, ToolSchema};
 pub use repeat::{LoopConfig, LoopConfigError, LoopDetected, LoopDetector, MAX_CYCLE_LINES};
 pub use stream::{ChatStream, StreamError, StreamEvent};
 pub use text_calls::{

@@ -3,7 +3,7 @@
 use alloc::string::String;
 use alloc::vec::Vec;
 
-use crate::{FinishReason, Timings};
+use crate::{Assembler, FinishReason, Message, Timings, ToolCalls};
 
 /// One message of a chat request: the four kinds the chat template knows.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -18,15 +18,8 @@ pub enum ChatMessage {
         /// What the user said.
         content: String,
     },
-    /// `role: "assistant"`: the same three fields a `Completion` carries, so a log replays as is.
-    Assistant {
-        /// The answer text, if any.
-        content: Option<String>,
-        /// The thinking text, if any.
-        reasoning_content: Option<String>,
-        /// Tool calls the assistant made, in index order.
-        tool_calls: Vec<ToolCall>,
-    },
+    /// `role: "assistant"`: an answer as the stream assembled it, so a log replays as is.
+    Assistant(AssistantMessage),
     /// `role: "tool"`: a tool's result.
     Tool {
         /// The `id` of the [`ToolCall`] this answers.
@@ -58,17 +51,60 @@ pub struct ToolSchema {
     pub parameters: serde_json::Value,
 }
 
-/// A finished assistant message. Nothing is final before this.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Completion {
-    /// The completion id (`chatcmpl-...`).
-    pub id: String,
+/// One assistant answer: what the stream assembled, what a failed generation kept, and what
+/// the transcript holds, the same value all the way (no copy field by field).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct AssistantMessage {
     /// The answer text, if any was streamed.
     pub content: Option<String>,
     /// The thinking text, if any was streamed.
     pub reasoning_content: Option<String>,
-    /// Tool calls, in index order.
+    /// Tool calls, in index order. In a partial answer the last one's arguments may be
+    /// incomplete, and a call whose id or name had not arrived has it empty.
     pub tool_calls: Vec<ToolCall>,
+}
+
+impl AssistantMessage {
+    /// Owns the borrowed parts of a message: a finished one, or an assembler's so far.
+    fn owned(content: Option<&str>, reasoning_content: Option<&str>, calls: ToolCalls<'_>) -> Self {
+        AssistantMessage {
+            content: content.map(Into::into),
+            reasoning_content: reasoning_content.map(Into::into),
+            tool_calls: calls
+                .iter()
+                .map(|t| ToolCall {
+                    id: t.id.into(),
+                    name: t.name.into(),
+                    arguments: t.arguments.into(),
+                })
+                .collect(),
+        }
+    }
+}
+
+impl From<&Message<'_>> for AssistantMessage {
+    /// The answer of a finished message.
+    fn from(m: &Message<'_>) -> Self {
+        Self::owned(m.content, m.reasoning_content, m.tool_calls)
+    }
+}
+
+impl<const C: usize, const R: usize, const T: usize, const A: usize>
+    From<&Assembler<'_, C, R, T, A>> for AssistantMessage
+{
+    /// The answer assembled so far (of a generation that may yet fail).
+    fn from(a: &Assembler<'_, C, R, T, A>) -> Self {
+        Self::owned(a.content(), a.reasoning_content(), a.tool_calls())
+    }
+}
+
+/// A finished generation: its answer and how the stream ended. Nothing is final before this.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Completion {
+    /// The completion id (`chatcmpl-...`).
+    pub id: String,
+    /// The answer.
+    pub message: AssistantMessage,
     /// Why generation stopped.
     pub finish_reason: FinishReason,
     /// The last timings the stream carried; `None` if it carried none.
@@ -79,22 +115,12 @@ pub struct Completion {
     pub thinking_capped: bool,
 }
 
-impl From<&crate::Message<'_>> for Completion {
+impl From<&Message<'_>> for Completion {
     /// Copies a finished message; `thinking_capped` is `false` (the caller sets it).
-    fn from(m: &crate::Message<'_>) -> Self {
+    fn from(m: &Message<'_>) -> Self {
         Completion {
             id: m.id.into(),
-            content: m.content.map(Into::into),
-            reasoning_content: m.reasoning_content.map(Into::into),
-            tool_calls: m
-                .tool_calls
-                .iter()
-                .map(|t| ToolCall {
-                    id: t.id.into(),
-                    name: t.name.into(),
-                    arguments: t.arguments.into(),
-                })
-                .collect(),
+            message: m.into(),
             finish_reason: m.finish_reason,
             timings: m.timings,
             reasoning_tokens: m.reasoning_tokens,

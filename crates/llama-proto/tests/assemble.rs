@@ -394,7 +394,7 @@ fn reset_forgets_everything() {
 #[cfg(feature = "alloc")]
 #[test]
 fn into_owned_completion() {
-    use llama_proto::{Completion, ToolCall};
+    use llama_proto::{AssistantMessage, Completion, ToolCall};
     let mut b = bufs();
     let mut a = asm(&mut b);
     push(&mut a, &reasoning("think", 2)).unwrap();
@@ -405,17 +405,22 @@ fn into_owned_completion() {
     )
     .unwrap();
     let c = Completion::from(&a.finish().unwrap());
+    let message = AssistantMessage {
+        content: None,
+        reasoning_content: Some("think".into()),
+        tool_calls: vec![ToolCall {
+            id: "id0".into(),
+            name: "get".into(),
+            arguments: "{}".into(),
+        }],
+    };
+    // The answer read from the assembler before it is finished is the same value.
+    assert_eq!(AssistantMessage::from(&a), message);
     assert_eq!(
         c,
         Completion {
             id: "c1".into(),
-            content: None,
-            reasoning_content: Some("think".into()),
-            tool_calls: vec![ToolCall {
-                id: "id0".into(),
-                name: "get".into(),
-                arguments: "{}".into()
-            }],
+            message,
             finish_reason: FinishReason::ToolCalls,
             timings: Some(Timings {
                 cache_n: 0,

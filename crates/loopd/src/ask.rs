@@ -5,8 +5,10 @@
 //! and the answer under `[reasoning]` and `[answer]` headers and no control characters.
 
 use std::io::Write;
-use std::time::Instant;
+use std::sync::Arc;
+use std::time::Duration;
 
+use loopd::clock::{Clock, SystemClock};
 use loopd::llama::{ChatEvent, Completion};
 
 const DIM: &str = "\x1b[2m";
@@ -28,20 +30,37 @@ pub struct Watcher<W: Write> {
     out: W,
     terminal: bool,
     part: Part,
-    first_token: Option<Instant>,
+    /// Where the time to the first token and the speed are read.
+    clock: Arc<dyn Clock>,
+    first_token: Option<Duration>,
     /// The waiting line last shown (`slot_busy`), so each poll does not repeat it.
     waiting: Option<bool>,
 }
 
 impl<W: Write> Watcher<W> {
-    /// A watcher writing to `out`; `terminal` turns on the bar and the colours.
+    /// A watcher writing to `out`; `terminal` turns on the bar and the colours. It times the
+    /// answer on the system clock until [`on_clock`](Self::on_clock) says otherwise.
     pub fn new(out: W, terminal: bool) -> Self {
         Watcher {
             out,
             terminal,
             part: Part::None,
+            clock: Arc::new(SystemClock::new()),
             first_token: None,
             waiting: None,
+        }
+    }
+
+    /// The same watcher timing the answer on `clock` (the client's).
+    pub fn on_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Notes the first token's time, once.
+    fn first_token(&mut self) {
+        if self.first_token.is_none() {
+            self.first_token = Some(self.clock.now());
         }
     }
 
@@ -78,12 +97,12 @@ impl<W: Write> Watcher<W> {
             } => self.progress(*total, *cache, *processed),
             ChatEvent::Reasoning(text) => {
                 self.switch(Part::Reasoning)?;
-                self.first_token.get_or_insert_with(Instant::now);
+                self.first_token();
                 self.text(text)
             }
             ChatEvent::Content(text) => {
                 self.switch(Part::Answer)?;
-                self.first_token.get_or_insert_with(Instant::now);
+                self.first_token();
                 self.text(text)
             }
             ChatEvent::ToolCallDelta {
@@ -118,7 +137,12 @@ impl<W: Write> Watcher<W> {
         let t = done.timings.unwrap_or_default();
         let speed = match self.first_token {
             Some(start) if t.predicted_n > 0 => {
-                let secs = start.elapsed().as_secs_f64().max(1e-3);
+                let secs = self
+                    .clock
+                    .now()
+                    .saturating_sub(start)
+                    .as_secs_f64()
+                    .max(1e-3);
                 format!(", {:.1} tokens/s", t.predicted_n as f64 / secs)
             }
             _ => String::new(),
@@ -215,7 +239,7 @@ impl std::fmt::Display for Printable<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use loopd::llama::{FinishReason, Timings};
+    use loopd::llama::{AssistantMessage, FinishReason, Timings};
 
     fn plain(events: &[ChatEvent]) -> String {
         let mut w = Watcher::new(Vec::new(), false);
@@ -345,9 +369,7 @@ mod tests {
         let mut w = Watcher::new(Vec::new(), false);
         w.finish(&Completion {
             id: "x".into(),
-            content: None,
-            reasoning_content: None,
-            tool_calls: Vec::new(),
+            message: Default::default(),
             finish_reason: FinishReason::Length,
             timings: Some(Timings {
                 cache_n: u64::MAX,
@@ -367,9 +389,10 @@ mod tests {
         let mut w = Watcher::new(Vec::new(), false);
         w.finish(&Completion {
             id: "x".into(),
-            content: Some("a".into()),
-            reasoning_content: None,
-            tool_calls: Vec::new(),
+            message: AssistantMessage {
+                content: Some("a".into()),
+                ..Default::default()
+            },
             finish_reason: FinishReason::Stop,
             timings: Some(Timings {
                 cache_n: 3,
@@ -383,5 +406,29 @@ mod tests {
             String::from_utf8(w.out).unwrap(),
             "finish: stop; prompt 7 tokens (3 from cache), generated 0 (0 reasoning)\n"
         );
+    }
+
+    #[test]
+    fn the_speed_is_timed_from_the_first_token_on_the_watchers_clock() {
+        let clock = loopd::clock::FakeClock::new();
+        let mut w = Watcher::new(Vec::new(), false).on_clock(Arc::new(clock.clone()));
+        clock.advance(Duration::from_secs(7));
+        w.event(&ChatEvent::Content("a".into()));
+        clock.advance(Duration::from_secs(2));
+        w.event(&ChatEvent::Content("b".into()));
+        w.finish(&Completion {
+            id: "x".into(),
+            message: AssistantMessage::default(),
+            finish_reason: FinishReason::Stop,
+            timings: Some(Timings {
+                cache_n: 0,
+                prompt_n: 1,
+                predicted_n: 10,
+            }),
+            reasoning_tokens: 0,
+            thinking_capped: false,
+        });
+        let out = String::from_utf8(w.out).unwrap();
+        assert!(out.ends_with(", 5.0 tokens/s\n"), "{out}");
     }
 }

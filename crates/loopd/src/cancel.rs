@@ -6,7 +6,9 @@
 //! connection, which makes the server stop generating.
 
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use crate::clock::Clock;
 
 #[derive(Debug, Default)]
 struct Flag {
@@ -40,25 +42,22 @@ impl Cancel {
         *self.lock()
     }
 
-    /// Sleeps for `d` on the wall clock, or until cancelled; true if cancelled.
-    pub fn sleep(&self, d: Duration) -> bool {
-        let until = Instant::now().checked_add(d);
+    /// Sleeps until `d` of `clock`'s time has passed, or until cancelled; true if cancelled.
+    pub fn sleep(&self, clock: &dyn Clock, d: Duration) -> bool {
+        let until = clock.now().checked_add(d);
         let mut cancelled = self.lock();
         loop {
             if *cancelled {
                 return true;
             }
-            let left = match until {
-                Some(t) => t.saturating_duration_since(Instant::now()),
-                None => Duration::MAX,
-            };
+            let left = until.map_or(Duration::MAX, |t| t.saturating_sub(clock.now()));
             if left.is_zero() {
                 return false;
             }
             cancelled = self
                 .0
                 .woken
-                .wait_timeout(cancelled, left)
+                .wait_timeout(cancelled, clock.wait_slice(left))
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         }
@@ -68,18 +67,21 @@ impl Cancel {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::clock::{FakeClock, SystemClock};
+    use std::time::Instant;
 
     #[test]
     fn sleep_runs_its_time_unless_cancelled() {
         let c = Cancel::new();
+        let clock = SystemClock::new();
         let start = Instant::now();
-        assert!(!c.sleep(Duration::from_millis(20)));
+        assert!(!c.sleep(&clock, Duration::from_millis(20)));
         assert!(start.elapsed() >= Duration::from_millis(20));
         assert!(!c.is_cancelled());
         c.cancel();
         assert!(c.is_cancelled());
         let start = Instant::now();
-        assert!(c.sleep(Duration::from_secs(60)));
+        assert!(c.sleep(&clock, Duration::from_secs(60)));
         assert!(start.elapsed() < Duration::from_secs(1));
     }
 
@@ -89,12 +91,31 @@ mod tests {
         let other = c.clone();
         let t = std::thread::spawn(move || {
             let start = Instant::now();
-            (other.sleep(Duration::from_secs(60)), start.elapsed())
+            (
+                other.sleep(&SystemClock::new(), Duration::from_secs(60)),
+                start.elapsed(),
+            )
         });
         std::thread::sleep(Duration::from_millis(20));
         c.cancel();
         let (cancelled, took) = t.join().unwrap();
         assert!(cancelled);
         assert!(took < Duration::from_secs(5), "{took:?}");
+    }
+
+    #[test]
+    fn a_sleep_on_a_fake_clock_ends_when_the_test_moves_the_time() {
+        let clock = FakeClock::new();
+        let (c, fake) = (Cancel::new(), clock.clone());
+        let (tx, rx) = std::sync::mpsc::channel();
+        let t = std::thread::spawn(move || tx.send(c.sleep(&fake, Duration::from_secs(60))));
+        // A minute of fake time: real time does not end it.
+        assert!(rx.recv_timeout(Duration::from_millis(50)).is_err());
+        clock.advance(Duration::from_millis(59_999));
+        assert!(rx.recv_timeout(Duration::from_millis(50)).is_err());
+        clock.advance(Duration::from_millis(1));
+        let cancelled = rx.recv_timeout(Duration::from_secs(5)).expect("woke");
+        assert!(!cancelled);
+        t.join().unwrap().unwrap();
     }
 }

@@ -91,6 +91,15 @@ pub fn connect(socket: &Path, deadline: Instant, cancel: &Cancel) -> Result<Unix
     }
 }
 
+/// [`connect`] with the deadline `timeout` from now (socket deadlines are read here).
+pub fn connect_within(
+    socket: &Path,
+    timeout: Duration,
+    cancel: &Cancel,
+) -> Result<UnixStream, SendError> {
+    connect(socket, Instant::now() + timeout, cancel)
+}
+
 /// Writes all of `bytes` before `deadline`.
 pub fn send(
     stream: &mut UnixStream,

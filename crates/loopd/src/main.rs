@@ -4,17 +4,17 @@
 mod ask;
 mod cli;
 mod remote;
-mod run;
+mod request_watcher;
 mod serve;
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use clap::Parser;
 use loopd::http::SendError;
 use loopd::llama::{Cancel, ChatMessage, ChatOptions, ChatRequest, Client};
-use loopd::runner::{builtin_tools, Outcome, ResultError, RunRequest, Runner, StandardBios};
+use loopd::runner::{builtin_tools, Outcome, ResultError, Runner, StandardBios, Submission};
 use loopd::selftest;
 use loopd::Config;
 
@@ -45,8 +45,8 @@ fn main() -> ExitCode {
 /// Loads the config and checks that its socket answers, or says in one line why not.
 pub(crate) fn client_for(path: &std::path::Path) -> Result<Client, String> {
     let config = Config::load(path).map_err(|e| format!("bad config: {e}"))?;
-    let deadline = Instant::now() + Duration::from_millis(config.limits.connect_ms);
-    let reached = loopd::http::connect(&config.socket, deadline, &Cancel::new());
+    let timeout = Duration::from_millis(config.limits.connect_ms);
+    let reached = loopd::http::connect_within(&config.socket, timeout, &Cancel::new());
     if let Err(e) = reached {
         let why = match e {
             SendError::Io(e) => e.to_string(),
@@ -67,7 +67,8 @@ pub(crate) fn client_for(path: &std::path::Path) -> Result<Client, String> {
 pub(crate) fn wait_for_server(client: &Client) -> Result<(), String> {
     let cfg = client.config();
     let limits = cfg.limits;
-    let deadline = Instant::now() + Duration::from_millis(limits.load_wait_ms);
+    let clock = client.clock();
+    let deadline = clock.now() + Duration::from_millis(limits.load_wait_ms);
     let worker = cfg.runner.worker_socket.as_deref();
     let worker_timeout = Duration::from_millis(cfg.runner.worker_timeout_ms);
     let mut told = false;
@@ -98,13 +99,16 @@ pub(crate) fn wait_for_server(client: &Client) -> Result<(), String> {
         }
         match client.props() {
             Ok(_) => return Ok(()),
-            Err(e) if Instant::now() >= deadline => {
+            Err(e) if clock.now() >= deadline => {
                 return Err(format!(
                     "the server did not answer GET /props within {} s: {e}",
                     limits.load_wait_ms / 1000
                 ))
             }
-            Err(_) => std::thread::sleep(Duration::from_millis(limits.poll_ms.min(1000))),
+            Err(_) => {
+                let poll = Duration::from_millis(limits.poll_ms.min(1000));
+                Cancel::new().sleep(clock, poll);
+            }
         }
     }
 }
@@ -161,7 +165,7 @@ fn run_ask(a: AskArgs) -> ExitCode {
     });
     let stdout = std::io::stdout();
     let terminal = stdout.is_terminal();
-    let mut watcher = ask::Watcher::new(stdout.lock(), terminal);
+    let mut watcher = ask::Watcher::new(stdout.lock(), terminal).on_clock(client.shared_clock());
     match client.chat_with_retry(&req, &mut |ev| watcher.event(ev)) {
         Ok(done) => {
             watcher.finish(&done);
@@ -192,7 +196,7 @@ fn run_agent(a: RunArgs) -> ExitCode {
         },
         n => n,
     };
-    let tools = match builtin_tools(a.folder.as_deref()) {
+    let tools = match builtin_tools(a.folder.as_deref(), client.shared_clock()) {
         Ok(t) => t,
         Err(e) => return fail(format!("--folder: {e}")),
     };
@@ -202,22 +206,22 @@ fn run_agent(a: RunArgs) -> ExitCode {
         std::sync::Arc::new(StandardBios),
         slots,
     );
-    let req = RunRequest {
+    let req = Submission {
         messages: vec![ChatMessage::User { content: a.prompt }],
         budget: a.budget,
         options: ChatOptions {
             thinking: a.thinking,
             ..ChatOptions::default()
         },
-        ..RunRequest::default()
+        ..Submission::default()
     };
     let stdout = std::io::stdout();
     let terminal = stdout.is_terminal();
-    let watcher = std::sync::Arc::new(std::sync::Mutex::new(run::RunWatcher::new(
+    let watcher = std::sync::Arc::new(std::sync::Mutex::new(request_watcher::RequestWatcher::new(
         stdout, terminal,
     )));
     let w = watcher.clone();
-    let observer = Box::new(move |e: &loopd::runner::RunEvent| {
+    let observer = Box::new(move |e: &loopd::runner::RequestEvent| {
         w.lock().unwrap_or_else(|e| e.into_inner()).event(e)
     });
     let id = match runner.submit_observed(req, Some(observer)) {

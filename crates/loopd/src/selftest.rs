@@ -15,8 +15,8 @@ use llama_proto::hash::sha256;
 
 use crate::config::Sampling;
 use crate::llama::{
-    cache_outcome, CacheOutcome, ChatEvent, ChatMessage, ChatOptions, ChatRequest, Client,
-    Completion, FinishReason, ToolCall, ToolSchema, CACHE_LOSS_TOLERANCE,
+    cache_outcome, AssistantMessage, CacheOutcome, ChatEvent, ChatMessage, ChatOptions,
+    ChatRequest, Client, FinishReason, ToolCall, ToolSchema, CACHE_LOSS_TOLERANCE,
 };
 
 /// The tool of check 2.
@@ -100,14 +100,16 @@ pub fn server_matches(client: &Client, _slot: u32) -> Check {
 /// The fixed conversation of check 2: two worked examples, then the question. A small model
 /// copies the pattern and a large one needs no help; both answer with a call.
 pub fn tool_request(slot: u32) -> ChatRequest {
-    let example = |id: &str, city: &str| ChatMessage::Assistant {
-        content: Some(String::new()),
-        reasoning_content: None,
-        tool_calls: vec![ToolCall {
-            id: id.into(),
-            name: TOOL_NAME.into(),
-            arguments: format!("{{\"city\": \"{city}\"}}"),
-        }],
+    let example = |id: &str, city: &str| {
+        ChatMessage::Assistant(AssistantMessage {
+            content: Some(String::new()),
+            reasoning_content: None,
+            tool_calls: vec![ToolCall {
+                id: id.into(),
+                name: TOOL_NAME.into(),
+                arguments: format!("{{\"city\": \"{city}\"}}"),
+            }],
+        })
     };
     let user = |q: &str| ChatMessage::User { content: q.into() };
     let messages = vec![
@@ -150,12 +152,13 @@ pub fn tool_call_parses(client: &Client, slot: u32) -> Check {
         Ok(c) => c,
         Err(e) => return fail(name, format!("the request failed: {e}")),
     };
-    let call = done.tool_calls.iter().find(|c| c.name == TOOL_NAME);
+    let call = done.message.tool_calls.iter().find(|c| c.name == TOOL_NAME);
     let args_ok = call.is_some_and(|c| {
         serde_json::from_str::<serde_json::Value>(&c.arguments).is_ok_and(|v| v.is_object())
     });
     let passed = args_ok && done.finish_reason == FinishReason::ToolCalls;
     let got_calls: Vec<String> = done
+        .message
         .tool_calls
         .iter()
         .map(|c| format!("{}({})", c.name, c.arguments))
@@ -203,7 +206,8 @@ pub fn turn_two_hits_cache(client: &Client, slot: u32) -> Check {
         Ok(c) => c,
         Err(e) => return fail(name, format!("turn 1 failed: {e}")),
     };
-    req.messages.push(assistant_of(&first));
+    req.messages
+        .push(ChatMessage::Assistant(first.message.clone()));
     req.messages.push(ChatMessage::User {
         content: "Name another.".into(),
     });
@@ -229,15 +233,6 @@ pub fn turn_two_hits_cache(client: &Client, slot: u32) -> Check {
             after.cache_n,
             after.prompt_n
         ),
-    }
-}
-
-/// The assistant message a completion adds to the conversation.
-pub fn assistant_of(c: &Completion) -> ChatMessage {
-    ChatMessage::Assistant {
-        content: c.content.clone(),
-        reasoning_content: c.reasoning_content.clone(),
-        tool_calls: c.tool_calls.clone(),
     }
 }
 

@@ -30,7 +30,7 @@ pub fn serve(config: &Path, folder: Option<&Path>) -> ExitCode {
             config.display()
         ));
     };
-    let tools = match builtin_tools(folder) {
+    let tools = match builtin_tools(folder, client.shared_clock()) {
         Ok(t) => t,
         Err(e) => return fail(format!("--folder: {e}")),
     };

@@ -10,11 +10,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use loopd::config::{Config, RunnerConfig};
-use loopd::llama::{Buffers, ChatMessage, InferError, Silence, SlotSeen};
+use loopd::llama::{AssistantMessage, Buffers, ChatMessage, InferError, Silence, SlotSeen};
 use loopd::runner::worker::{RegisterAnswer, WorkerError, WorkerFailReason};
 use loopd::runner::{
-    Action, AgentRequest, BiosContext, BiosProvider, FailReason, Outcome, RequestId, RunEvent,
-    RunRequest, RunResult, Setup, StallAnswer, ToolRegistry, WorkerState, WorkerStatus,
+    Action, AgentRequest, BiosContext, BiosProvider, FailReason, Outcome, RequestEvent, RequestId,
+    RequestResult, Setup, StallAnswer, Submission, ToolRegistry, WorkerState, WorkerStatus,
 };
 use scripted::{ms, tool_call_deltas, Named};
 use serde_json::{json, Value};
@@ -55,20 +55,20 @@ fn config() -> Config {
     c
 }
 
-fn ask(budget: Option<u32>) -> RunRequest {
-    RunRequest {
+fn ask(budget: Option<u32>) -> Submission {
+    Submission {
         messages: vec![ChatMessage::User {
             content: "hi".into(),
         }],
         budget,
-        ..RunRequest::default()
+        ..Submission::default()
     }
 }
 
 fn machine<'b>(
     buffers: &'b mut Buffers,
     settings: &RunnerConfig,
-    req: RunRequest,
+    req: Submission,
     spawns: Option<u64>,
 ) -> AgentRequest<'b> {
     let tools = tools();
@@ -113,7 +113,7 @@ fn kinds(actions: &[Action]) -> Vec<String> {
         .collect()
 }
 
-fn result(actions: Vec<Action>) -> RunResult {
+fn result(actions: Vec<Action>) -> RequestResult {
     actions
         .into_iter()
         .find_map(|a| match a {
@@ -133,7 +133,7 @@ fn sent(actions: &[Action]) -> Vec<ChatMessage> {
         .expect("a request was sent")
 }
 
-fn failed(r: &RunResult) -> (FailReason, String) {
+fn failed(r: &RequestResult) -> (FailReason, String) {
     match &r.outcome {
         Outcome::Failed { reason, detail } => (reason.clone(), detail.clone()),
         other => panic!("expected a failure, got {other:?}"),
@@ -224,7 +224,7 @@ fn a_batch_of_three_calls_is_one_iteration_run_in_order_one_at_a_time() {
     assert_eq!(kinds(&next), ["send"]);
     assert!(next.iter().any(|a| matches!(
         a,
-        Action::Event(RunEvent::Iteration {
+        Action::Event(RequestEvent::Iteration {
             number: 1,
             budget_left: 1
         })
@@ -232,7 +232,9 @@ fn a_batch_of_three_calls_is_one_iteration_run_in_order_one_at_a_time() {
     let msgs = sent(&next);
     let tail: Vec<&ChatMessage> = msgs.iter().skip(2).collect();
     assert_eq!(tail.len(), 4, "one assistant message and three results");
-    assert!(matches!(tail[0], ChatMessage::Assistant { tool_calls, .. } if tool_calls.len() == 3));
+    assert!(
+        matches!(tail[0], ChatMessage::Assistant(AssistantMessage { tool_calls, .. }) if tool_calls.len() == 3)
+    );
     let results: Vec<&str> = tail[1..]
         .iter()
         .map(|m| match m {
@@ -286,7 +288,7 @@ fn budget_zero_and_another_call_is_tool_execution_error_with_output_kept() {
         )
     );
     assert!(
-        matches!(&r.transcript[0], ChatMessage::Assistant { tool_calls, .. } if tool_calls.len() == 1)
+        matches!(&r.transcript[0], ChatMessage::Assistant(AssistantMessage { tool_calls, .. }) if tool_calls.len() == 1)
     );
 }
 
@@ -597,7 +599,7 @@ fn the_first_byte_wait_polls_slots_on_the_machines_time() {
     let out = drain(&mut m);
     assert!(matches!(
         out.as_slice(),
-        [Action::Event(RunEvent::Chat(
+        [Action::Event(RequestEvent::Chat(
             loopd::llama::ChatEvent::Waiting { slot_busy: true }
         ))]
     ));
@@ -606,7 +608,7 @@ fn the_first_byte_wait_polls_slots_on_the_machines_time() {
 
 #[test]
 fn the_request_offers_only_its_chosen_tools_and_refuses_a_call_to_another() {
-    let chosen = |names: &[&str]| RunRequest {
+    let chosen = |names: &[&str]| Submission {
         tools: Some(names.iter().map(|n| n.to_string()).collect()),
         ..ask(None)
     };
@@ -901,7 +903,7 @@ fn a_silent_prefill_is_the_workers_to_judge_at_idle_grace_ms() {
 }
 
 /// Feeds `bytes` at `at` to a request already sent: the action kinds and its result.
-fn respond_more(m: &mut AgentRequest<'_>, at: u64, bytes: &[u8]) -> (Vec<String>, RunResult) {
+fn respond_more(m: &mut AgentRequest<'_>, at: u64, bytes: &[u8]) -> (Vec<String>, RequestResult) {
     let used = m.handle_bytes(ms(at), bytes);
     // As in `respond`: only the `[DONE]` after the finish_reason chunk may be left unread.
     assert!(matches!(&bytes[used..], b"" | b"data: [DONE]\n\n"));

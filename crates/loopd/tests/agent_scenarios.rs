@@ -15,7 +15,8 @@ use loopd::config::{Config, RunnerConfig};
 use loopd::llama::{Buffers, ChatMessage, ChatRequest, SlotSeen};
 use loopd::runner::{
     Action, AgentRequest, BiosContext, BiosProvider, CallSource, FailReason, Outcome, RequestId,
-    RunRequest, RunResult, Setup, StallAnswer, ToolError, ToolRegistry, WorkerState, WorkerStatus,
+    RequestResult, Setup, StallAnswer, Submission, ToolError, ToolRegistry, WorkerState,
+    WorkerStatus,
 };
 use scripted::{ms, tool_call_deltas, Named};
 use serde_json::{json, Value};
@@ -60,12 +61,12 @@ fn config() -> Config {
     c
 }
 
-fn ask(text: &str) -> RunRequest {
-    RunRequest {
+fn ask(text: &str) -> Submission {
+    Submission {
         messages: vec![ChatMessage::User {
             content: text.into(),
         }],
-        ..RunRequest::default()
+        ..Submission::default()
     }
 }
 
@@ -132,7 +133,7 @@ struct Worker {
 
 /// What came of one scripted request.
 struct Run {
-    result: RunResult,
+    result: RequestResult,
     sent: Vec<ChatRequest>,
     /// Every normal call the script ran: its arguments, in order.
     ran: Vec<String>,
@@ -142,7 +143,7 @@ struct Run {
 
 /// Plays `replies` (one per request sent), the tools and `worker` around a fresh machine.
 fn play(
-    req: RunRequest,
+    req: Submission,
     bios: Arc<dyn BiosProvider>,
     replies: Vec<Reply>,
     worker: Option<Worker>,
@@ -248,7 +249,7 @@ fn play(
     panic!("the request never ended");
 }
 
-fn failed(r: &RunResult) -> (FailReason, &str) {
+fn failed(r: &RequestResult) -> (FailReason, &str) {
     match &r.outcome {
         Outcome::Failed { reason, detail } => (reason.clone(), detail),
         other => panic!("expected a failure, got {other:?}"),

@@ -90,7 +90,7 @@ fn cancel_from_another_thread_mid_stream_keeps_the_partial_and_closes() {
         ChatEvent::Content("Red".into())
     );
     let failed = cancel_and_check(&cancel, t);
-    assert_eq!(failed.partial.content.as_deref(), Some("Red"));
+    assert_eq!(failed.partial.message.content.as_deref(), Some("Red"));
     hung_up(&server);
 }
 
@@ -114,6 +114,7 @@ fn cancel_from_inside_on_event_stops_the_stream_there() {
     );
     assert!(failed
         .partial
+        .message
         .content
         .as_deref()
         .unwrap()
@@ -173,7 +174,7 @@ fn cancel_during_a_retry_wait_keeps_the_failed_attempts_partial() {
     }
     // The backoff is a minute long; the cancel ends it at once.
     let failed = cancel_and_check(&cancel, t);
-    assert_eq!(failed.partial.content.as_deref(), Some("Red"));
+    assert_eq!(failed.partial.message.content.as_deref(), Some("Red"));
     assert_eq!(server.requests_to(CHAT).len(), 1);
 }
 
@@ -202,14 +203,14 @@ fn the_request_after_a_cancel_waits_for_slots_to_say_idle() {
     let done = client.run(&request(), &Cancel::new(), &mut |e| {
         after_cancel.push(e.clone())
     });
-    assert_eq!(done.unwrap().content.as_deref(), Some("Red, blue"));
+    assert_eq!(done.unwrap().message.content.as_deref(), Some("Red, blue"));
     assert_eq!(server.requests_to("/slots").len(), 4);
 
     let mut after_answer = Vec::new();
     let done = client.run(&request(), &Cancel::new(), &mut |e| {
         after_answer.push(e.clone())
     });
-    assert_eq!(done.unwrap().content.as_deref(), Some("Red, blue"));
+    assert_eq!(done.unwrap().message.content.as_deref(), Some("Red, blue"));
     assert_eq!(
         server.requests_to("/slots").len(),
         4,

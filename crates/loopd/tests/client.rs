@@ -74,7 +74,7 @@ fn a_plain_answer_sends_the_rendered_request_and_assembles() {
         ]
     );
     assert_eq!(
-        (done.content.as_deref(), done.finish_reason),
+        (done.message.content.as_deref(), done.finish_reason),
         (Some("Red, blue"), FinishReason::Stop)
     );
     assert_eq!(done.timings.expect("timings").predicted_n, 3);
@@ -128,7 +128,7 @@ fn queued_behind_a_request_on_the_same_slot() {
     let client = Arc::new(Client::new(config(&server)));
     let first = {
         let client = client.clone();
-        std::thread::spawn(move || run(&client, &request(0)).0.map(|c| c.content))
+        std::thread::spawn(move || run(&client, &request(0)).0.map(|c| c.message.content))
     };
     while !client.gate().is_held(0) {
         std::thread::sleep(Duration::from_millis(1));
@@ -202,13 +202,16 @@ fn every_failure_returns_what_was_assembled_before_it() {
     assert!(matches!(failed.error, InferError::StreamClosedEarly));
     let p = failed.partial;
     assert_eq!(
-        (p.content.as_deref(), p.reasoning_content.as_deref()),
+        (
+            p.message.content.as_deref(),
+            p.message.reasoning_content.as_deref()
+        ),
         (Some("Red"), Some("hm"))
     );
     assert_eq!(
         (
-            p.tool_calls[0].name.as_str(),
-            p.tool_calls[0].arguments.as_str()
+            p.message.tool_calls[0].name.as_str(),
+            p.message.tool_calls[0].arguments.as_str()
         ),
         ("f", "{\"a")
     );
@@ -226,7 +229,7 @@ fn every_failure_returns_what_was_assembled_before_it() {
         .run_with_retry(&request(0), &Cancel::new(), &mut |_| {})
         .unwrap_err();
     assert!(matches!(failed.error, InferError::StreamClosedEarly));
-    assert_eq!(failed.partial.content.as_deref(), Some("Red"));
+    assert_eq!(failed.partial.message.content.as_deref(), Some("Red"));
     assert_eq!(server.requests_to(CHAT).len(), 4);
 }
 
@@ -237,7 +240,7 @@ fn a_cut_after_the_final_chunk_still_completes() {
         vec![Reply::sse(vec![content("Red", 1), finish(2)]).ending(End::Cut)],
     )]);
     let (r, _) = run(&Client::new(config(&server)), &request(0));
-    assert_eq!(r.unwrap().content.as_deref(), Some("Red"));
+    assert_eq!(r.unwrap().message.content.as_deref(), Some("Red"));
 }
 
 #[test]
@@ -341,7 +344,7 @@ fn thinking_cap_posts_reasoning_end_and_reads_on() {
     let done = r.unwrap();
     assert!(done.thinking_capped);
     assert_eq!(
-        (done.content.as_deref(), done.reasoning_tokens),
+        (done.message.content.as_deref(), done.reasoning_tokens),
         (Some("5"), 4)
     );
     let capped = events
@@ -395,7 +398,7 @@ fn retry_after_a_cut_goes_through_the_gate_again_with_the_same_bytes() {
     let client = Client::new(config(&server));
     let mut events = Vec::new();
     let r = client.chat_with_retry(&request(0), &mut |e| events.push(e.clone()));
-    assert_eq!(r.unwrap().content.as_deref(), Some("Red, blue"));
+    assert_eq!(r.unwrap().message.content.as_deref(), Some("Red, blue"));
     match &events[0] {
         ChatEvent::Retrying {
             attempt: 2,

@@ -78,7 +78,10 @@ fn a_capped_thinking_block_is_ended_and_the_answer_follows() {
         !answer.trim().is_empty(),
         "content follows the cap: {events:?}"
     );
-    assert_eq!(done.content.as_deref().map(str::trim), Some(answer.trim()));
+    assert_eq!(
+        done.message.content.as_deref().map(str::trim),
+        Some(answer.trim())
+    );
 }
 
 #[test]
@@ -115,5 +118,5 @@ fn a_stream_survives_its_inferproxy_being_killed_and_restarted() {
         done.finish_reason,
         FinishReason::Stop | FinishReason::Length
     ));
-    assert!(done.content.is_some_and(|c| !c.trim().is_empty()));
+    assert!(done.message.content.is_some_and(|c| !c.trim().is_empty()));
 }

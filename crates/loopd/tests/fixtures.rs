@@ -60,10 +60,10 @@ fn message(name: &str) -> Value {
 fn plain_reassembles_to_the_non_streamed_answer() {
     let (done, events, _) = serve("plain", |_| {});
     let want = message("plain");
-    assert_eq!(done.content.as_deref(), want["content"].as_str());
-    assert_eq!(text(&events, false), done.content.clone().unwrap());
+    assert_eq!(done.message.content.as_deref(), want["content"].as_str());
+    assert_eq!(text(&events, false), done.message.content.clone().unwrap());
     assert_eq!(done.finish_reason, FinishReason::Stop);
-    assert_eq!(done.reasoning_content, None);
+    assert_eq!(done.message.reasoning_content, None);
     // The transcript's prompt progress (0 then 13 of 13) comes out too.
     let progress: Vec<&ChatEvent> = events
         .iter()
@@ -93,12 +93,15 @@ fn thinking_reassembles_reasoning_and_counts_its_tokens() {
     let (done, events, server) = serve("thinking", |_| {});
     let want = message("thinking");
     assert_eq!(
-        done.reasoning_content.as_deref(),
+        done.message.reasoning_content.as_deref(),
         want["reasoning_content"].as_str()
     );
-    assert_eq!(text(&events, true), done.reasoning_content.clone().unwrap());
     assert_eq!(
-        done.content.unwrap_or_default(),
+        text(&events, true),
+        done.message.reasoning_content.clone().unwrap()
+    );
+    assert_eq!(
+        done.message.content.unwrap_or_default(),
         want["content"].as_str().unwrap()
     );
     // Every generated token was reasoning here but the last, the end of the turn, which came
@@ -115,13 +118,13 @@ fn tool_call_reassembles_name_and_arguments() {
     let (done, events, _) = serve("tool_call", |_| {});
     let want = &message("tool_call")["tool_calls"][0];
     assert_eq!(done.finish_reason, FinishReason::ToolCalls);
-    assert_eq!(done.tool_calls.len(), 1);
+    assert_eq!(done.message.tool_calls.len(), 1);
     assert_eq!(
-        done.tool_calls[0].name,
+        done.message.tool_calls[0].name,
         want["function"]["name"].as_str().unwrap()
     );
     assert_eq!(
-        done.tool_calls[0].arguments,
+        done.message.tool_calls[0].arguments,
         want["function"]["arguments"].as_str().unwrap()
     );
     let deltas: Vec<&ChatEvent> = events
@@ -138,7 +141,10 @@ fn tool_call_reassembles_name_and_arguments() {
         } => {
             assert_eq!(
                 (id, name),
-                (&done.tool_calls[0].id, &done.tool_calls[0].name)
+                (
+                    &done.message.tool_calls[0].id,
+                    &done.message.tool_calls[0].name
+                )
             );
         }
         other => panic!("{other:?}"),
@@ -150,7 +156,7 @@ fn tool_call_reassembles_name_and_arguments() {
             _ => "",
         })
         .collect();
-    assert_eq!(args, done.tool_calls[0].arguments);
+    assert_eq!(args, done.message.tool_calls[0].arguments);
 }
 
 #[test]
@@ -174,7 +180,7 @@ fn progress_events_are_the_transcripts_prompt_progress() {
         .filter(|e| matches!(e, ChatEvent::Progress { .. }))
         .collect();
     assert_eq!(got, want);
-    assert!(done.content.is_some());
+    assert!(done.message.content.is_some());
 }
 
 #[test]
@@ -186,9 +192,16 @@ fn reasoning_end_posts_the_recorded_control_call_and_the_answer_follows() {
         .unwrap();
     assert_eq!(events[capped], ChatEvent::ThinkingCapped { tokens: 3 });
     assert!(done.thinking_capped);
-    assert!(done.content.as_deref().is_some_and(|c| !c.is_empty()));
-    assert_eq!(text(&events, false), done.content.clone().unwrap());
-    assert_eq!(text(&events, true), done.reasoning_content.clone().unwrap());
+    assert!(done
+        .message
+        .content
+        .as_deref()
+        .is_some_and(|c| !c.is_empty()));
+    assert_eq!(text(&events, false), done.message.content.clone().unwrap());
+    assert_eq!(
+        text(&events, true),
+        done.message.reasoning_content.clone().unwrap()
+    );
     let sent = server.requests_to(CONTROL);
     assert_eq!(sent.len(), 1);
     let recorded = &json("reasoning_end.control.json")["request"];
@@ -213,7 +226,7 @@ fn a_raw_chunked_response_as_received() {
     let done = client.chat(&request(), &mut |_| {}).unwrap();
     // The same request as `plain`, greedy: the same answer.
     assert_eq!(
-        done.content.as_deref(),
+        done.message.content.as_deref(),
         message("plain")["content"].as_str()
     );
     assert_eq!(done.finish_reason, FinishReason::Stop);

@@ -9,25 +9,13 @@ use std::path::{Path, PathBuf};
 
 /// The IO drivers, relative to `crates/`, and why each reads the time.
 const DRIVERS: &[(&str, &str)] = &[
-    ("clock/src/lib.rs", "SystemClock, the workspace's one clock"),
-    ("loopd/src/http.rs", "socket deadlines"),
-    ("loopd/src/cancel.rs", "a cancellable sleep"),
     (
-        "loopd/src/llama/gate.rs",
-        "a condition-variable wait for the slot",
+        "clock/src/lib.rs",
+        "SystemClock, the workspace's one clock (monotonic and wall time)",
     ),
     (
-        "loopd/src/runner/mod.rs",
-        "wait_result's condition-variable wait",
-    ),
-    (
-        "loopd/src/runner/builtin.rs",
-        "the current_time tool tells the wall time",
-    ),
-    ("loopd/src/main.rs", "the command's waits for the socket"),
-    (
-        "loopd/src/ask.rs",
-        "time to first token, shown on a terminal",
+        "loopd/src/http.rs",
+        "socket deadlines: a read or write timeout is set from what is left of an Instant",
     ),
     (
         "llama-worker/src/process.rs",

@@ -12,8 +12,8 @@ use std::time::Duration;
 use llama_harness::{LocalServer, Proxy};
 use loopd::config::Config;
 use loopd::llama::{
-    cache_outcome, CacheOutcome, ChatEvent, ChatMessage, ChatRequest, Client, Completion,
-    FinishReason, InferError,
+    cache_outcome, AssistantMessage, CacheOutcome, ChatEvent, ChatMessage, ChatRequest, Client,
+    Completion, FinishReason, InferError,
 };
 
 /// The shared server and the proxy in front of it.
@@ -84,7 +84,7 @@ fn plain_streamed_answer() {
     let req = ChatRequest::user(0, "Name three colours.");
     let (r, events) = chat(&client, &req);
     let done = r.unwrap();
-    let text = done.content.clone().unwrap();
+    let text = done.message.content.clone().unwrap();
     assert!(!text.is_empty());
     assert_eq!(
         joined(&events, content_of),
@@ -102,7 +102,7 @@ fn plain_streamed_answer() {
         "{:?}",
         done.timings
     );
-    assert!(done.tool_calls.is_empty() && !done.thinking_capped);
+    assert!(done.message.tool_calls.is_empty() && !done.thinking_capped);
 }
 
 #[test]
@@ -115,8 +115,8 @@ fn a_tool_call() {
     let (r, events) = chat(&client, &req);
     let done = r.unwrap();
     assert_eq!(done.finish_reason, FinishReason::ToolCalls, "{done:?}");
-    assert_eq!(done.tool_calls.len(), 1, "{done:?}");
-    let call = &done.tool_calls[0];
+    assert_eq!(done.message.tool_calls.len(), 1, "{done:?}");
+    let call = &done.message.tool_calls[0];
     assert_eq!(call.name, "get_weather");
     let args: serde_json::Value = serde_json::from_str(&call.arguments).unwrap();
     assert!(args.get("city").is_some_and(|c| c.is_string()), "{args}");
@@ -158,11 +158,14 @@ fn a_thinking_answer_capped_early() {
     );
     assert_eq!(
         joined(&events, reasoning_of),
-        done.reasoning_content.clone().unwrap_or_default()
+        done.message.reasoning_content.clone().unwrap_or_default()
     );
     // The control call ended reasoning, and the answer followed.
     assert!(
-        done.content.as_deref().is_some_and(|s| !s.is_empty()),
+        done.message
+            .content
+            .as_deref()
+            .is_some_and(|s| !s.is_empty()),
         "{done:?}"
     );
     assert!(events[capped..].iter().any(|e| content_of(e).is_some()));
@@ -221,11 +224,11 @@ fn turn_two_hits_the_cache() {
     ];
     let req = |messages: &Vec<ChatMessage>| ChatRequest::new(1, messages.clone());
     let first = chat(&client, &req(&messages)).0.unwrap();
-    messages.push(ChatMessage::Assistant {
-        content: first.content.clone(),
-        reasoning_content: first.reasoning_content.clone(),
-        tool_calls: first.tool_calls.clone(),
-    });
+    messages.push(ChatMessage::Assistant(AssistantMessage {
+        content: first.message.content.clone(),
+        reasoning_content: first.message.reasoning_content.clone(),
+        tool_calls: first.message.tool_calls.clone(),
+    }));
     messages.push(user("Now in three words."));
     let second = chat(&client, &req(&messages)).0.unwrap();
     assert_eq!(
@@ -325,6 +328,7 @@ fn a_cancelled_generation_frees_its_server_slot() {
     );
     assert!(failed
         .partial
+        .message
         .content
         .as_deref()
         .is_some_and(|t| !t.is_empty()));

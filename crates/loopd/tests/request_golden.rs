@@ -7,7 +7,8 @@ use std::path::PathBuf;
 use loopd::config::{Config, Sampling};
 
 use loopd::llama::{
-    render_request as render, ChatMessage, ChatOptions, ChatRequest, ToolCall, ToolSchema,
+    render_request as render, AssistantMessage, ChatMessage, ChatOptions, ChatRequest, ToolCall,
+    ToolSchema,
 };
 
 fn golden(name: &str, config: &Config, req: &ChatRequest) {
@@ -74,11 +75,11 @@ fn user_message() {
 
 #[test]
 fn assistant_with_content_only() {
-    let a = ChatMessage::Assistant {
+    let a = ChatMessage::Assistant(AssistantMessage {
         content: Some("Bonjour.".into()),
         reasoning_content: None,
         tool_calls: vec![],
-    };
+    });
     golden(
         "assistant_content",
         &config(),
@@ -88,11 +89,11 @@ fn assistant_with_content_only() {
 
 #[test]
 fn assistant_with_reasoning() {
-    let a = ChatMessage::Assistant {
+    let a = ChatMessage::Assistant(AssistantMessage {
         content: Some("4".into()),
         reasoning_content: Some("2 + 2 is 4.".into()),
         tool_calls: vec![],
-    };
+    });
     golden(
         "assistant_reasoning",
         &config(),
@@ -102,7 +103,7 @@ fn assistant_with_reasoning() {
 
 #[test]
 fn assistant_tool_calls_and_tool_result() {
-    let a = ChatMessage::Assistant {
+    let a = ChatMessage::Assistant(AssistantMessage {
         content: None,
         reasoning_content: None,
         tool_calls: vec![
@@ -117,7 +118,7 @@ fn assistant_tool_calls_and_tool_result() {
                 arguments: r#"{"path":"b.txt"}"#.into(),
             },
         ],
-    };
+    });
     let t1 = ChatMessage::Tool {
         tool_call_id: "call_1".into(),
         content: "alpha\n".into(),

@@ -18,7 +18,7 @@ use llama_harness::{free_port, temp_dir, wait_for, workspace_artifact, workspace
 use loopd::config::Config;
 use loopd::llama::{ChatEvent, Client};
 use loopd::runner::{
-    FailReason, Outcome, RunEvent, RunRequest, Runner, StandardBios, ToolRegistry,
+    FailReason, Outcome, RequestEvent, Runner, StandardBios, Submission, ToolRegistry,
 };
 use loopd::selftest::SAMPLING;
 use serde_json::Value;
@@ -244,13 +244,13 @@ fn cut_by_kill(
     runner: &Runner,
     worker_reason: bool,
     kill: impl FnOnce() + Send + 'static,
-) -> loopd::runner::RunResult {
+) -> loopd::runner::RequestResult {
     let killed = Arc::new(AtomicU32::new(0));
     let k = killed.clone();
     let mut kill = Some(kill);
     let mut pieces = 0;
-    let observer = Box::new(move |e: &RunEvent| {
-        if let RunEvent::Chat(ChatEvent::Content(_)) = e {
+    let observer = Box::new(move |e: &RequestEvent| {
+        if let RequestEvent::Chat(ChatEvent::Content(_)) = e {
             pieces += 1;
             if pieces == 3 {
                 if let Some(f) = kill.take() {
@@ -288,8 +288,8 @@ fn cut_by_kill(
     r
 }
 
-fn request(prompt: &str, max_tokens: u64) -> RunRequest {
-    RunRequest {
+fn request(prompt: &str, max_tokens: u64) -> Submission {
+    Submission {
         system: None,
         messages: vec![loopd::llama::ChatMessage::User {
             content: prompt.into(),

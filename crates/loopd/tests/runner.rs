@@ -15,10 +15,11 @@ use std::time::{Duration, Instant};
 
 use llama_harness::fixture;
 use loopd::config::Config;
-use loopd::llama::{Cancel, ChatMessage, Client, InferError};
+use loopd::llama::{AssistantMessage, Cancel, ChatMessage, Client, InferError};
 use loopd::runner::{
-    BiosContext, BiosProvider, CallSource, FailReason, Outcome, RequestId, ResultError, RunEvent,
-    RunRequest, RunResult, Runner, StallAnswer, SubmitError, Tool, ToolError, ToolRegistry,
+    BiosContext, BiosProvider, CallSource, FailReason, Outcome, RequestEvent, RequestId,
+    RequestResult, ResultError, Runner, StallAnswer, Submission, SubmitError, Tool, ToolError,
+    ToolRegistry,
 };
 use scripted::tool_call_deltas;
 use serde_json::{json, Value};
@@ -110,7 +111,7 @@ impl Tool for Sleep {
         object()
     }
     fn run(&self, _: &Value, cancel: &Cancel) -> Result<String, ToolError> {
-        cancel.sleep(Duration::from_secs(5));
+        cancel.sleep(&loopd::clock::SystemClock::new(), Duration::from_secs(5));
         Ok("woke".into())
     }
 }
@@ -167,22 +168,22 @@ fn setup(config: Config, slots: u32) -> Setup {
     Setup { runner, log }
 }
 
-fn ask(text: &str) -> RunRequest {
-    RunRequest {
+fn ask(text: &str) -> Submission {
+    Submission {
         messages: vec![ChatMessage::User {
             content: text.into(),
         }],
-        ..RunRequest::default()
+        ..Submission::default()
     }
 }
 
-fn wait(runner: &Runner, id: RequestId) -> RunResult {
+fn wait(runner: &Runner, id: RequestId) -> RequestResult {
     runner
         .wait_result(id, Duration::from_secs(10))
         .unwrap_or_else(|e| panic!("no result for {id} within 10 s: {e}"))
 }
 
-fn run(s: &Setup, req: RunRequest) -> RunResult {
+fn run(s: &Setup, req: Submission) -> RequestResult {
     let id = s.runner.submit(req).expect("a free slot");
     wait(&s.runner, id)
 }
@@ -194,7 +195,7 @@ fn sent(server: &FakeServer, n: usize) -> Vec<Value> {
     body["messages"].as_array().unwrap().clone()
 }
 
-fn failed(r: &RunResult) -> (FailReason, &str) {
+fn failed(r: &RequestResult) -> (FailReason, &str) {
     match &r.outcome {
         Outcome::Failed { reason, detail } => (reason.clone(), detail.as_str()),
         other => panic!("expected a failure, got {other:?}"),
@@ -341,7 +342,7 @@ fn budget_zero_and_another_call_fails_with_tool_execution_error_output_kept() {
     // The output is kept: the first iteration and the refused message.
     let last = r.transcript.last().unwrap();
     assert!(
-        matches!(last, ChatMessage::Assistant { tool_calls, .. } if tool_calls[0].id == "c2"),
+        matches!(last, ChatMessage::Assistant(AssistantMessage { tool_calls, .. }) if tool_calls[0].id == "c2"),
         "{last:?}"
     );
     // A budget of 0 refuses the very first call.
@@ -573,8 +574,8 @@ fn cancel_ends_a_silent_stream_with_its_partial_output() {
     )]);
     let s = setup(config(&server, None), 1);
     let (tx, rx) = std::sync::mpsc::channel();
-    let observer = Box::new(move |e: &RunEvent| {
-        if let RunEvent::Chat(loopd::llama::ChatEvent::Content(t)) = e {
+    let observer = Box::new(move |e: &RequestEvent| {
+        if let RequestEvent::Chat(loopd::llama::ChatEvent::Content(t)) = e {
             let _ = tx.send(t.clone());
         }
     });
@@ -592,11 +593,11 @@ fn cancel_ends_a_silent_stream_with_its_partial_output() {
     assert_eq!(r.content.as_deref(), Some("Hello, wor"));
     assert_eq!(
         r.transcript,
-        [ChatMessage::Assistant {
+        [ChatMessage::Assistant(AssistantMessage {
             content: Some("Hello, wor".into()),
             reasoning_content: None,
             tool_calls: vec![]
-        }]
+        })]
     );
     assert_released(&s.runner);
 }
@@ -608,8 +609,8 @@ fn cancel_while_a_tool_runs_ends_the_request() {
     c.runner.tool_timeout_ms = 10_000;
     let s = setup(c, 1);
     let (tx, rx) = std::sync::mpsc::channel();
-    let observer = Box::new(move |e: &RunEvent| {
-        if matches!(e, RunEvent::ToolStarted { .. }) {
+    let observer = Box::new(move |e: &RequestEvent| {
+        if matches!(e, RequestEvent::ToolStarted { .. }) {
             let _ = tx.send(());
         }
     });
@@ -687,8 +688,8 @@ fn a_restart_or_death_seen_on_the_status_socket_fails_the_requests_in_flight() {
         let seen = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let observe = || -> Option<loopd::runner::Observer> {
             let seen = seen.clone();
-            Some(Box::new(move |e: &RunEvent| {
-                if matches!(e, RunEvent::Chat(loopd::llama::ChatEvent::Content(_))) {
+            Some(Box::new(move |e: &RequestEvent| {
+                if matches!(e, RequestEvent::Chat(loopd::llama::ChatEvent::Content(_))) {
                     seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 }
             }))
@@ -773,7 +774,7 @@ fn support_wait(cond: impl Fn() -> bool) {
 fn a_panicking_observer_fails_its_request_and_frees_the_slot() {
     let server = FakeServer::start(vec![(CHAT, vec![answer("hi")])]);
     let s = setup(config(&server, None), 1);
-    let observer = Box::new(|_: &RunEvent| panic!("observer bug"));
+    let observer = Box::new(|_: &RequestEvent| panic!("observer bug"));
     let id = s.runner.submit_observed(ask("x"), Some(observer)).unwrap();
     let r = wait(&s.runner, id);
     assert_eq!(failed(&r).0, FailReason::Panicked);
@@ -839,4 +840,38 @@ fn a_failure_pushed_on_the_watch_ends_the_request_with_its_partial_output() {
             "no done for a generation the worker failed"
         );
     }
+}
+
+#[test]
+fn wait_result_waits_on_the_clients_clock() {
+    let server = FakeServer::start(vec![(CHAT, vec![answer("late")])]);
+    let clock = loopd::clock::FakeClock::new();
+    let client = Arc::new(Client::with_time(
+        config(&server, None),
+        Arc::new(clock.clone()),
+        Arc::new(loopd::clock::SystemJitter::new()),
+    ));
+    let runner = Runner::new(client.clone(), ToolRegistry::new(), Arc::new(NotedBios), 1);
+    // The request queues behind a holder of its slot, so it stays running.
+    let held = support::hold_slot(&client, 0);
+    let id = runner.submit(ask("x")).unwrap();
+    support_wait(|| client.gate().queued(0) == 1);
+    std::thread::scope(|s| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let r = &runner;
+        s.spawn(move || tx.send(r.wait_result(id, Duration::from_secs(1))).unwrap());
+        // A second of fake time: real time does not end the wait, the fake clock does.
+        assert!(rx.recv_timeout(Duration::from_millis(100)).is_err());
+        clock.advance(Duration::from_millis(999));
+        assert!(rx.recv_timeout(Duration::from_millis(50)).is_err());
+        clock.advance(Duration::from_millis(1));
+        let r = rx
+            .recv_timeout(Duration::from_secs(5))
+            .expect("the wait ended");
+        assert_eq!(r, Err(ResultError::Pending));
+    });
+    runner.cancel(id).unwrap();
+    let r = wait(&runner, id);
+    assert_eq!(failed(&r).0, FailReason::Cancelled);
+    drop(held);
 }

@@ -13,9 +13,11 @@ use std::time::Duration;
 
 use llama_harness::{LocalServer, Proxy};
 use loopd::config::Config;
-use loopd::llama::{CacheOutcome, Cancel, ChatMessage, ChatOptions, Client, ToolCall};
+use loopd::llama::{
+    AssistantMessage, CacheOutcome, Cancel, ChatMessage, ChatOptions, Client, ToolCall,
+};
 use loopd::runner::{
-    BiosProvider, Outcome, RunRequest, RunResult, Runner, StandardBios, Tool, ToolError,
+    BiosProvider, Outcome, RequestResult, Runner, StandardBios, Submission, Tool, ToolError,
     ToolRegistry,
 };
 use loopd::selftest::SAMPLING;
@@ -55,7 +57,7 @@ fn conversation() -> Vec<ChatMessage> {
         m.push(ChatMessage::User {
             content: format!("What is the weather in {city}?"),
         });
-        m.push(ChatMessage::Assistant {
+        m.push(ChatMessage::Assistant(AssistantMessage {
             content: Some(String::new()),
             reasoning_content: None,
             tool_calls: vec![ToolCall {
@@ -63,7 +65,7 @@ fn conversation() -> Vec<ChatMessage> {
                 name: "get_weather".into(),
                 arguments: format!("{{\"city\": \"{city}\"}}"),
             }],
-        });
+        }));
     }
     m.push(ChatMessage::User {
         content: "What is the weather in Paris?".into(),
@@ -75,7 +77,7 @@ fn run(
     server: &LocalServer,
     proxy: &Proxy,
     bios: Arc<dyn BiosProvider>,
-) -> (RunResult, Vec<String>) {
+) -> (RequestResult, Vec<String>) {
     let mut c = Config::new(proxy.socket(), server.model());
     c.limits.poll_ms = 500;
     // A long prompt takes minutes on a loaded 2-core box.
@@ -86,7 +88,7 @@ fn run(
     let mut tools = ToolRegistry::new();
     tools.register(Arc::new(Weather(cities.clone()))).unwrap();
     let runner = Runner::new(Arc::new(Client::new(c)), tools, bios, 1);
-    let req = RunRequest {
+    let req = Submission {
         system: Some("You answer every question by calling a tool.".into()),
         messages: conversation(),
         budget: Some(2),
@@ -107,7 +109,7 @@ fn run(
     (r, cities)
 }
 
-fn cache_line(label: &str, r: &RunResult) -> String {
+fn cache_line(label: &str, r: &RequestResult) -> String {
     let per: Vec<String> = r
         .generations
         .iter()
@@ -129,7 +131,7 @@ fn cache_line(label: &str, r: &RunResult) -> String {
 }
 
 /// The bookkeeping every real run must show, whatever the model said.
-fn check(r: &RunResult, cities: &[String]) {
+fn check(r: &RequestResult, cities: &[String]) {
     // Budget down by exactly one per iteration: generation i starts with budget - (i - 1).
     for (i, g) in r.generations.iter().enumerate() {
         assert_eq!(g.budget_left, 2 - i as u32, "generation {}: {r:#?}", i + 1);

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use loopd::config::Config;
 use loopd::llama::{Cancel, ChatMessage, Client};
 use loopd::runner::{
-    Outcome, ResultError, RunRequest, Runner, StandardBios, SubmitError, Tool, ToolError,
+    Outcome, ResultError, Runner, StandardBios, Submission, SubmitError, Tool, ToolError,
     ToolRegistry,
 };
 use serde_json::{json, Value};
@@ -125,11 +125,11 @@ fn a_thousand_mixed_requests_leak_no_slot_no_record_and_no_thread() {
         );
         let mut busy = false;
         if submitted < REQUESTS {
-            let req = RunRequest {
+            let req = Submission {
                 messages: vec![ChatMessage::User {
                     content: format!("request {submitted}"),
                 }],
-                ..RunRequest::default()
+                ..Submission::default()
             };
             match runner.submit(req) {
                 Ok(id) => {

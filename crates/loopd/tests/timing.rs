@@ -99,7 +99,7 @@ fn smoke_silence_after_the_first_byte_is_stalled_with_the_partial() {
         "{failed}"
     );
     near(took, 100);
-    assert_eq!(failed.partial.content.as_deref(), Some("Red"));
+    assert_eq!(failed.partial.message.content.as_deref(), Some("Red"));
     assert!(
         server.requests_to("/slots").is_empty(),
         "no polls after the first byte"
@@ -121,7 +121,7 @@ fn smoke_slow_deltas_keep_a_stream_alive_past_any_single_limit() {
     )]);
     let client = Client::new(config(server.socket()));
     let ((r, _), took) = timed(|| chat(&client, &request(0)));
-    assert_eq!(r.unwrap().content.as_deref(), Some("xxxx"));
+    assert_eq!(r.unwrap().message.content.as_deref(), Some("xxxx"));
     assert!(took >= Duration::from_millis(480), "{took:?}");
 }
 

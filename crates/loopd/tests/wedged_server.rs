@@ -20,7 +20,7 @@ use llama_harness::{wait_for, LocalServer, Proxy};
 use loopd::config::Config;
 use loopd::llama::{ChatEvent, ChatMessage, Client};
 use loopd::runner::{
-    FailReason, Outcome, RunEvent, RunRequest, Runner, StandardBios, ToolRegistry,
+    FailReason, Outcome, RequestEvent, Runner, StandardBios, Submission, ToolRegistry,
 };
 
 /// The factor the default timers are divided by.
@@ -60,12 +60,12 @@ fn loopd_config(server: &LocalServer, proxy: &Proxy) -> Config {
     c
 }
 
-fn ask(text: &str) -> RunRequest {
-    RunRequest {
+fn ask(text: &str) -> Submission {
+    Submission {
         messages: vec![ChatMessage::User {
             content: text.into(),
         }],
-        ..RunRequest::default()
+        ..Submission::default()
     }
 }
 
@@ -119,8 +119,8 @@ fn wedge(signal: &str, want: FailReason) {
     let (signalled, signals) = mpsc::channel();
     let sig = signal.to_owned();
     let mut sent = false;
-    let observer = Box::new(move |e: &RunEvent| {
-        if !sent && matches!(e, RunEvent::Chat(ChatEvent::Content(_))) {
+    let observer = Box::new(move |e: &RequestEvent| {
+        if !sent && matches!(e, RequestEvent::Chat(ChatEvent::Content(_))) {
             sent = true;
             // On the driver's thread: nothing more is read before the signal is sent.
             let ok = Command::new("kill")

@@ -14,7 +14,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
-use crate::runner::{Outcome, RunResult};
+use crate::runner::{Outcome, RequestResult};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RequestLabels {
@@ -140,7 +140,7 @@ impl Metrics {
     }
 
     /// A request ended with `r`; `ttft` from submit to its first token, if one came.
-    pub fn finished(&self, r: &RunResult, ttft: Option<Duration>) {
+    pub fn finished(&self, r: &RequestResult, ttft: Option<Duration>) {
         let (outcome, reason) = match &r.outcome {
             Outcome::Completed { .. } => ("completed", ""),
             Outcome::Failed { reason, .. } => ("failed", reason.as_str()),
@@ -193,8 +193,8 @@ mod tests {
     use crate::llama::{FinishReason, Timings};
     use crate::runner::{FailReason, GenerationStats, RequestId};
 
-    fn result(outcome: Outcome, gens: &[(u64, u64, u64, u64)]) -> RunResult {
-        RunResult {
+    fn result(outcome: Outcome, gens: &[(u64, u64, u64, u64)]) -> RequestResult {
+        RequestResult {
             id: RequestId(1),
             outcome,
             content: None,

@@ -8,8 +8,8 @@ use std::fmt;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::llama::{ChatEvent, ChatMessage, ChatOptions, ToolCall};
-use crate::runner::{CallSource, Outcome, RunEvent, RunRequest, RunResult, StallAnswer};
+use crate::llama::{AssistantMessage, ChatEvent, ChatMessage, ChatOptions, ToolCall};
+use crate::runner::{CallSource, Outcome, RequestEvent, RequestResult, StallAnswer, Submission};
 
 /// Longest command line, newline included: a bigger one is refused with `LINE_TOO_LONG`.
 pub const MAX_LINE_BYTES: usize = 1 << 20;
@@ -22,7 +22,7 @@ pub enum Command {
     /// Start an agent request; with `follow`, stream its events on this connection.
     Submit {
         /// The request; its `tools` are the ones the client chose (names of the daemon's set).
-        request: RunRequest,
+        request: Submission,
         /// Stream events then the result on this connection.
         follow: bool,
     },
@@ -231,7 +231,7 @@ pub fn parse(line: &[u8]) -> Result<Command, ProtoError> {
                 messages.push(match role {
                     "user" => ChatMessage::User { content: m.content },
                     "system" => ChatMessage::System { content: m.content },
-                    "assistant" => ChatMessage::Assistant {
+                    "assistant" => ChatMessage::Assistant(AssistantMessage {
                         content: Some(m.content),
                         reasoning_content: None,
                         tool_calls: m
@@ -243,7 +243,7 @@ pub fn parse(line: &[u8]) -> Result<Command, ProtoError> {
                                 arguments: c.arguments,
                             })
                             .collect(),
-                    },
+                    }),
                     "tool" => ChatMessage::Tool {
                         tool_call_id: m.tool_call_id.ok_or_else(|| {
                             ProtoError::BadRequest("role `tool`: tool_call_id is required".into())
@@ -266,7 +266,7 @@ pub fn parse(line: &[u8]) -> Result<Command, ProtoError> {
                 ));
             }
             Ok(Command::Submit {
-                request: RunRequest {
+                request: Submission {
                     system: w.system,
                     messages,
                     budget: w.budget,
@@ -330,7 +330,7 @@ fn stall(a: &StallAnswer) -> Value {
 }
 
 /// A result as JSON (the `result` of a `result`, `wait` or `follow` reply).
-pub fn result_json(r: &RunResult) -> Value {
+pub fn result_json(r: &RequestResult) -> Value {
     let (outcome, finish, reason, detail) = match &r.outcome {
         Outcome::Completed { finish_reason } => {
             ("completed", Some(finish_reason.as_str()), None, None)
@@ -382,13 +382,13 @@ pub fn result_json(r: &RunResult) -> Value {
 
 /// An event as JSON (`{"event": ...}` on a `follow` stream); `None` for the client's
 /// internal ones that say nothing to a watcher.
-pub fn event_json(e: &RunEvent) -> Option<Value> {
+pub fn event_json(e: &RequestEvent) -> Option<Value> {
     Some(match e {
-        RunEvent::Generation {
+        RequestEvent::Generation {
             number,
             budget_left,
         } => json!({"event": "generation", "number": number, "budget_left": budget_left}),
-        RunEvent::Chat(c) => match c {
+        RequestEvent::Chat(c) => match c {
             ChatEvent::Content(t) => json!({"event": "content", "text": t}),
             ChatEvent::Reasoning(t) => json!({"event": "reasoning", "text": t}),
             ChatEvent::Waiting { slot_busy } => json!({"event": "waiting", "slot_busy": slot_busy}),
@@ -411,19 +411,19 @@ pub fn event_json(e: &RunEvent) -> Option<Value> {
             }
             _ => return None,
         },
-        RunEvent::ToolStarted { call, source: s } => json!({"event": "tool_started",
+        RequestEvent::ToolStarted { call, source: s } => json!({"event": "tool_started",
             "id": call.id, "name": call.name, "arguments": call.arguments, "source": source(*s)}),
-        RunEvent::ToolFinished { id, result } => match result {
+        RequestEvent::ToolFinished { id, result } => match result {
             Ok(t) => json!({"event": "tool_finished", "id": id, "ok": true, "result": t}),
             Err(e) => json!({"event": "tool_finished", "id": id, "ok": false, "result": e}),
         },
-        RunEvent::Exit(x) => json!({"event": "exit", "name": x.call.name,
+        RequestEvent::Exit(x) => json!({"event": "exit", "name": x.call.name,
             "arguments": x.call.arguments, "source": source(x.source)}),
-        RunEvent::Iteration {
+        RequestEvent::Iteration {
             number,
             budget_left,
         } => json!({"event": "iteration", "number": number, "budget_left": budget_left}),
-        RunEvent::Stall(a) => {
+        RequestEvent::Stall(a) => {
             let mut v = stall(a);
             v["event"] = json!("stall");
             v
@@ -488,7 +488,7 @@ mod tests {
         assert_eq!(
             request.messages[1..3],
             [
-                ChatMessage::Assistant {
+                ChatMessage::Assistant(AssistantMessage {
                     content: Some(String::new()),
                     reasoning_content: None,
                     tool_calls: vec![ToolCall {
@@ -496,7 +496,7 @@ mod tests {
                         name: "arithmetic".into(),
                         arguments: "{}".into()
                     }],
-                },
+                }),
                 ChatMessage::Tool {
                     tool_call_id: "c1".into(),
                     content: "5".into()

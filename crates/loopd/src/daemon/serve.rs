@@ -20,7 +20,7 @@ use serde_json::json;
 use super::metrics::Metrics;
 use super::protocol::{self, event_json, result_json, Command, ProtoError, MAX_LINE_BYTES};
 use super::store::{Lookup, ResultStore};
-use crate::runner::{RequestId, ResultError, RunEvent, RunRequest, RunResult, Runner};
+use crate::runner::{RequestEvent, RequestId, RequestResult, ResultError, Runner, Submission};
 
 /// How long a client may take to send its whole command line.
 pub const READ_DEADLINE: Duration = Duration::from_secs(5);
@@ -58,7 +58,7 @@ enum Line {
 type Hub = Arc<Mutex<Vec<SyncSender<Line>>>>;
 
 struct Inner {
-    store: ResultStore<RunResult>,
+    store: ResultStore<RequestResult>,
     hubs: HashMap<u64, Hub>,
     waiters: Vec<JoinHandle<()>>,
 }
@@ -391,7 +391,7 @@ impl Daemon {
     fn submit(
         self: &Arc<Daemon>,
         stream: &UnixStream,
-        request: RunRequest,
+        request: Submission,
         follow: bool,
     ) -> io::Result<()> {
         if self.stopping() {
@@ -415,8 +415,8 @@ impl Daemon {
         let observer = {
             let (hub, first_token, clock) = (hub.clone(), first_token.clone(), self.clock.clone());
             let submitted = self.clock.now();
-            Box::new(move |e: &RunEvent| {
-                if let RunEvent::Chat(
+            Box::new(move |e: &RequestEvent| {
+                if let RequestEvent::Chat(
                     crate::llama::ChatEvent::Content(_)
                     | crate::llama::ChatEvent::Reasoning(_)
                     | crate::llama::ChatEvent::ToolCallDelta { .. },
@@ -547,8 +547,8 @@ impl Daemon {
 }
 
 /// The result of a request whose waiter could not start.
-fn placeholder(id: RequestId) -> RunResult {
-    RunResult {
+fn placeholder(id: RequestId) -> RequestResult {
+    RequestResult {
         id,
         outcome: crate::runner::Outcome::Failed {
             reason: crate::runner::FailReason::Cancelled,

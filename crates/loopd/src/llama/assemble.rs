@@ -11,7 +11,7 @@
 use http_nostd::MAX_HEADERS;
 use llama_proto::{AssembleError, Assembler, ChatStream, Chunk, ServerError, StreamError};
 
-use super::{capped_body, ChatEvent, Completion, InferError, Partial, ToolCall};
+use super::{capped_body, ChatEvent, Completion, InferError, Partial};
 use crate::http::HEAD_CAP;
 use crate::sse::SSE_CAP;
 
@@ -191,17 +191,7 @@ pub(crate) fn completion(
 /// What was assembled so far, for a request that failed part-way.
 pub(crate) fn partial(message: &Message<'_>) -> Partial {
     Partial {
-        content: message.content().map(str::to_owned),
-        reasoning_content: message.reasoning_content().map(str::to_owned),
-        tool_calls: message
-            .tool_calls()
-            .iter()
-            .map(|c| ToolCall {
-                id: c.id.to_owned(),
-                name: c.name.to_owned(),
-                arguments: c.arguments.to_owned(),
-            })
-            .collect(),
+        message: message.into(),
         timings: message.timings(),
         reasoning_tokens: message.reasoning_tokens(),
     }
@@ -210,7 +200,7 @@ pub(crate) fn partial(message: &Message<'_>) -> Partial {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::llama::{ProtocolError, Timings};
+    use crate::llama::{ProtocolError, Timings, ToolCall};
     use llama_proto::{AssembleError, DecodeError, FinishReason, Status, StreamError, StreamEvent};
 
     /// `body`, an event stream read to the close, through loopd's stream: the events reported
@@ -288,11 +278,14 @@ mod tests {
         let done = done.unwrap();
         assert_eq!(done.id, "chatcmpl-a");
         assert_eq!(
-            (done.content.as_deref(), done.reasoning_content.as_deref()),
+            (
+                done.message.content.as_deref(),
+                done.message.reasoning_content.as_deref()
+            ),
             (Some("Hi"), Some("hm"))
         );
         assert_eq!(
-            done.tool_calls,
+            done.message.tool_calls,
             [ToolCall {
                 id: "c1".into(),
                 name: "f".into(),

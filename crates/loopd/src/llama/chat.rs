@@ -76,7 +76,7 @@ impl Client {
         let busy = Duration::from_millis(limits.busy_wait_ms);
         let mut permit = self
             .gate
-            .acquire(req.slot, busy, poll, cancel, on_event)
+            .acquire(req.slot, busy, poll, cancel, &*self.clock, on_event)
             .map_err(Failed::bare)?;
         wait_idle(config, &mut permit, &*self.clock, cancel, on_event).map_err(Failed::bare)?;
         let mut stream = send(config, req, cancel).map_err(Failed::bare)?;
@@ -171,7 +171,7 @@ pub(crate) fn wait_idle(
             Ok(false) => on_event(&ChatEvent::Waiting { slot_busy: true }),
             Err(e) => break Err(e),
         }
-        if cancel.sleep(poll) {
+        if cancel.sleep(clock, poll) {
             break Err(InferError::Cancelled);
         }
     };

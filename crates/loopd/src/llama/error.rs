@@ -11,7 +11,7 @@ use llama_proto::StreamError;
 
 use crate::http::SendError;
 
-use super::{Timings, ToolCall};
+use super::{AssistantMessage, Completion, Timings};
 
 /// Bytes of an error body kept in [`InferError::Http`].
 pub const ERROR_BODY_CAP: usize = 4 * 1024;
@@ -331,20 +331,26 @@ pub fn capped_body(body: &[u8]) -> String {
     text[..end].to_owned()
 }
 
-/// What a request had assembled when it failed: the text and calls so far.
+/// What a request had assembled when it failed: the answer so far and the stream's counters.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Partial {
-    /// The answer text so far.
-    pub content: Option<String>,
-    /// The reasoning text so far.
-    pub reasoning_content: Option<String>,
-    /// The tool calls seen so far; the last one's arguments may be incomplete, and a call
-    /// whose id or name had not arrived has it empty.
-    pub tool_calls: Vec<ToolCall>,
+    /// The answer so far (see [`AssistantMessage::tool_calls`] for an unfinished call).
+    pub message: AssistantMessage,
     /// The latest timings the stream carried.
     pub timings: Option<Timings>,
     /// Reasoning tokens counted so far.
     pub reasoning_tokens: u64,
+}
+
+impl From<Completion> for Partial {
+    /// A whole answer kept as the output of a request that failed anyway.
+    fn from(done: Completion) -> Self {
+        Partial {
+            message: done.message,
+            timings: done.timings,
+            reasoning_tokens: done.reasoning_tokens,
+        }
+    }
 }
 
 /// A request that ended without a completion: the error, and what was assembled before it.
@@ -497,14 +503,17 @@ mod tests {
         let f = Failed {
             error: InferError::StreamClosedEarly,
             partial: Partial {
-                content: Some("Red".into()),
+                message: AssistantMessage {
+                    content: Some("Red".into()),
+                    ..AssistantMessage::default()
+                },
                 ..Partial::default()
             },
         };
         assert_eq!(f.to_string(), "the stream ended before its last chunk");
         let source = std::error::Error::source(&f).map(|s| s.to_string());
         assert_eq!(source, Some(f.error.to_string()));
-        assert_eq!(f.partial.content.as_deref(), Some("Red"));
+        assert_eq!(f.partial.message.content.as_deref(), Some("Red"));
         assert_eq!(Failed::bare(InferError::Busy).partial, Partial::default());
     }
 }

@@ -13,9 +13,10 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Condvar, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::{Cancel, ChatEvent, InferError};
+use crate::clock::Clock;
 
 /// One slot's state: whether a request holds it, and the tickets waiting, oldest first.
 #[derive(Debug, Default)]
@@ -65,9 +66,9 @@ impl SlotGate {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Takes `slot`, waiting behind earlier requests for at most `wait` (then `WaitTimeout`,
-    /// the request leaving the queue) and looking at `cancel` at least every `tick` (then
-    /// `Cancelled`). While waiting, emits `Queued { ahead }` (the requests in front, the one in
+    /// Takes `slot`, waiting behind earlier requests for at most `wait` of `clock`'s time (then
+    /// `WaitTimeout`, the request leaving the queue) and looking at `cancel` at least every
+    /// `tick` (then `Cancelled`). While waiting, emits `Queued { ahead }` (the requests in front, the one in
     /// flight included) each time that number changes. `Busy` if `queue_cap` requests already
     /// wait.
     pub fn acquire(
@@ -76,9 +77,10 @@ impl SlotGate {
         wait: Duration,
         tick: Duration,
         cancel: &Cancel,
+        clock: &dyn Clock,
         on_event: &mut dyn FnMut(&ChatEvent),
     ) -> Result<SlotPermit<'_>, InferError> {
-        let deadline = Instant::now().checked_add(wait);
+        let deadline = clock.now().checked_add(wait);
         let mut state = self.lock();
         let ticket = state.next_ticket;
         state.next_ticket += 1;
@@ -129,16 +131,14 @@ impl SlotGate {
                 drop(state);
                 return Err(InferError::Cancelled);
             }
-            let left = deadline.map_or(Duration::MAX, |d| {
-                d.saturating_duration_since(Instant::now())
-            });
+            let left = deadline.map_or(Duration::MAX, |d| d.saturating_sub(clock.now()));
             if left.is_zero() {
                 drop(state);
                 return Err(InferError::WaitTimeout);
             }
             state = self
                 .changed
-                .wait_timeout(state, left.min(tick))
+                .wait_timeout(state, clock.wait_slice(left).min(tick))
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         }
@@ -217,6 +217,7 @@ impl Drop for TicketGuard<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::clock::{FakeClock, SystemClock};
     use std::sync::mpsc;
     use std::thread;
 
@@ -228,7 +229,14 @@ mod tests {
         slot: u32,
         on_event: &mut dyn FnMut(&ChatEvent),
     ) -> Result<SlotPermit<'g>, InferError> {
-        gate.acquire(slot, LONG, TICK, &Cancel::new(), on_event)
+        gate.acquire(
+            slot,
+            LONG,
+            TICK,
+            &Cancel::new(),
+            &SystemClock::new(),
+            on_event,
+        )
     }
 
     fn no_events(e: &ChatEvent) {
@@ -373,6 +381,7 @@ mod tests {
             Duration::from_millis(60),
             TICK,
             &Cancel::new(),
+            &SystemClock::new(),
             &mut |e| events.push(e.clone()),
         );
         let took = start.elapsed();
@@ -387,14 +396,20 @@ mod tests {
         assert!(take(&gate, 0, &mut no_events).is_ok());
     }
 
+    /// A gate shared with a waiter thread, its slot 0 held.
+    fn held_gate() -> (&'static SlotGate, SlotPermit<'static>) {
+        let gate: &'static SlotGate = Box::leak(Box::new(SlotGate::new(8)));
+        (gate, take(gate, 0, &mut no_events).unwrap())
+    }
+
     #[test]
     fn a_cancelled_waiter_leaves_within_a_tick() {
-        let gate: &'static SlotGate = Box::leak(Box::new(SlotGate::new(8)));
-        let held = take(gate, 0, &mut no_events).unwrap();
+        let (gate, held) = held_gate();
         let cancel = Cancel::new();
         let c = cancel.clone();
         let waiter = thread::spawn(move || {
-            let r = gate.acquire(0, LONG, Duration::from_millis(50), &c, &mut |_| {});
+            let tick = Duration::from_millis(50);
+            let r = gate.acquire(0, LONG, tick, &c, &SystemClock::new(), &mut |_| {});
             (r.map(|_| ()), std::time::Instant::now())
         });
         wait_until(|| gate.queued(0) == 1);
@@ -407,6 +422,30 @@ mod tests {
             took < Duration::from_millis(50) + Duration::from_millis(200),
             "{took:?}"
         );
+        assert_eq!(gate.queued(0), 0);
+        drop(held);
+    }
+
+    #[test]
+    fn a_waiters_deadline_is_on_the_injected_clock() {
+        let (gate, held) = held_gate();
+        let clock = FakeClock::new();
+        let fake = clock.clone();
+        let (tx, rx) = mpsc::channel();
+        let waiter = thread::spawn(move || {
+            let wait = Duration::from_secs(10);
+            let r = gate.acquire(0, wait, LONG, &Cancel::new(), &fake, &mut |_| {});
+            tx.send(r.map(|_| ())).unwrap();
+        });
+        wait_until(|| gate.queued(0) == 1);
+        // Ten seconds of fake time: real time does not end the wait, the fake clock does.
+        assert!(rx.recv_timeout(Duration::from_millis(50)).is_err());
+        clock.advance(Duration::from_millis(9_999));
+        assert!(rx.recv_timeout(Duration::from_millis(50)).is_err());
+        clock.advance(Duration::from_millis(1));
+        let r = rx.recv_timeout(Duration::from_secs(5)).expect("gave up");
+        assert!(matches!(r, Err(InferError::WaitTimeout)), "{r:?}");
+        waiter.join().unwrap();
         assert_eq!(gate.queued(0), 0);
         drop(held);
     }

@@ -36,8 +36,8 @@ pub use exchange::{ChatExchange, Output};
 pub use gate::{SlotGate, SlotPermit};
 pub use info::{Props, SlotState};
 pub use llama_proto::{
-    cache_outcome, CacheOutcome, ChatMessage, Completion, FinishReason, Timings, ToolCall,
-    ToolSchema, CACHE_LOSS_TOLERANCE,
+    cache_outcome, AssistantMessage, CacheOutcome, ChatMessage, Completion, FinishReason, Timings,
+    ToolCall, ToolSchema, CACHE_LOSS_TOLERANCE,
 };
 pub use request::render as render_request;
 pub use retry::{is_retryable, Decision, RetrySchedule};
@@ -45,7 +45,7 @@ pub use timers::{CapAction, FirstByteWait, IdleWait, SlotSeen, ThinkingCap};
 
 /// How the model is to answer one request: the per-request settings of the chat body.
 ///
-/// The runner's [`RunRequest`](crate::runner::RunRequest) carries the same struct and hands
+/// The runner's [`Submission`](crate::runner::Submission) carries the same struct and hands
 /// it on unchanged to every generation, so a new setting is a field here, a line in the
 /// serializer (`llama/request.rs`) and a golden file, and nothing else.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -198,9 +198,14 @@ impl Client {
         &self.config
     }
 
-    /// The clock the timers and the retry schedule read.
+    /// The clock the timers, the retry schedule and every wait of this client read.
     pub fn clock(&self) -> &dyn Clock {
         &*self.clock
+    }
+
+    /// The same clock, to share with what runs beside the client (the runner's tools).
+    pub fn shared_clock(&self) -> Arc<dyn Clock> {
+        Arc::clone(&self.clock)
     }
 
     /// The jitter source of the retry schedule.

@@ -13,7 +13,7 @@ use serde::{Serialize, Serializer};
 
 use crate::config::{Config, Sampling};
 
-use super::{ChatMessage, ChatRequest, ToolCall, ToolSchema};
+use super::{AssistantMessage, ChatMessage, ChatRequest, ToolCall, ToolSchema};
 
 /// The chat-completions body for `req` under `config`, as JSON bytes.
 pub fn render(config: &Config, req: &ChatRequest) -> Vec<u8> {
@@ -154,11 +154,11 @@ impl Serialize for Message<'_> {
                 m.serialize_entry("role", "user")?;
                 m.serialize_entry("content", content)?;
             }
-            ChatMessage::Assistant {
+            ChatMessage::Assistant(AssistantMessage {
                 content,
                 reasoning_content,
                 tool_calls,
-            } => {
+            }) => {
                 m.serialize_entry("role", "assistant")?;
                 // `null` content is how OpenAI-style APIs spell "only tool calls".
                 m.serialize_entry("content", content)?;

@@ -159,7 +159,9 @@ impl Client {
                         after_ms,
                         error: failed.error.to_string(),
                     });
-                    if cancel.is_cancelled() || cancel.sleep(at.saturating_sub(self.clock.now())) {
+                    if cancel.is_cancelled()
+                        || cancel.sleep(&*self.clock, at.saturating_sub(self.clock.now()))
+                    {
                         return Err(Failed {
                             error: InferError::Cancelled,
                             partial: failed.partial,

@@ -55,8 +55,8 @@ use super::worker::{
     WorkerStatus,
 };
 use super::{
-    CallSource, FailReason, GenerationStats, Outcome, RequestId, RunEvent, RunRequest, RunResult,
-    ToolError, ToolRecord, ToolRegistry,
+    CallSource, FailReason, GenerationStats, Outcome, RequestEvent, RequestId, RequestResult,
+    Submission, ToolError, ToolRecord, ToolRegistry,
 };
 
 /// The generation's stream bytes are reported to llama-worker at most this often (after the
@@ -67,7 +67,7 @@ pub const PROGRESS_EVERY: Duration = Duration::from_secs(1);
 #[derive(Debug)]
 pub enum Action {
     /// Show this event to whoever watches the request.
-    Event(RunEvent),
+    Event(RequestEvent),
     /// Connect and send this request, then call
     /// [`handle_sent`](AgentRequest::handle_sent) or, when it could not be sent,
     /// [`handle_send_error`](AgentRequest::handle_send_error).
@@ -131,7 +131,7 @@ pub enum Action {
         id: u64,
     },
     /// The request is over: its result. Nothing follows.
-    Done(Box<RunResult>),
+    Done(Box<RequestResult>),
 }
 
 /// What an [`AgentRequest`] is made from, besides the request itself.
@@ -188,7 +188,7 @@ enum Phase<'b> {
 /// One agent request: see the [module docs](self).
 pub struct AgentRequest<'b> {
     slot: u32,
-    req: RunRequest,
+    req: Submission,
     limits: Limits,
     settings: RunnerConfig,
     tools: ToolRegistry,
@@ -199,7 +199,7 @@ pub struct AgentRequest<'b> {
     /// The BIOS, written once: a BIOS that changed would cost the whole prompt cache.
     bios_text: String,
     spawns: Option<u64>,
-    r: RunResult,
+    r: RequestResult,
     iterations: u32,
     phase: Phase<'b>,
     storage: Option<Storage<'b>>,
@@ -243,8 +243,8 @@ fn ms(v: u64) -> Duration {
 }
 
 /// A result with no output yet: the whole budget left.
-pub(super) fn no_output(id: RequestId, budget: u32, outcome: Outcome) -> RunResult {
-    RunResult {
+pub(super) fn no_output(id: RequestId, budget: u32, outcome: Outcome) -> RequestResult {
+    RequestResult {
         id,
         outcome,
         content: None,
@@ -259,19 +259,10 @@ pub(super) fn no_output(id: RequestId, budget: u32, outcome: Outcome) -> RunResu
     }
 }
 
-/// The assistant message of a partial answer, kept in the transcript.
-fn assistant(p: &Partial) -> ChatMessage {
-    ChatMessage::Assistant {
-        content: p.content.clone(),
-        reasoning_content: p.reasoning_content.clone(),
-        tool_calls: p.tool_calls.clone(),
-    }
-}
-
 impl<'b> AgentRequest<'b> {
     /// The request `req` at `now`, assembling into `storage`; its first action sends
     /// generation 1.
-    pub fn new(now: Duration, setup: Setup<'_>, req: RunRequest, storage: Storage<'b>) -> Self {
+    pub fn new(now: Duration, setup: Setup<'_>, req: Submission, storage: Storage<'b>) -> Self {
         let budget = req.budget.unwrap_or(setup.settings.budget);
         // The request's choice is the registry from here on: what the generations offer, and
         // a call to any other tool is refused as a call to an unknown one.
@@ -481,7 +472,8 @@ impl<'b> AgentRequest<'b> {
         let alive = matches!(answer, Ok(StallAnswer::NotStalled { .. }));
         if let Ok(a) = answer {
             self.r.stalls.push(a);
-            self.actions.push_back(Action::Event(RunEvent::Stall(a)));
+            self.actions
+                .push_back(Action::Event(RequestEvent::Stall(a)));
             if a == StallAnswer::Restarting {
                 let detail = if self.judging {
                     format!(
@@ -733,10 +725,11 @@ impl<'b> AgentRequest<'b> {
             tools: self.schemas.clone(),
             options: self.req.options.clone(),
         };
-        self.actions.push_back(Action::Event(RunEvent::Generation {
-            number,
-            budget_left: self.r.budget_left,
-        }));
+        self.actions
+            .push_back(Action::Event(RequestEvent::Generation {
+                number,
+                budget_left: self.r.budget_left,
+            }));
         if self.worker() {
             self.unsent = Some(chat);
             self.actions.push_back(Action::RegisterGeneration);
@@ -801,14 +794,7 @@ impl<'b> AgentRequest<'b> {
             // Stopped by the machine while the rest of the stream was in hand: its reason
             // stands, with the whole output kept.
             (Some(Ok(done)), Some((reason, detail))) => {
-                let whole = Partial {
-                    content: done.content,
-                    reasoning_content: done.reasoning_content,
-                    tool_calls: done.tool_calls,
-                    timings: done.timings,
-                    reasoning_tokens: done.reasoning_tokens,
-                };
-                self.keep_partial(now, &whole);
+                self.keep_partial(now, done.into());
                 self.unregister();
                 self.end(Outcome::Failed { reason, detail });
             }
@@ -830,7 +816,7 @@ impl<'b> AgentRequest<'b> {
             self.last_progress = now;
             self.reported = None;
         }
-        self.actions.push_back(Action::Event(RunEvent::Chat(e)));
+        self.actions.push_back(Action::Event(RequestEvent::Chat(e)));
         if let Some(d) = fired {
             let detail = format!("the stream repeated itself: {d}");
             self.set_fail(FailReason::LoopDetected, detail);
@@ -838,7 +824,7 @@ impl<'b> AgentRequest<'b> {
     }
 
     /// Records a generation that ended without an answer, keeping its output.
-    fn keep_partial(&mut self, now: Duration, p: &Partial) {
+    fn keep_partial(&mut self, now: Duration, p: Partial) {
         self.r.generations.push(GenerationStats {
             budget_left: self.r.budget_left,
             timings: p.timings,
@@ -847,16 +833,18 @@ impl<'b> AgentRequest<'b> {
             finish_reason: None,
             elapsed: now.saturating_sub(self.started),
         });
-        self.r.content.clone_from(&p.content);
-        self.r.reasoning_content.clone_from(&p.reasoning_content);
-        self.r.transcript.push(assistant(p));
+        self.r.content.clone_from(&p.message.content);
+        self.r
+            .reasoning_content
+            .clone_from(&p.message.reasoning_content);
+        self.r.transcript.push(ChatMessage::Assistant(p.message));
     }
 
     /// The failure policy for a generation the client ended with `error`: the machine's own
     /// reason when it has one; with a worker socket, what the worker says (a silent server
     /// is reported as a stall first); else the client's error.
     fn generation_failed(&mut self, now: Duration, error: InferError, partial: Partial) {
-        self.keep_partial(now, &partial);
+        self.keep_partial(now, partial);
         if let Some((reason, detail)) = self.fail.clone() {
             self.end(Outcome::Failed { reason, detail });
             return;
@@ -943,31 +931,30 @@ impl<'b> AgentRequest<'b> {
             finish_reason: Some(done.finish_reason),
             elapsed: now.saturating_sub(self.started),
         });
-        self.r.content.clone_from(&done.content);
-        self.r.reasoning_content.clone_from(&done.reasoning_content);
+        let mut message = done.message;
+        self.r.content.clone_from(&message.content);
+        self.r
+            .reasoning_content
+            .clone_from(&message.reasoning_content);
         let number = self.r.generations.len() as u32;
-        let asked = match asked(&self.tools, &done, number) {
+        let asked = match asked(&self.tools, &message, number) {
             Ok(a) => a,
             Err((reason, detail)) => {
-                self.r.transcript.push(ChatMessage::Assistant {
-                    content: done.content,
-                    reasoning_content: done.reasoning_content,
-                    tool_calls: done.tool_calls,
-                });
+                self.r.transcript.push(ChatMessage::Assistant(message));
                 self.end(Outcome::Failed { reason, detail });
                 return;
             }
         };
         for signal in asked.exits {
             self.actions
-                .push_back(Action::Event(RunEvent::Exit(signal.clone())));
+                .push_back(Action::Event(RequestEvent::Exit(signal.clone())));
             self.r.exits.push(signal);
         }
-        self.r.transcript.push(ChatMessage::Assistant {
-            content: asked.content,
-            reasoning_content: done.reasoning_content,
-            tool_calls: asked.calls.iter().map(|(c, _)| c.clone()).collect(),
-        });
+        // The transcript keeps the answer as the next generation must see it: the prose
+        // around calls written as text, and only the normal calls (exit calls never run).
+        message.content = asked.content;
+        message.tool_calls = asked.calls.iter().map(|(c, _)| c.clone()).collect();
+        self.r.transcript.push(ChatMessage::Assistant(message));
         if asked.calls.is_empty() {
             let finish_reason = done.finish_reason;
             self.end(Outcome::Completed { finish_reason });
@@ -995,17 +982,19 @@ impl<'b> AgentRequest<'b> {
         let Some((call, source)) = calls.pop_front() else {
             self.r.budget_left -= 1;
             self.note_budget();
-            self.actions.push_back(Action::Event(RunEvent::Iteration {
-                number: self.iterations,
-                budget_left: self.r.budget_left,
-            }));
+            self.actions
+                .push_back(Action::Event(RequestEvent::Iteration {
+                    number: self.iterations,
+                    budget_left: self.r.budget_left,
+                }));
             self.start_generation(now);
             return;
         };
-        self.actions.push_back(Action::Event(RunEvent::ToolStarted {
-            call: call.clone(),
-            source,
-        }));
+        self.actions
+            .push_back(Action::Event(RequestEvent::ToolStarted {
+                call: call.clone(),
+                source,
+            }));
         let checked = match self.tools.get(&call.name) {
             None => Err(ToolError::Failed(format!("no tool named `{}`", call.name))),
             Some(_) => match serde_json::from_str::<serde_json::Value>(&call.arguments) {
@@ -1053,7 +1042,7 @@ impl<'b> AgentRequest<'b> {
     fn tool_done(&mut self, now: Duration, run: Running, result: Result<String, ToolError>) {
         let shown = result.clone().map_err(|e| e.to_string());
         self.actions
-            .push_back(Action::Event(RunEvent::ToolFinished {
+            .push_back(Action::Event(RequestEvent::ToolFinished {
                 id: run.call.id.clone(),
                 result: shown.clone(),
             }));

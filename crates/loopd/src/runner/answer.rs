@@ -4,7 +4,7 @@
 
 use llama_proto::{prose, text_calls};
 
-use crate::llama::{Completion, ToolCall};
+use crate::llama::{AssistantMessage, ToolCall};
 
 use super::{CallSource, ExitSignal, FailReason, ToolRegistry};
 
@@ -19,17 +19,17 @@ pub(super) struct Asked {
     pub content: Option<String>,
 }
 
-/// Reads `done`, the answer of generation `generation`: `Err` with `tool_parse_error` and
+/// Reads `answer`, the answer of generation `generation`: `Err` with `tool_parse_error` and
 /// its detail when a `<tool_call>` block does not parse or names no tool.
 pub(super) fn asked(
     tools: &ToolRegistry,
-    done: &Completion,
+    answer: &AssistantMessage,
     generation: u32,
 ) -> Result<Asked, (FailReason, String)> {
     let mut asked = Asked {
         calls: Vec::new(),
         exits: Vec::new(),
-        content: done.content.clone(),
+        content: answer.content.clone(),
     };
     let sort = |asked: &mut Asked, call: ToolCall, source| {
         if tools.is_exit(&call.name) {
@@ -42,13 +42,13 @@ pub(super) fn asked(
             asked.calls.push((call, source));
         }
     };
-    if !done.tool_calls.is_empty() {
-        for c in &done.tool_calls {
+    if !answer.tool_calls.is_empty() {
+        for c in &answer.tool_calls {
             sort(&mut asked, c.clone(), CallSource::Native);
         }
         return Ok(asked);
     }
-    let Some(content) = done.content.as_deref() else {
+    let Some(content) = answer.content.as_deref() else {
         return Ok(asked);
     };
     let mut found = false;

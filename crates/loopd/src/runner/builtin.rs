@@ -4,10 +4,11 @@
 use std::io::Read;
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::UNIX_EPOCH;
 
 use serde_json::{json, Value};
 
+use crate::clock::Clock;
 use crate::llama::Cancel;
 
 use super::tools::{Tool, ToolError, ToolRegistry};
@@ -15,11 +16,12 @@ use super::tools::{Tool, ToolError, ToolRegistry};
 /// Bytes of a file `read_file` returns at most; a longer file is cut there and says so.
 pub const READ_FILE_CAP: usize = 16 * 1024;
 
-/// The four built-in tools, `read_file` under `root` when one is given.
-pub fn builtin_tools(root: Option<&Path>) -> Result<ToolRegistry, String> {
+/// The four built-in tools, `read_file` under `root` when one is given, `current_time` telling
+/// the wall time of `clock` (the client's).
+pub fn builtin_tools(root: Option<&Path>, clock: Arc<dyn Clock>) -> Result<ToolRegistry, String> {
     let mut r = ToolRegistry::new();
     let err = |e: super::tools::RegistryError| e.to_string();
-    r.register(Arc::new(Clock)).map_err(err)?;
+    r.register(Arc::new(CurrentTime::new(clock))).map_err(err)?;
     r.register(Arc::new(Arithmetic)).map_err(err)?;
     if let Some(root) = root {
         r.register(Arc::new(ReadFile::new(root)?)).map_err(err)?;
@@ -28,11 +30,26 @@ pub fn builtin_tools(root: Option<&Path>) -> Result<ToolRegistry, String> {
     Ok(r)
 }
 
-/// `current_time`: the UTC date and time.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Clock;
+/// `current_time`: the UTC date and time, from a [`Clock`]'s wall time.
+#[derive(Clone)]
+pub struct CurrentTime {
+    clock: Arc<dyn Clock>,
+}
 
-impl Tool for Clock {
+impl CurrentTime {
+    /// The tool telling `clock`'s wall time.
+    pub fn new(clock: Arc<dyn Clock>) -> Self {
+        CurrentTime { clock }
+    }
+}
+
+impl std::fmt::Debug for CurrentTime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CurrentTime").finish_non_exhaustive()
+    }
+}
+
+impl Tool for CurrentTime {
     fn name(&self) -> &str {
         "current_time"
     }
@@ -43,7 +60,9 @@ impl Tool for Clock {
         json!({"type": "object", "properties": {}})
     }
     fn run(&self, _: &Value, _: &Cancel) -> Result<String, ToolError> {
-        let secs = SystemTime::now()
+        let secs = self
+            .clock
+            .wall()
             .duration_since(UNIX_EPOCH)
             .map_err(|e| ToolError::Failed(format!("the system clock is before 1970: {e}")))?
             .as_secs();
@@ -251,6 +270,17 @@ mod tests {
         assert_eq!(utc(0), "1970-01-01T00:00:00Z");
         assert_eq!(utc(951_782_400), "2000-02-29T00:00:00Z");
         assert_eq!(utc(1_798_761_599), "2026-12-31T23:59:59Z");
+    }
+
+    #[test]
+    fn current_time_tells_the_wall_time_of_its_clock() {
+        let date = UNIX_EPOCH + std::time::Duration::from_secs(1_798_761_599);
+        let clock = crate::clock::FakeClock::at_wall(date);
+        let tool = CurrentTime::new(Arc::new(clock.clone()));
+        let c = Cancel::new();
+        assert_eq!(tool.run(&json!({}), &c), Ok("2026-12-31T23:59:59Z".into()));
+        clock.advance(std::time::Duration::from_millis(1_000));
+        assert_eq!(tool.run(&json!({}), &c), Ok("2027-01-01T00:00:00Z".into()));
     }
 
     #[test]

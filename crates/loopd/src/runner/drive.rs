@@ -19,7 +19,7 @@ use crate::llama::{end_reasoning, poll_slot, send, wait_idle, Buffers, Cancel};
 use super::agent::{Action, AgentRequest, Setup};
 use super::watch::Pushed;
 use super::worker::{self, RegisterAnswer, WorkerError};
-use super::{Observer, RequestId, RunEvent, RunRequest, RunResult, Shared, ToolError};
+use super::{Observer, RequestEvent, RequestId, RequestResult, Shared, Submission, ToolError};
 
 /// While a generation is registered, the longest wait before a failure the watch pushed for
 /// it is seen (the socket read and the sleep are cut into slices this long).
@@ -37,11 +37,11 @@ pub(super) fn drive(
     shared: &Shared,
     id: RequestId,
     slot: u32,
-    req: RunRequest,
+    req: Submission,
     spawns: Option<u64>,
     cancel: &Cancel,
     mut observer: Option<Observer>,
-) -> RunResult {
+) -> RequestResult {
     let client = &shared.client;
     let config = client.config();
     let clock = client.clock();
@@ -58,7 +58,7 @@ pub(super) fn drive(
         spawns,
     };
     let mut m = AgentRequest::new(clock.now(), setup, req, buffers.storage());
-    let mut emit = |e: &RunEvent| {
+    let mut emit = |e: &RequestEvent| {
         if let Some(o) = observer.as_mut() {
             o(e);
         }
@@ -88,10 +88,11 @@ pub(super) fn drive(
                 Action::Event(e) => emit(&e),
                 Action::Send(chat) => {
                     let busy = Duration::from_millis(config.limits.busy_wait_ms);
-                    let mut queued = |e: &crate::llama::ChatEvent| emit(&RunEvent::Chat(e.clone()));
+                    let mut queued =
+                        |e: &crate::llama::ChatEvent| emit(&RequestEvent::Chat(e.clone()));
                     let acquired = client
                         .gate()
-                        .acquire(slot, busy, poll, cancel, &mut queued)
+                        .acquire(slot, busy, poll, cancel, clock, &mut queued)
                         .and_then(|mut p| {
                             wait_idle(config, &mut p, clock, cancel, &mut queued).map(|()| p)
                         });
@@ -243,7 +244,7 @@ pub(super) fn drive(
                 }
             }
         } else {
-            cancel.sleep(wait);
+            cancel.sleep(clock, wait);
             m.handle_timeout(clock.now());
         }
     }

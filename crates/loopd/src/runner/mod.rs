@@ -11,7 +11,7 @@
 //!   (asked on its status socket, when the config names one) is not ready. A refusal uses no
 //!   slot. Runner slot `i` is server slot `i` (`id_slot`).
 //! - The slot is released the moment the request's result is stored, whatever ended it.
-//! - [`Runner::get_result`] hands the terminal [`RunResult`] out once; later calls are
+//! - [`Runner::get_result`] hands the terminal [`RequestResult`] out once; later calls are
 //!   `NOT_FOUND`. [`Runner::cancel`] ends a request within one poll interval with its partial
 //!   output.
 //! - With a worker socket each request reads the worker's status every
@@ -39,16 +39,17 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::llama::{Cancel, ChatMessage, ChatOptions, Client};
 
 pub use crate::config::{LoopThresholds, RunnerConfig};
 pub use agent::{Action, AgentRequest, Setup, PROGRESS_EVERY};
 pub use bios::{BiosContext, BiosProvider, StandardBios};
-pub use builtin::{builtin_tools, Arithmetic, Clock as ClockTool, Finish, ReadFile, READ_FILE_CAP};
+pub use builtin::{builtin_tools, Arithmetic, CurrentTime, Finish, ReadFile, READ_FILE_CAP};
 pub use result::{
-    CallSource, ExitSignal, FailReason, GenerationStats, Outcome, RunEvent, RunResult, ToolRecord,
+    CallSource, ExitSignal, FailReason, GenerationStats, Outcome, RequestEvent, RequestResult,
+    ToolRecord,
 };
 pub use tools::{RegistryError, Tool, ToolError, ToolRegistry};
 pub use worker::{StallAnswer, WorkerState, WorkerStatus};
@@ -63,9 +64,10 @@ impl fmt::Display for RequestId {
     }
 }
 
-/// One agent request.
+/// What a caller submits for one agent request ([`Runner::submit`]); the request itself, as
+/// it runs, is its [`AgentRequest`] machine, and it ends with a [`RequestResult`].
 #[derive(Debug, Clone, PartialEq, Default)]
-pub struct RunRequest {
+pub struct Submission {
     /// The caller's system message, sent after the BIOS.
     pub system: Option<String>,
     /// The conversation (user and earlier turns).
@@ -145,7 +147,7 @@ impl fmt::Display for ResultError {
 impl std::error::Error for ResultError {}
 
 /// What watches one request live.
-pub type Observer = Box<dyn FnMut(&RunEvent) + Send>;
+pub type Observer = Box<dyn FnMut(&RequestEvent) + Send>;
 
 enum Record {
     Running {
@@ -153,7 +155,7 @@ enum Record {
         thread: Option<JoinHandle<()>>,
     },
     Done {
-        result: Box<RunResult>,
+        result: Box<RequestResult>,
         thread: Option<JoinHandle<()>>,
     },
 }
@@ -245,14 +247,14 @@ impl Runner {
     }
 
     /// Starts `req` on a free slot, or refuses at once.
-    pub fn submit(&self, req: RunRequest) -> Result<RequestId, SubmitError> {
+    pub fn submit(&self, req: Submission) -> Result<RequestId, SubmitError> {
         self.submit_observed(req, None)
     }
 
-    /// [`Runner::submit`] with an observer that sees every [`RunEvent`] as it happens.
+    /// [`Runner::submit`] with an observer that sees every [`RequestEvent`] as it happens.
     pub fn submit_observed(
         &self,
-        req: RunRequest,
+        req: Submission,
         observer: Option<Observer>,
     ) -> Result<RequestId, SubmitError> {
         let s = &self.shared;
@@ -314,7 +316,7 @@ impl Runner {
 
     /// The terminal result of `id`, once: `PENDING` while it runs, `NOT_FOUND` for an unknown
     /// id and for every call after the one that returned it.
-    pub fn get_result(&self, id: RequestId) -> Result<RunResult, ResultError> {
+    pub fn get_result(&self, id: RequestId) -> Result<RequestResult, ResultError> {
         let mut t = lock(&self.shared.table);
         match t.records.get(&id) {
             None => Err(ResultError::NotFound),
@@ -333,9 +335,15 @@ impl Runner {
         }
     }
 
-    /// Waits up to `timeout` for the result of `id`, then as [`Runner::get_result`].
-    pub fn wait_result(&self, id: RequestId, timeout: Duration) -> Result<RunResult, ResultError> {
-        let deadline = Instant::now() + timeout;
+    /// Waits up to `timeout` of the client's clock for the result of `id`, then as
+    /// [`Runner::get_result`].
+    pub fn wait_result(
+        &self,
+        id: RequestId,
+        timeout: Duration,
+    ) -> Result<RequestResult, ResultError> {
+        let clock = self.shared.client.clock();
+        let deadline = clock.now().saturating_add(timeout);
         let mut t = lock(&self.shared.table);
         loop {
             match t.records.get(&id) {
@@ -345,14 +353,14 @@ impl Runner {
                     return self.get_result(id);
                 }
             }
-            let left = deadline.saturating_duration_since(Instant::now());
+            let left = deadline.saturating_sub(clock.now());
             if left.is_zero() {
                 return Err(ResultError::Pending);
             }
             t = self
                 .shared
                 .stored
-                .wait_timeout(t, left)
+                .wait_timeout(t, clock.wait_slice(left))
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         }
@@ -375,7 +383,7 @@ impl Runner {
 
 impl Shared {
     /// Stores a request's result and releases its slot, in one step.
-    fn store(&self, slot: usize, result: RunResult) {
+    fn store(&self, slot: usize, result: RequestResult) {
         let mut t = lock(&self.table);
         if t.slots.get(slot).copied().flatten() == Some(result.id) {
             t.slots[slot] = None;

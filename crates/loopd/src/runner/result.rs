@@ -1,5 +1,5 @@
-//! What a request ends with ([`RunResult`], its [`Outcome`] and [`FailReason`]) and what it
-//! shows while it runs ([`RunEvent`]).
+//! What a request ends with ([`RequestResult`], its [`Outcome`] and [`FailReason`]) and what it
+//! shows while it runs ([`RequestEvent`]).
 
 use std::fmt;
 use std::time::Duration;
@@ -139,7 +139,7 @@ pub struct GenerationStats {
 
 /// The terminal result of a request.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RunResult {
+pub struct RequestResult {
     /// The request.
     pub id: RequestId,
     /// How it ended.
@@ -167,7 +167,7 @@ pub struct RunResult {
 
 /// What a request does, for a caller watching it live.
 #[derive(Debug, Clone, PartialEq)]
-pub enum RunEvent {
+pub enum RequestEvent {
     /// A generation starts with this BIOS.
     Generation {
         /// 1 for the first.

@@ -40,14 +40,10 @@ impl Running {
     pub fn start(server: &FakeServer, slots: u32, clock: Arc<dyn Clock>, ttl: Duration) -> Running {
         let dir = server.socket().parent().unwrap().to_owned();
         let socket = dir.join("loopd.sock");
-        let tools = builtin_tools(None).unwrap();
+        let client = Arc::new(Client::new(config(server)));
+        let tools = builtin_tools(None, client.shared_clock()).unwrap();
         let names = tools.schemas().into_iter().map(|s| s.name).collect();
-        let runner = Runner::new(
-            Arc::new(Client::new(config(server))),
-            tools,
-            Arc::new(StandardBios),
-            slots,
-        );
+        let runner = Runner::new(client, tools, Arc::new(StandardBios), slots);
         let settings = Settings {
             result_ttl: ttl,
             max_results: 100,

@@ -577,6 +577,7 @@ pub fn hold_slot(client: &loopd::llama::Client, slot: u32) -> loopd::llama::Slot
             Duration::MAX,
             Duration::from_millis(10),
             &loopd::llama::Cancel::new(),
+            client.clock(),
             &mut |_| {},
         )
         .expect("a free slot")

@@ -103,7 +103,7 @@ fn an_answer_assembles_and_its_events_come_out_in_order() {
     assert_eq!(x.poll_timeout(), None);
     let done = x.take_result().unwrap().unwrap();
     assert_eq!(
-        (done.content.as_deref(), done.finish_reason),
+        (done.message.content.as_deref(), done.finish_reason),
         (Some("Red, blue"), FinishReason::Stop)
     );
     assert!(x.take_result().is_none(), "the result is handed out once");
@@ -121,7 +121,7 @@ fn every_split_of_the_bytes_gives_the_same_events_and_completion() {
         x.handle_bytes(t(2), &bytes[cut..]);
         assert_eq!(outputs(&mut x), [text("Red"), text(", blue")], "cut {cut}");
         let done = x.take_result().unwrap().unwrap();
-        assert_eq!(done.content.as_deref(), Some("Red, blue"));
+        assert_eq!(done.message.content.as_deref(), Some("Red, blue"));
     }
 }
 
@@ -205,7 +205,7 @@ fn silence_after_the_first_byte_is_stalled_at_liveness_ms() {
         InferError::Stalled(Silence::Liveness)
     ));
     assert_eq!(outputs(&mut x), [text("Red")]);
-    assert_eq!(x.partial().content.as_deref(), Some("Red"));
+    assert_eq!(x.partial().message.content.as_deref(), Some("Red"));
 }
 
 #[test]
@@ -386,7 +386,7 @@ fn the_thinking_cap_pauses_the_bytes_until_reasoning_end_is_answered() {
         let done = x.take_result().unwrap().unwrap();
         assert!(done.thinking_capped);
         assert_eq!(
-            (done.content.as_deref(), done.reasoning_tokens),
+            (done.message.content.as_deref(), done.reasoning_tokens),
             (Some("5"), 4)
         );
     }
@@ -416,7 +416,10 @@ fn reasoning_past_the_grace_or_a_refused_control_call_is_thinking_overrun() {
     assert!(!seen
         .iter()
         .any(|o| matches!(o, Output::Event(ChatEvent::ThinkingCapped { .. }))));
-    assert_eq!(x.partial().reasoning_content.as_deref(), Some("hmhmhm"));
+    assert_eq!(
+        x.partial().message.reasoning_content.as_deref(),
+        Some("hmhmhm")
+    );
 }
 
 #[test]
@@ -438,11 +441,14 @@ fn the_end_of_the_connection() {
     cut.extend(chunked(&[content("Red", 1)]));
     let (r, partial) = end(&cut);
     assert!(matches!(r, Err(InferError::StreamClosedEarly)));
-    assert_eq!(partial.content.as_deref(), Some("Red"));
+    assert_eq!(partial.message.content.as_deref(), Some("Red"));
     // Cut after the final chunk, before `[DONE]`: complete.
     let mut whole = HEAD.to_vec();
     whole.extend(chunked(&[content("Red", 1), finish(2)]));
-    assert_eq!(end(&whole).0.unwrap().content.as_deref(), Some("Red"));
+    assert_eq!(
+        end(&whole).0.unwrap().message.content.as_deref(),
+        Some("Red")
+    );
     // A body read to the close that ends inside an event.
     let mut open = b"HTTP/1.1 200 OK\r\n\r\n".to_vec();
     open.extend_from_slice(b"data: {\"choi");
@@ -480,9 +486,9 @@ fn cancel_ends_the_request_with_its_partial() {
     assert_eq!(x.poll_timeout(), None);
     assert!(matches!(error(&mut x), InferError::Cancelled));
     let p = x.partial();
-    assert_eq!(p.content.as_deref(), Some("Red"));
+    assert_eq!(p.message.content.as_deref(), Some("Red"));
     assert_eq!(
-        p.tool_calls,
+        p.message.tool_calls,
         [ToolCall {
             id: "c1".into(),
             name: "f".into(),
@@ -539,7 +545,7 @@ fn protocol_errors_are_typed_and_an_error_payload_keeps_the_partial() {
         matches!(e, InferError::Http { status: 500, ref body } if body == "Context size has been exceeded."),
         "{e:?}"
     );
-    assert_eq!(partial.content.as_deref(), Some("Red"));
+    assert_eq!(partial.message.content.as_deref(), Some("Red"));
 }
 
 #[test]

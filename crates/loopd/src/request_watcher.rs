@@ -1,20 +1,21 @@
-//! `loopd run`: one agent request through the runner with the built-in tools, shown live as
-//! `loopd ask` shows a request, plus each generation's budget, each call once (with its
-//! arguments and its outcome, when it ends), the exit signals and the stalls in words; then a
-//! summary per generation, and the calls the model asked for that never ran (the budget spent).
+//! How `loopd run` shows one agent request on a terminal: its [`RequestEvent`]s rendered live
+//! as `loopd ask` shows a chat (the `ask` watcher underneath), plus each generation's budget,
+//! each call once (with its arguments and its outcome, when it ends), the exit signals and the
+//! stalls in words; then, from the [`RequestResult`], a summary per generation and the calls
+//! the model asked for that never ran (the budget spent).
 
 use std::io::Write;
 
 use loopd::llama::{ChatEvent, ChatMessage, ToolCall};
-use loopd::runner::{CallSource, Outcome, RunEvent, RunResult, StallAnswer};
+use loopd::runner::{CallSource, Outcome, RequestEvent, RequestResult, StallAnswer};
 
 use crate::ask::Watcher;
 
 /// Longest tool result shown on the terminal (the model gets all of it).
 const SHOWN_RESULT: usize = 400;
 
-/// Renders [`RunEvent`]s with an `ask` watcher underneath.
-pub struct RunWatcher<W: Write> {
+/// Renders [`RequestEvent`]s with an `ask` watcher underneath.
+pub struct RequestWatcher<W: Write> {
     inner: Watcher<W>,
     /// The call running, shown with its outcome when it ends.
     running: Option<(ToolCall, CallSource)>,
@@ -28,30 +29,30 @@ fn shorten(s: &str) -> String {
     format!("{cut}… ({} bytes)", s.len())
 }
 
-impl<W: Write> RunWatcher<W> {
+impl<W: Write> RequestWatcher<W> {
     /// A watcher writing to `out`; `terminal` turns on the bar and the colours.
     pub fn new(out: W, terminal: bool) -> Self {
-        RunWatcher {
+        RequestWatcher {
             inner: Watcher::new(out, terminal),
             running: None,
         }
     }
 
     /// Shows one event; write errors are ignored.
-    pub fn event(&mut self, e: &RunEvent) {
+    pub fn event(&mut self, e: &RequestEvent) {
         let line = match e {
             // A call is shown once, when it runs; its streamed pieces would show it twice.
-            RunEvent::Chat(ChatEvent::ToolCallDelta { .. }) => return,
-            RunEvent::Chat(c) => return self.inner.event(c),
-            RunEvent::Generation {
+            RequestEvent::Chat(ChatEvent::ToolCallDelta { .. }) => return,
+            RequestEvent::Chat(c) => return self.inner.event(c),
+            RequestEvent::Generation {
                 number,
                 budget_left,
             } => format!("== generation {number}: {budget_left} tool iterations left"),
-            RunEvent::ToolStarted { call, source } => {
+            RequestEvent::ToolStarted { call, source } => {
                 self.running = Some((call.clone(), *source));
                 return;
             }
-            RunEvent::ToolFinished { id, result } => {
+            RequestEvent::ToolFinished { id, result } => {
                 let outcome = match result {
                     Ok(text) => shorten(text),
                     Err(e) => format!("error: {e}"),
@@ -63,18 +64,18 @@ impl<W: Write> RunWatcher<W> {
                     _ => format!("tool call {id} -> {outcome}"),
                 }
             }
-            RunEvent::Exit(s) => format!("exit signal: {}({})", s.call.name, s.call.arguments),
-            RunEvent::Iteration {
+            RequestEvent::Exit(s) => format!("exit signal: {}({})", s.call.name, s.call.arguments),
+            RequestEvent::Iteration {
                 number,
                 budget_left,
             } => format!("iteration {number} done: {budget_left} tool iterations left"),
-            RunEvent::Stall(a) => stall_words(a),
+            RequestEvent::Stall(a) => stall_words(a),
         };
         let _ = self.inner.notice(&line);
     }
 
     /// Shows the outcome and one line per generation.
-    pub fn finish(&mut self, r: &RunResult) {
+    pub fn finish(&mut self, r: &RequestResult) {
         for (i, g) in r.generations.iter().enumerate() {
             let t = g.timings.unwrap_or_default();
             let finish = g.finish_reason.map_or("failed", |f| f.as_str());
@@ -138,11 +139,11 @@ fn stall_words(a: &StallAnswer) -> String {
 
 /// The calls the model asked for that have no result: the budget ran out (or the request
 /// ended) before they ran.
-fn not_run(r: &RunResult) -> impl Iterator<Item = &ToolCall> {
+fn not_run(r: &RequestResult) -> impl Iterator<Item = &ToolCall> {
     r.transcript
         .iter()
         .filter_map(|m| match m {
-            ChatMessage::Assistant { tool_calls, .. } => Some(tool_calls),
+            ChatMessage::Assistant(a) => Some(&a.tool_calls),
             _ => None,
         })
         .flatten()
@@ -152,7 +153,7 @@ fn not_run(r: &RunResult) -> impl Iterator<Item = &ToolCall> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use loopd::llama::{ChatEvent, ToolCall};
+    use loopd::llama::{AssistantMessage, ChatEvent, ToolCall};
 
     use loopd::runner::{FailReason, RequestId, ToolRecord};
 
@@ -164,46 +165,46 @@ mod tests {
         }
     }
 
-    fn shown(w: RunWatcher<Vec<u8>>) -> String {
+    fn shown(w: RequestWatcher<Vec<u8>>) -> String {
         String::from_utf8(w.inner.into_inner()).unwrap()
     }
 
     #[test]
     fn iterations_show_each_call_once_with_its_outcome_and_the_budget() {
-        let mut w = RunWatcher::new(Vec::new(), false);
+        let mut w = RequestWatcher::new(Vec::new(), false);
         let add = call("c1", r#"{"operation":"add","numbers":[2,3]}"#);
-        w.event(&RunEvent::Generation {
+        w.event(&RequestEvent::Generation {
             number: 1,
             budget_left: 2,
         });
         // The streamed pieces of the call are not shown: the call is, once, when it ends.
-        w.event(&RunEvent::Chat(ChatEvent::ToolCallDelta {
+        w.event(&RequestEvent::Chat(ChatEvent::ToolCallDelta {
             index: 0,
             id: Some("c1".into()),
             name: Some("arithmetic".into()),
             arguments: add.arguments.clone(),
         }));
-        w.event(&RunEvent::ToolStarted {
+        w.event(&RequestEvent::ToolStarted {
             call: add,
             source: CallSource::Text,
         });
-        w.event(&RunEvent::ToolFinished {
+        w.event(&RequestEvent::ToolFinished {
             id: "c1".into(),
             result: Ok("5".into()),
         });
-        w.event(&RunEvent::ToolStarted {
+        w.event(&RequestEvent::ToolStarted {
             call: call("c2", "[1]"),
             source: CallSource::Native,
         });
-        w.event(&RunEvent::ToolFinished {
+        w.event(&RequestEvent::ToolFinished {
             id: "c2".into(),
             result: Err("bad arguments: not a JSON object".into()),
         });
-        w.event(&RunEvent::Iteration {
+        w.event(&RequestEvent::Iteration {
             number: 1,
             budget_left: 1,
         });
-        w.event(&RunEvent::Chat(ChatEvent::Content("Five.".into())));
+        w.event(&RequestEvent::Chat(ChatEvent::Content("Five.".into())));
         assert_eq!(
             shown(w),
             "== generation 1: 2 tool iterations left\n\
@@ -215,7 +216,7 @@ mod tests {
 
     #[test]
     fn stalls_are_said_in_words() {
-        let mut w = RunWatcher::new(Vec::new(), false);
+        let mut w = RequestWatcher::new(Vec::new(), false);
         for a in [
             StallAnswer::NotStalled {
                 since_progress_ms: 200,
@@ -223,7 +224,7 @@ mod tests {
             StallAnswer::NotReady,
             StallAnswer::Restarting,
         ] {
-            w.event(&RunEvent::Stall(a));
+            w.event(&RequestEvent::Stall(a));
         }
         assert_eq!(
             shown(w),
@@ -235,9 +236,9 @@ mod tests {
 
     #[test]
     fn a_call_refused_for_the_budget_says_so() {
-        let mut w = RunWatcher::new(Vec::new(), false);
+        let mut w = RequestWatcher::new(Vec::new(), false);
         let (ran, refused) = (call("c1", "{}"), call("c2", r#"{"n":2}"#));
-        let r = RunResult {
+        let r = RequestResult {
             id: RequestId(3),
             outcome: Outcome::Failed {
                 reason: FailReason::ToolExecutionError,
@@ -246,20 +247,20 @@ mod tests {
             content: None,
             reasoning_content: None,
             transcript: vec![
-                ChatMessage::Assistant {
+                ChatMessage::Assistant(AssistantMessage {
                     content: None,
                     reasoning_content: None,
                     tool_calls: vec![ran.clone()],
-                },
+                }),
                 ChatMessage::Tool {
                     tool_call_id: "c1".into(),
                     content: "1".into(),
                 },
-                ChatMessage::Assistant {
+                ChatMessage::Assistant(AssistantMessage {
                     content: None,
                     reasoning_content: None,
                     tool_calls: vec![refused],
-                },
+                }),
             ],
             tool_calls: vec![ToolRecord {
                 iteration: 1,
