@@ -152,6 +152,19 @@ fn data(delta: Value, finish: Option<&str>, cache_n: u64) -> Vec<u8> {
     format!("data: {v}\n\n").into_bytes()
 }
 
+/// A `prompt_progress` chunk as llama-server sends one per batch while it evaluates the prompt
+/// (`return_progress`): no token.
+fn progress_chunk(total: u64, processed: u64) -> Vec<u8> {
+    let v = json!({
+        "choices": [{"finish_reason": null, "index": 0,
+                     "delta": {"role": "assistant", "content": null}}],
+        "created": 1, "id": "chatcmpl-a", "model": "smollm2",
+        "object": "chat.completion.chunk",
+        "prompt_progress": {"total": total, "cache": 0, "processed": processed, "time_ms": 1}
+    });
+    format!("data: {v}\n\n").into_bytes()
+}
+
 /// A whole response: the head, `text` as content, and the final chunk.
 fn answer(text: &str) -> Vec<u8> {
     [
@@ -681,15 +694,19 @@ fn a_generation_is_registered_its_first_byte_and_then_bytes_each_second_reported
         ..settings(true)
     };
     let mut m = registered(&mut b, &s, 9);
-    m.handle_bytes(ms(100), HEAD);
+    // The head and the prompt's progress are the prefill, which the worker judges by CPU time.
+    m.handle_bytes(ms(50), HEAD);
+    m.handle_bytes(ms(60), &progress_chunk(10, 5));
+    assert_eq!(kinds(&drain(&mut m)), Vec::<String>::new());
+    m.handle_bytes(ms(100), &data(json!({ "content": "a" }), None, 0));
     assert_eq!(kinds(&drain(&mut m)), ["progress 9 first_byte"]);
     let mut at = Vec::new();
     for (t, text) in [
-        (400, "a"),
-        (700, "b"),
-        (1_099, "c"),
-        (1_100, "d"),
-        (1_400, "e"),
+        (400, "b"),
+        (700, "c"),
+        (1_099, "d"),
+        (1_100, "e"),
+        (1_400, "f"),
     ] {
         m.handle_bytes(ms(t), &data(json!({ "content": text }), None, 0));
         if !kinds(&drain(&mut m)).is_empty() {
@@ -706,7 +723,7 @@ fn a_generation_is_registered_its_first_byte_and_then_bytes_each_second_reported
     m.handle_bytes(ms(1_500), &end);
     let out = drain(&mut m);
     assert_eq!(kinds(&out), ["close", "generation_done 9", "done"]);
-    assert_eq!(result(out).content.as_deref(), Some("abcde"));
+    assert_eq!(result(out).content.as_deref(), Some("abcdef"));
 }
 
 #[test]
@@ -714,10 +731,15 @@ fn the_clients_stall_is_reported_as_stall_of_the_generation_before_it_is_unregis
     let mut b = Buffers::new();
     let s = settings(true);
     let mut m = registered(&mut b, &s, 4);
-    m.handle_bytes(ms(10), HEAD);
+    m.handle_bytes(
+        ms(10),
+        &[HEAD, &data(json!({"content": "a"}), None, 0)[..]].concat(),
+    );
     assert_eq!(kinds(&drain(&mut m)), ["progress 4 first_byte"]);
-    // stall_ms (150) after the start, then liveness (400) after the last byte.
-    m.handle_timeout(ms(150));
+    // stall_ms (150) after the last progress, then liveness (400) after the last byte.
+    m.handle_timeout(ms(159));
+    assert_eq!(kinds(&drain(&mut m)), Vec::<String>::new());
+    m.handle_timeout(ms(160));
     assert_eq!(kinds(&drain(&mut m)), ["stall 4"]);
     m.handle_stall_answer(ms(151), Ok(StallAnswer::NotReady));
     m.handle_timeout(ms(410));
@@ -897,6 +919,84 @@ fn a_silent_prefill_is_the_workers_to_judge_at_idle_grace_ms() {
                 let (reason, detail) = failed(&result(out));
                 assert_eq!(reason, FailReason::WorkerRestarted);
                 assert!(detail.contains("limits.idle_grace_ms"), "{detail}");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_stream_silent_before_its_first_token_is_the_workers_to_judge_at_liveness_ms() {
+    // llama-server sends its head and a first chunk at once, then only `prompt_progress` per
+    // batch until the prompt is evaluated: that silence is the prefill's, judged by the worker.
+    let s = RunnerConfig {
+        stall_ms: 60_000,
+        worker_poll_ms: 60_000,
+        ..settings(true)
+    };
+    let not = StallAnswer::NotStalled {
+        since_progress_ms: 3,
+    };
+    for verdict in [not, StallAnswer::NotReady, StallAnswer::Restarting] {
+        let mut b = Buffers::new();
+        let mut m = registered(&mut b, &s, 4);
+        m.handle_bytes(ms(10), &[HEAD, &progress_chunk(100, 0)[..]].concat());
+        m.handle_bytes(ms(300), &progress_chunk(100, 50));
+        assert_eq!(
+            kinds(&drain(&mut m)),
+            Vec::<String>::new(),
+            "no first byte yet"
+        );
+        // liveness_ms (400) after the last byte: the worker is asked, nothing is closed.
+        assert_eq!(m.poll_timeout(), Some(ms(700)));
+        m.handle_timeout(ms(699));
+        assert_eq!(kinds(&drain(&mut m)), Vec::<String>::new());
+        m.handle_timeout(ms(700));
+        assert_eq!(kinds(&drain(&mut m)), ["stall 4"], "{verdict:?}");
+        assert_eq!(
+            m.poll_timeout(),
+            Some(ms(60_000)),
+            "no liveness timer while the worker judges"
+        );
+        m.handle_timeout(ms(5_000));
+        assert_eq!(kinds(&drain(&mut m)), Vec::<String>::new(), "asked once");
+        m.handle_stall_answer(ms(5_001), Ok(verdict));
+        let out = drain(&mut m);
+        match verdict {
+            StallAnswer::NotStalled { .. } => {
+                assert_eq!(kinds(&out), Vec::<String>::new());
+                assert_eq!(
+                    m.poll_timeout(),
+                    Some(ms(5_401)),
+                    "liveness from the verdict"
+                );
+                m.handle_bytes(ms(5_100), &progress_chunk(100, 100));
+                let r = respond_more(&mut m, 5_200, &answer("late")[HEAD.len()..]);
+                assert_eq!(
+                    r.0,
+                    [
+                        "progress 4 first_byte",
+                        "close",
+                        "generation_done 4",
+                        "done"
+                    ]
+                );
+                assert_eq!(r.1.content.as_deref(), Some("late"));
+            }
+            StallAnswer::NotReady => {
+                assert_eq!(kinds(&out), ["close", "generation_done 4", "status"]);
+                m.handle_worker_status(ms(5_002), Ok(status(WorkerState::Ready, 3, None)));
+                let r = result(drain(&mut m));
+                assert_eq!(
+                    failed(&r).0,
+                    FailReason::Client(InferError::Stalled(Silence::Liveness))
+                );
+                assert_eq!(r.stalls, [StallAnswer::NotReady], "reported once");
+            }
+            StallAnswer::Restarting => {
+                assert_eq!(kinds(&out), ["close", "generation_done 4", "done"]);
+                let (reason, detail) = failed(&result(out));
+                assert_eq!(reason, FailReason::WorkerRestarted);
+                assert!(detail.contains("limits.liveness_ms"), "{detail}");
             }
         }
     }

@@ -8,8 +8,13 @@
 //! stream; the generation stays registered for `runner.death_grace_ms` and the worker's
 //! `server_died` (pushed, or seen on the status poll) is the reason.
 //!
+//! A prompt that takes longer than liveness to evaluate is not a stall: the generation is
+//! registered in prefill, the client reports it at `idle_grace_ms`, and the worker, seeing the
+//! server's CPU time rise, answers `not_stalled`; the request completes with no restart.
+//!
 //! Either the push or the status poll may end the request first (both say the same);
-//! `WEDGED_POLL_MS=60000` leaves only the push.
+//! `WEDGED_POLL_MS=60000` leaves only the push. `WEDGED_FACTOR=1` runs the two wedges on the
+//! default timers themselves (`make soak` does, once: `loopd-wedged-server-unscaled`).
 
 use std::process::Command;
 use std::sync::mpsc;
@@ -23,12 +28,18 @@ use loopd::runner::{
     FailReason, Outcome, RequestEvent, Runner, StandardBios, Submission, ToolRegistry,
 };
 
-/// The factor the default timers are divided by.
-const FACTOR: u64 = 5;
+/// The factor the default timers are divided by: 5, or `WEDGED_FACTOR`.
+fn factor() -> u64 {
+    std::env::var("WEDGED_FACTOR")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&f| f > 0)
+        .unwrap_or(5)
+}
 
-/// llama-worker's defaults (docs/llama-worker.md) divided by [`FACTOR`].
+/// llama-worker's defaults (docs/llama-worker.md) divided by [`factor`].
 fn worker_config() -> String {
-    let s = |default: f64| default / FACTOR as f64;
+    let s = |default: f64| default / factor() as f64;
     format!(
         "stall_timeout_s = {}\ncpu_probe_interval_s = {}\nprobe_interval_s = {}\n\
          unready_restart_s = {}\nrestart_backoff_s = {}\n",
@@ -40,20 +51,20 @@ fn worker_config() -> String {
     )
 }
 
-/// loopd's defaults divided by [`FACTOR`].
+/// loopd's defaults divided by [`factor`].
 fn loopd_config(server: &LocalServer, proxy: &Proxy) -> Config {
     let mut c = Config::new(proxy.socket(), server.model());
     let d = Config::new(proxy.socket(), server.model());
-    c.limits.poll_ms = d.limits.poll_ms / FACTOR;
-    c.limits.idle_grace_ms = d.limits.idle_grace_ms / FACTOR;
-    c.limits.liveness_ms = d.limits.liveness_ms / FACTOR;
-    c.runner.stall_ms = d.runner.stall_ms / FACTOR;
-    c.runner.death_grace_ms = d.runner.death_grace_ms / FACTOR;
+    c.limits.poll_ms = d.limits.poll_ms / factor();
+    c.limits.idle_grace_ms = d.limits.idle_grace_ms / factor();
+    c.limits.liveness_ms = d.limits.liveness_ms / factor();
+    c.runner.stall_ms = d.runner.stall_ms / factor();
+    c.runner.death_grace_ms = d.runner.death_grace_ms / factor();
     // WEDGED_POLL_MS=60000 leaves the watch's push as the only way to see the restart.
     c.runner.worker_poll_ms = std::env::var("WEDGED_POLL_MS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(d.runner.worker_poll_ms / FACTOR);
+        .unwrap_or(d.runner.worker_poll_ms / factor());
     c.runner.worker_socket = Some(server.status_socket().to_owned());
     c.sampling.temperature = Some(0.0);
     c.limits.max_tokens = 256;
@@ -183,4 +194,130 @@ fn a_stopped_model_instance_fails_the_request_worker_restarted_and_the_next_comp
 #[test]
 fn a_killed_model_instance_fails_the_request_server_died_and_the_next_completes() {
     wedge("-KILL", FailReason::ServerDied);
+}
+
+/// A prompt of `lines` numbered lines (about 14 tokens each) the model must read whole.
+fn long_prompt(lines: usize) -> String {
+    let mut p = String::from("Here is a list. Say only the colour of the last box.\n");
+    let colours = ["red", "green", "blue", "yellow", "white", "black", "orange"];
+    for i in 1..=lines {
+        p.push_str(&format!(
+            "Box {i} is {} and holds {} stones.\n",
+            colours[i % colours.len()],
+            i * 7 % 13
+        ));
+    }
+    p
+}
+
+#[test]
+fn a_prefill_longer_than_liveness_is_judged_alive_and_completes() {
+    let server = LocalServer::start_with_worker_config(&worker_config());
+    let proxy = Proxy::start(server.addr());
+    let mut c = loopd_config(&server, &proxy);
+    c.limits.max_tokens = 8;
+    let liveness = Duration::from_millis(c.limits.liveness_ms);
+    let idle_grace = Duration::from_millis(c.limits.idle_grace_ms);
+    let runner = Runner::new(
+        Arc::new(Client::new(c)),
+        ToolRegistry::new(),
+        Arc::new(StandardBios),
+        1,
+    );
+    let before = server.worker_status().expect("a worker status");
+    let verdicts = |text: &str| -> u64 {
+        text.lines()
+            .find(|l| l.starts_with("llama_worker_stall_verdicts_total{verdict=\"not_stalled\"}"))
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+            .unwrap_or_else(|| panic!("no not_stalled verdict count in:\n{text}"))
+    };
+    let metrics = || {
+        worker_proto::metrics(server.status_socket(), Duration::from_secs(10))
+            .expect("the worker's metrics")
+    };
+    let alive_before = verdicts(&metrics());
+
+    // The first streamed byte's time after the submit, measured on the driver's thread.
+    let (first, firsts) = mpsc::channel();
+    let start = std::time::Instant::now();
+    let mut seen = false;
+    let observer = Box::new(move |e: &RequestEvent| {
+        if !seen && matches!(e, RequestEvent::Chat(ChatEvent::Content(_))) {
+            seen = true;
+            let _ = first.send(start.elapsed());
+        }
+    });
+    let id = runner
+        .submit_observed(ask(&long_prompt(260)), Some(observer))
+        .expect("a free slot on a ready worker");
+    // What the worker says of the generation while it is evaluated, sampled until the end.
+    let watching = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let sampler = {
+        let socket = server.status_socket().to_owned();
+        let watching = watching.clone();
+        std::thread::spawn(move || {
+            let mut prefill = None;
+            while watching.load(std::sync::atomic::Ordering::Relaxed) {
+                if let Ok(s) = worker_proto::call(
+                    &socket,
+                    worker_proto::Command::Status,
+                    Duration::from_secs(10),
+                ) {
+                    if prefill.is_none() && s.contains("\"phase\":\"prefill\"") {
+                        prefill = Some(s);
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            prefill
+        })
+    };
+    let r = runner.wait_result(id, Duration::from_secs(600));
+    watching.store(false, std::sync::atomic::Ordering::Relaxed);
+    let during = sampler.join().unwrap();
+    let r = r.unwrap_or_else(|e| {
+        panic!(
+            "no result within 600 s ({e}); server log {:?}",
+            server.log()
+        )
+    });
+    let ttft = firsts.try_recv().unwrap_or_else(|_| {
+        panic!("no byte was streamed: {r:?}");
+    });
+    let prompt_tokens = r.generations[0].timings.map(|t| t.prompt_n).unwrap_or(0);
+    eprintln!(
+        "wedged_server: a prefill of {prompt_tokens} tokens; first byte after {} ms \
+         (liveness {} ms, idle grace {} ms); worker during it: {during:?}",
+        ttft.as_millis(),
+        liveness.as_millis(),
+        idle_grace.as_millis(),
+    );
+    assert!(
+        matches!(r.outcome, Outcome::Completed { .. }),
+        "a long prefill completes: {r:?}"
+    );
+    let during = during.expect("the worker's status showed the generation in prefill");
+    assert!(during.contains("\"inflight\":1"), "{during}");
+    // The premise: the server was silent past liveness (and the client's idle grace) before
+    // its first byte, so the generation was judged on CPU time and found alive.
+    assert!(
+        ttft > liveness && ttft > idle_grace,
+        "the prompt ({prompt_tokens} tokens) took only {} ms to its first byte; the test \
+         needs a prefill longer than liveness ({} ms)",
+        ttft.as_millis(),
+        liveness.as_millis()
+    );
+    let alive_after = verdicts(&metrics());
+    assert!(
+        alive_after > alive_before,
+        "the client reported the silent prefill and the worker answered not_stalled \
+         ({alive_before} -> {alive_after})"
+    );
+    let after = server.worker_status().expect("a worker status");
+    assert_eq!(
+        (after["spawns"].clone(), after["total_restarts"].clone()),
+        (before["spawns"].clone(), before["total_restarts"].clone()),
+        "no restart: before {before}, after {after}"
+    );
+    assert_eq!(runner.busy_slots(), 0);
 }

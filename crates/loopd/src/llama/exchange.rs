@@ -18,8 +18,13 @@
 //!   the server's CPU time) `idle_grace_ms` asks it ([`Output::JudgeSilence`]) instead of
 //!   failing, and the wait starts over while it says the server is alive;
 //! - the response head, once its first byte came: `call_ms` whole, and `liveness_ms` of silence;
-//! - a 200 stream: `liveness_ms` of silence, and no total deadline;
+//! - a 200 stream: `liveness_ms` of silence, and no total deadline. llama-server sends the head
+//!   and a first (empty) chunk at once and then nothing but `prompt_progress`, one per batch,
+//!   until the prompt is evaluated: until the first token ([`generating`]), silence past
+//!   liveness is put to the judge as before the first byte, and only then failed;
 //! - an error body: `call_ms` from the head; what arrived by then is kept.
+//!
+//! [`generating`]: ChatExchange::generating
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -50,11 +55,12 @@ pub enum Output {
         /// The completion id.
         id: String,
     },
-    /// No byte came while the slot stayed idle for `idle_grace_ms`, and a judge was named
-    /// with [`judge_prefill`](ChatExchange::judge_prefill): ask it whether the server is
-    /// alive and pass its verdict to
-    /// [`handle_silence_verdict`](ChatExchange::handle_silence_verdict). No `/slots` poll
-    /// runs until then.
+    /// No byte came while the slot stayed idle for `idle_grace_ms`, or the stream was silent
+    /// past `liveness_ms` before its first token (the prompt still being evaluated), and a
+    /// judge was named with [`judge_prefill`](ChatExchange::judge_prefill): ask it whether
+    /// the server is alive and pass its verdict to
+    /// [`handle_silence_verdict`](ChatExchange::handle_silence_verdict). No `/slots` poll and
+    /// no liveness timer runs until then.
     JudgeSilence,
 }
 
@@ -77,7 +83,7 @@ enum Phase {
 /// What one event of the stream meant, with nothing borrowed from the stream.
 enum Seen {
     Head(u16),
-    Chunk { finished: bool },
+    Chunk { finished: bool, token: bool },
     ErrorBody,
     Server(InferError),
     Done,
@@ -96,6 +102,7 @@ pub struct ChatExchange<'b> {
     polling: bool,
     judge: bool,
     judging: bool,
+    generating: bool,
     clip: Option<Duration>,
     first_byte: Duration,
     last_byte: Duration,
@@ -137,6 +144,7 @@ impl<'b> ChatExchange<'b> {
             polling: false,
             judge: false,
             judging: false,
+            generating: false,
             clip: None,
             first_byte: sent_at,
             last_byte: sent_at,
@@ -159,22 +167,32 @@ impl<'b> ChatExchange<'b> {
         self.judge = true;
     }
 
-    /// The judge's verdict on a silent prefill, at `now`: alive, the first-byte wait starts
-    /// over (a `/slots` poll `poll_ms` later); not alive, `Stalled(IdleGrace)`. Ignored unless
-    /// a verdict was asked for, and once a byte came.
+    /// The judge's verdict on a silent prefill, at `now`. Before the first byte: alive, the
+    /// first-byte wait starts over (a `/slots` poll `poll_ms` later); not alive,
+    /// `Stalled(IdleGrace)`. In the stream before its first token: alive, liveness counts
+    /// from `now`; not alive, `Stalled(Liveness)`. Ignored unless a verdict was asked for,
+    /// and once the first token came.
     pub fn handle_silence_verdict(&mut self, now: Duration, alive: bool) {
-        if !std::mem::take(&mut self.judging)
-            || self.outcome.is_some()
-            || !matches!(self.phase, Phase::Sent)
-        {
+        if !std::mem::take(&mut self.judging) || self.outcome.is_some() {
             return;
         }
-        if alive {
-            self.wait = FirstByteWait::new(self.limits, now);
-            self.next_poll = now + ms(self.limits.poll_ms);
-        } else {
-            self.fail(InferError::Stalled(Silence::IdleGrace));
+        match self.phase {
+            Phase::Sent if alive => {
+                self.wait = FirstByteWait::new(self.limits, now);
+                self.next_poll = now + ms(self.limits.poll_ms);
+            }
+            Phase::Sent => self.fail(InferError::Stalled(Silence::IdleGrace)),
+            Phase::Stream if self.generating => {}
+            Phase::Stream if alive => self.last_byte = self.last_byte.max(now),
+            Phase::Stream => self.fail(InferError::Stalled(Silence::Liveness)),
+            Phase::Head | Phase::ErrorBody { .. } => {}
         }
+    }
+
+    /// Whether the first token (reasoning, content, a tool call or the finish) has come: until
+    /// then the server is still evaluating the prompt, whatever bytes it sent.
+    pub fn generating(&self) -> bool {
+        self.generating
     }
 
     /// Takes bytes read from the connection at `now`; returns how many were consumed. All are,
@@ -212,8 +230,13 @@ impl<'b> ChatExchange<'b> {
                 StreamEvent::Chunk(c) => {
                     let outputs = &mut self.outputs;
                     chunk_events(&c, &mut |e| outputs.push_back(Output::Event(e)));
+                    let token = c.finish_reason.is_some()
+                        || c.reasoning_content.is_some_and(|r| !r.is_empty())
+                        || c.content.is_some_and(|t| !t.is_empty())
+                        || !c.tool_calls().is_empty();
                     Seen::Chunk {
                         finished: c.finish_reason.is_some(),
+                        token,
                     }
                 }
                 StreamEvent::ErrorBody(piece) => {
@@ -318,6 +341,14 @@ impl<'b> ChatExchange<'b> {
                     });
                 }
             }
+            // Silent before the first token: the prompt may still be evaluated; the judge,
+            // which sees the server's CPU time, says whether it is.
+            Phase::Stream if now >= liveness && !self.generating && self.judge => {
+                if !self.judging {
+                    self.judging = true;
+                    self.outputs.push_back(Output::JudgeSilence);
+                }
+            }
             Phase::Stream if now >= liveness => self.fail(InferError::Stalled(Silence::Liveness)),
             Phase::Stream => {}
             Phase::ErrorBody { until, .. } if now >= until.min(liveness) => self.finish_error(),
@@ -346,6 +377,7 @@ impl<'b> ChatExchange<'b> {
             Phase::Sent if self.polling || self.judging => self.clip,
             Phase::Sent => Some(self.clip.map_or(self.next_poll, |c| c.min(self.next_poll))),
             Phase::Head => Some(liveness.min(self.first_byte + ms(self.limits.call_ms))),
+            Phase::Stream if self.judging => None,
             Phase::Stream => Some(liveness),
             Phase::ErrorBody { until, .. } => Some(liveness.min(*until)),
         }
@@ -403,8 +435,15 @@ impl<'b> ChatExchange<'b> {
                 };
             }
             // Nothing may follow the final chunk but `[DONE]`; stop reading here.
-            Seen::Chunk { finished: true } | Seen::Done => self.outcome = Some(Ok(())),
-            Seen::Chunk { finished: false } => {
+            Seen::Chunk { finished: true, .. } | Seen::Done => {
+                self.generating = true;
+                self.outcome = Some(Ok(()));
+            }
+            Seen::Chunk {
+                finished: false,
+                token,
+            } => {
+                self.generating |= token;
                 match self.cap.check(self.stream.assembler().reasoning_tokens()) {
                     CapAction::None => {}
                     CapAction::Overrun => self.fail(InferError::ThinkingOverrun),

@@ -14,12 +14,14 @@
 //! driver in `drive.rs` does the IO.
 //!
 //! With a worker socket each generation is registered with llama-worker before it is sent
-//! (`register <slot>`), its first stream byte and then its bytes at most every
-//! [`PROGRESS_EVERY`] are reported (`progress <id> first_byte|bytes`), and it is unregistered
-//! (`done <id>`) when it ends, after any stall report about it (`stall <id>`). A failure the
-//! worker pushes for the generation ([`handle_worker_failed`]) ends the request at once. A
-//! registered generation's silent prefill is the worker's to judge: at `limits.idle_grace_ms`
-//! it is reported as a stall, and the wait starts over while the worker says `not_stalled`.
+//! (`register <slot>`), its first token and then its bytes at most every [`PROGRESS_EVERY`]
+//! are reported (`progress <id> first_byte|bytes`), and it is unregistered (`done <id>`) when
+//! it ends, after any stall report about it (`stall <id>`). A failure the worker pushes for the
+//! generation ([`handle_worker_failed`]) ends the request at once. A registered generation's
+//! silent prefill is the worker's to judge: at `limits.idle_grace_ms` with no byte, or at
+//! `limits.liveness_ms` of silence after the head but before the first token (llama-server
+//! sends its head at once and then only `prompt_progress`, one per batch), it is reported as a
+//! stall, and the wait starts over while the worker says `not_stalled`.
 //!
 //! [`handle_sent`]: AgentRequest::handle_sent
 //! [`handle_bytes`]: AgentRequest::handle_bytes
@@ -392,7 +394,9 @@ impl<'b> AgentRequest<'b> {
             return input.len();
         };
         let used = x.handle_bytes(now, input);
-        if used > 0 {
+        // The head and `prompt_progress` come while the prompt is evaluated: the worker judges
+        // that phase by CPU time, so the first byte it hears of is the first token's.
+        if used > 0 && x.generating() {
             self.report_progress(now);
         }
         self.pump(now);
@@ -477,9 +481,10 @@ impl<'b> AgentRequest<'b> {
             if a == StallAnswer::Restarting {
                 let detail = if self.judging {
                     format!(
-                        "no byte while the slot was idle for {} ms (limits.idle_grace_ms); \
-                         llama-worker saw no progress either and restarted llama-server",
-                        self.limits.idle_grace_ms
+                        "no token yet, the slot idle for {} ms (limits.idle_grace_ms) or the \
+                         stream silent for {} ms (limits.liveness_ms); llama-worker saw no \
+                         progress of the prompt either and restarted llama-server",
+                        self.limits.idle_grace_ms, self.limits.liveness_ms
                     )
                 } else {
                     format!(

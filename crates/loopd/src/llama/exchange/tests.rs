@@ -570,3 +570,43 @@ fn an_idle_slot_is_no_waiting_event_busy_and_unavailable_are() {
         ]
     );
 }
+
+#[test]
+fn without_a_judge_a_stream_silent_before_its_first_token_is_stalled_at_liveness_ms() {
+    let mut b = Buffers::new();
+    let mut x = ChatExchange::new(limits(), t(0), &mut b);
+    x.handle_bytes(t(10), HEAD);
+    assert!(!x.generating());
+    assert_eq!(x.poll_timeout(), Some(t(110)));
+    x.handle_timeout(t(109));
+    assert!(!x.is_over());
+    x.handle_timeout(t(110));
+    assert!(matches!(
+        error(&mut x),
+        InferError::Stalled(Silence::Liveness)
+    ));
+}
+
+#[test]
+fn the_first_token_ends_the_prefill_and_a_later_verdict_changes_nothing() {
+    let mut b = Buffers::new();
+    let mut x = ChatExchange::new(limits(), t(0), &mut b);
+    x.judge_prefill();
+    x.handle_bytes(t(10), HEAD);
+    x.handle_timeout(t(110));
+    assert_eq!(outputs(&mut x), [Output::JudgeSilence]);
+    assert_eq!(x.poll_timeout(), None, "no timer while the judge is out");
+    x.handle_bytes(t(120), &chunked(&[content("Red", 1)]));
+    assert!(x.generating());
+    x.handle_silence_verdict(t(130), false);
+    assert!(
+        !x.is_over(),
+        "the stream is generating: the verdict is moot"
+    );
+    assert_eq!(x.poll_timeout(), Some(t(220)));
+    x.handle_timeout(t(220));
+    assert!(matches!(
+        error(&mut x),
+        InferError::Stalled(Silence::Liveness)
+    ));
+}
