@@ -73,7 +73,8 @@ serve: llama
 fixtures: llama
 	scripts/record-fixtures.py
 
-## soak: every test that runs real processes, and make selftest, N times each (N=5); prints
+## soak: every test that runs real processes, and make selftest, N times each (N=5; the wedged
+## server on unscaled timers once); prints
 ## the pass count of each (ONLY=<suite> runs one; see scripts/soak.sh)
 soak: llama
 	scripts/soak.sh
