@@ -17,6 +17,8 @@
 # $MODEL_FILE names another GGUF to serve under that id (the tests of a model that cannot load).
 # $WORKER_CONFIG_EXTRA names a file of llama-worker config lines appended to the generated config
 # (the tests that scale the worker's timers down).
+# $PRESET_EXTRA names a file of preset lines (llama-server flags without dashes: `b = 4096`)
+# appended to the model's section (the long-prefill test evaluates its prompt in one batch).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 MODEL_ID=${MODEL_ID:-smollm2}
@@ -52,6 +54,7 @@ c = $CTX
 np = 2
 load-on-startup = true
 INI
+if [ -n "${PRESET_EXTRA:-}" ]; then cat "$PRESET_EXTRA" >>"$preset"; fi
 status_socket=${status_socket:-$cache/run/worker-$port.sock}
 worker=${LLAMA_WORKER_BIN:-}
 if [ -z "$worker" ]; then

@@ -253,9 +253,22 @@ impl LocalServer {
     /// As [`start`](Self::start), with `lines` appended to llama-worker's config (TOML keys
     /// of docs/llama-worker.md): for the tests that scale the worker's timers down.
     pub fn start_with_worker_config(lines: &str) -> LocalServer {
-        let extra = temp_dir("worker-extra").join("extra.toml");
-        std::fs::write(&extra, lines).expect("write the worker's extra config");
-        let server = Self::spawn(&[("WORKER_CONFIG_EXTRA", &extra)]);
+        Self::start_with_configs(lines, "")
+    }
+
+    /// As [`start_with_worker_config`](Self::start_with_worker_config), with `preset` lines
+    /// appended to the model's preset section too (llama-server flags without their dashes,
+    /// `b = 4096`; `PRESET_EXTRA` of `scripts/serve.sh`).
+    pub fn start_with_configs(worker: &str, preset: &str) -> LocalServer {
+        let dir = temp_dir("worker-extra");
+        let extra = dir.join("extra.toml");
+        std::fs::write(&extra, worker).expect("write the worker's extra config");
+        let preset_extra = dir.join("preset.ini");
+        std::fs::write(&preset_extra, preset).expect("write the preset's extra lines");
+        let server = Self::spawn(&[
+            ("WORKER_CONFIG_EXTRA", &extra),
+            ("PRESET_EXTRA", &preset_extra),
+        ]);
         server.wait_loaded();
         server.wait_worker("llama-worker to report ready", READY_TIMEOUT, |s| {
             s["state"] == "ready"

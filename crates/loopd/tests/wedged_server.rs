@@ -28,6 +28,16 @@ use loopd::runner::{
     FailReason, Outcome, RequestEvent, Runner, StandardBios, Submission, ToolRegistry,
 };
 
+/// One test at a time: each runs a whole stack on a scaled timeline, and two of them on the
+/// same 2 cores (the long prefill above all) would starve each other past those timers.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// The factor the default timers are divided by: 5, or `WEDGED_FACTOR`.
 fn factor() -> u64 {
     std::env::var("WEDGED_FACTOR")
@@ -114,6 +124,7 @@ fn model_instance(server: &LocalServer) -> u32 {
 /// Sends `signal` to the model instance at the first streamed token of one request, checks
 /// that the request ends `want` with those tokens, then that the next request completes.
 fn wedge(signal: &str, want: FailReason) {
+    let _serial = one_at_a_time();
     let server = LocalServer::start_with_worker_config(&worker_config());
     let proxy = Proxy::start(server.addr());
     let c = loopd_config(&server, &proxy);
@@ -212,7 +223,10 @@ fn long_prompt(lines: usize) -> String {
 
 #[test]
 fn a_prefill_longer_than_liveness_is_judged_alive_and_completes() {
-    let server = LocalServer::start_with_worker_config(&worker_config());
+    let _serial = one_at_a_time();
+    // The whole prompt in one batch: llama-server says nothing between its first chunk and
+    // the end of the prompt (with the default 2,048 a `prompt_progress` comes every ~5 s).
+    let server = LocalServer::start_with_configs(&worker_config(), "b = 4096\n");
     let proxy = Proxy::start(server.addr());
     let mut c = loopd_config(&server, &proxy);
     c.limits.max_tokens = 8;
