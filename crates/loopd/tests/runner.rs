@@ -602,6 +602,67 @@ fn cancel_ends_a_silent_stream_with_its_partial_output() {
     assert_released(&s.runner);
 }
 
+/// The runner's side of "cancel frees the slot" (the client's is tests/cancel.rs): the slot's
+/// next request asks `/slots` until the abandoned generation is over before it sends, through
+/// the drive thread; a request after a normal answer sends at once.
+#[test]
+fn the_request_after_a_cancel_waits_for_its_slot_to_be_idle_before_sending() {
+    let busy = Reply::json(200, &slots_json(Some(0)));
+    let idle = Reply::json(200, &slots_json(None));
+    let server = FakeServer::start(vec![
+        (
+            CHAT,
+            vec![
+                Reply::sse(vec![content("Hello, ")]).ending(End::Silence),
+                answer("next"),
+                answer("after"),
+            ],
+        ),
+        (SLOTS, vec![busy.clone(), busy, idle]),
+    ]);
+    let s = setup(config(&server, None), 1);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let observer = Box::new(move |e: &RequestEvent| {
+        if let RequestEvent::Chat(loopd::llama::ChatEvent::Content(t)) = e {
+            let _ = tx.send(t.clone());
+        }
+    });
+    let id = s.runner.submit_observed(ask("x"), Some(observer)).unwrap();
+    assert_eq!(rx.recv_timeout(Duration::from_secs(5)).unwrap(), "Hello, ");
+    s.runner.cancel(id).unwrap();
+    assert_eq!(failed(&wait(&s.runner, id)).0, FailReason::Cancelled);
+    assert!(server.requests_to(SLOTS).is_empty());
+
+    let events = Arc::new(Mutex::new(Vec::new()));
+    let seen = events.clone();
+    let observer = Box::new(move |e: &RequestEvent| {
+        if let RequestEvent::Chat(c) = e {
+            seen.lock().unwrap().push(c.clone());
+        }
+    });
+    let id = s.runner.submit_observed(ask("y"), Some(observer)).unwrap();
+    let r = wait(&s.runner, id);
+    assert_eq!(r.content.as_deref(), Some("next"), "{r:?}");
+    assert_eq!(server.requests_to(SLOTS).len(), 3, "busy, busy, idle");
+    let busy = loopd::llama::ChatEvent::Waiting { slot_busy: true };
+    let events = events.lock().unwrap().clone();
+    assert_eq!(
+        events.iter().take_while(|e| **e == busy).count(),
+        2,
+        "two waits before the answer: {events:?}"
+    );
+    assert_eq!(server.requests_to(CHAT).len(), 2);
+
+    let r = run(&s, ask("z"));
+    assert_eq!(r.content.as_deref(), Some("after"), "{r:?}");
+    assert_eq!(
+        server.requests_to(SLOTS).len(),
+        3,
+        "no check after a normal answer"
+    );
+    assert_released(&s.runner);
+}
+
 #[test]
 fn cancel_while_a_tool_runs_ends_the_request() {
     let server = FakeServer::start(vec![(CHAT, vec![calls(&[("c1", "sleep", "{}")])])]);
