@@ -13,6 +13,29 @@ use crate::stat::{parse_stat, ProcStat};
 /// Largest `stat` line read; real lines are about 300 bytes.
 const MAX_STAT_BYTES: usize = 4096;
 
+/// The children of process `pid`, from `proc_root/<pid>/task/*/children` (each thread lists
+/// the children it forked; the router spawns its model instances from a thread of its own),
+/// sorted. `None` when the process or its task list cannot be read (gone, or a kernel without
+/// `children` files).
+pub fn children(proc_root: &Path, pid: u32) -> Option<Vec<u32>> {
+    let mut out = Vec::new();
+    let tasks = fs::read_dir(proc_root.join(pid.to_string()).join("task")).ok()?;
+    for task in tasks {
+        let Ok(task) = task else { continue };
+        // A thread that ended since the listing has no file: it has no children either.
+        let Ok(text) = fs::read_to_string(task.path().join("children")) else {
+            continue;
+        };
+        out.extend(
+            text.split_ascii_whitespace()
+                .filter_map(|c| c.parse::<u32>().ok()),
+        );
+    }
+    out.sort_unstable();
+    out.dedup();
+    Some(out)
+}
+
 /// Every process in `proc_root` (normally `/proc`) whose process group is `pgid`, zombies
 /// included. Fails only when `proc_root` itself cannot be listed.
 pub fn group_members(proc_root: &Path, pgid: i32) -> io::Result<Vec<ProcStat>> {
@@ -111,5 +134,33 @@ mod tests {
         let me = parse_stat(&fs::read("/proc/self/stat").unwrap()).unwrap();
         let members = group_members(Path::new("/proc"), me.pgrp).unwrap();
         assert!(members.iter().any(|m| m.pid == me.pid));
+    }
+
+    #[test]
+    fn children_are_read_from_every_thread_of_the_process() {
+        let dir = std::env::temp_dir().join(format!("lw-children-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        for (task, children) in [("40", ""), ("41", "52 50 "), ("42", "50 61")] {
+            let t = dir.join("40/task").join(task);
+            fs::create_dir_all(&t).unwrap();
+            fs::write(t.join("children"), children).unwrap();
+        }
+        // A thread that ended between the listing and the read.
+        fs::create_dir_all(dir.join("40/task/43")).unwrap();
+        assert_eq!(children(&dir, 40), Some(vec![50, 52, 61]));
+        assert_eq!(children(&dir, 99), None, "no such process");
+        // The real thing: this test process's children, none and then one.
+        let me = std::process::id();
+        let before = children(Path::new("/proc"), me).expect("/proc/<pid>/task/*/children");
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let with = children(Path::new("/proc"), me).unwrap();
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(with.contains(&child.id()), "{with:?}");
+        assert!(!before.contains(&child.id()));
+        let _ = fs::remove_dir_all(&dir);
     }
 }

@@ -32,6 +32,10 @@ use worker_proto::{WatchEvent, MAX_WATCHERS};
 /// Longest the driving loop sleeps: how late an exit of the server is noticed at worst.
 pub const MAX_IDLE: Duration = Duration::from_millis(100);
 
+/// How long readiness is probed at the startup interval after a model instance is gone: the
+/// router may take a moment to notice the exit and say so in `/models`.
+pub const INSTANCE_RECHECK: Duration = Duration::from_secs(3);
+
 #[derive(Debug)]
 struct Inner {
     policy: Policy,
@@ -431,6 +435,10 @@ pub struct Worker<C: SharedClock> {
     process: Option<ServerProcess>,
     next_readiness_at: Duration,
     next_cpu_at: Duration,
+    /// The router's pid and its children (the model instances) at the last tick.
+    instances: Option<(u32, Vec<u32>)>,
+    /// Until when readiness is probed at the startup interval: an instance just left.
+    recheck_until: Duration,
     proc_root: PathBuf,
     logged_state: State,
     logged_restarts: u64,
@@ -484,6 +492,8 @@ impl<C: SharedClock> Worker<C> {
             process: None,
             next_readiness_at: Duration::ZERO,
             next_cpu_at: Duration::ZERO,
+            instances: None,
+            recheck_until: Duration::ZERO,
             proc_root: PathBuf::from("/proc"),
             logged_state: State::Stopped,
             logged_restarts: 0,
@@ -795,6 +805,7 @@ impl<C: SharedClock> Worker<C> {
         self.probe_endpoints_if_due();
         let Some(pgid) = self.pgid() else { return };
         let now = self.clock.now();
+        self.watch_instances(now);
         if now >= self.next_cpu_at {
             // The RPC servers do the model's work in groups of their own: their CPU time is
             // the unit's progress too.
@@ -862,12 +873,43 @@ impl<C: SharedClock> Worker<C> {
             outcome,
             model,
         });
-        let interval = if g.policy.state() == State::Ready {
+        let interval = if g.policy.state() == State::Ready && now >= self.recheck_until {
             self.timings.probe_interval
         } else {
             self.timings.startup_probe_interval
         };
         self.next_readiness_at = now + interval;
+    }
+
+    /// With `models` required (router mode), looks at the router's children every tick: when
+    /// one of them (a model instance) is gone, readiness is probed now and then at the startup
+    /// interval for [`INSTANCE_RECHECK`], so the router's word on how it exited (`/models`:
+    /// failed, with its status) is read within a probe interval of the death, not up to
+    /// `probe_interval_s` later. The router reaps its instances, so only it can say the status.
+    fn watch_instances(&mut self, now: Duration) {
+        let Some(router) = self.process.as_ref().map(ServerProcess::pid) else {
+            self.instances = None;
+            return;
+        };
+        if self.config.models.is_empty() {
+            return;
+        }
+        let Some(children) = cpu::children(&self.proc_root, router) else {
+            return;
+        };
+        let gone = match &self.instances {
+            Some((pid, before)) if *pid == router => before.iter().any(|c| !children.contains(c)),
+            _ => false,
+        };
+        if gone {
+            eprintln!(
+                "llama-worker: a model instance of router pid {router} is gone; asking the \
+                 router now"
+            );
+            self.next_readiness_at = now;
+            self.recheck_until = now + INSTANCE_RECHECK;
+        }
+        self.instances = Some((router, children));
     }
 
     /// The router's model list: `Status(200)` with the first required model that is not

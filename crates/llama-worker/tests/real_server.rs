@@ -283,3 +283,71 @@ fn a_model_that_cannot_load_makes_the_real_router_failed_not_ready() {
     std::fs::remove_dir_all(&dir).unwrap();
     std::fs::remove_file(&cut).unwrap();
 }
+
+/// Issue 23: a model instance killed under the router is seen at once, not at the next
+/// readiness probe. The probe interval here is 60 s, so only the watch on the router's children
+/// can see the death within the 20 s allowed: the restart's cause is `model_exited` and the
+/// router's word on the exit (the status it reports for its killed child) is in the status.
+#[test]
+fn a_killed_model_instance_is_seen_before_the_next_readiness_probe() {
+    let (dir, toml) = router_config("instance-death");
+    let toml = toml.replace("probe_interval_s = 0.5\n", "probe_interval_s = 60\n");
+    let config = Config::from_toml(&toml).unwrap();
+    let mut w = Worker::new(config, free_port(), SystemClock::new()).unwrap();
+    let h = w.handle();
+    h.start();
+    let ready = tick_until(&mut w, Duration::from_secs(60), |w| {
+        state(w) == State::Ready
+    });
+    assert!(ready, "not ready after 60 s: {}", h.status().to_json());
+    let router = h.status().pid.expect("a router pid");
+    // Ticks run on this thread: look for the instance between them.
+    let mut instance = None;
+    let found = tick_until(&mut w, Duration::from_secs(30), |_| {
+        instance = llama_worker::cpu::children(Path::new("/proc"), router)
+            .and_then(|c| c.first().copied());
+        instance.is_some()
+    });
+    let instance = instance
+        .filter(|_| found)
+        .expect("the router's model instance");
+    // One more tick so the worker has seen the instance too.
+    tick_until(&mut w, Duration::from_millis(300), |_| false);
+    let killed = Instant::now();
+    assert!(Command::new("kill")
+        .args(["-KILL", &instance.to_string()])
+        .status()
+        .unwrap()
+        .success());
+    let seen = tick_until(&mut w, Duration::from_secs(20), |w| {
+        w.handle().status().last_model_exit.is_some()
+    });
+    let took = killed.elapsed();
+    let s = h.status();
+    assert!(
+        seen,
+        "the instance's death unseen after 20 s: {}",
+        s.to_json()
+    );
+    let exit = s.last_model_exit.clone().unwrap();
+    assert_eq!(
+        (exit.model.as_str(), exit.while_loading),
+        ("smollm2", false)
+    );
+    assert_eq!(
+        s.last_cause.map(|c| c.as_str()),
+        Some("model_exited"),
+        "{}",
+        s.to_json()
+    );
+    eprintln!(
+        "instance {instance} killed; seen after {} ms with exit status {}",
+        took.as_millis(),
+        exit.exit_code
+    );
+    h.stop();
+    tick_until(&mut w, Duration::from_secs(10), |w| {
+        state(w) == State::Stopped
+    });
+    std::fs::remove_dir_all(&dir).unwrap();
+}
