@@ -1,11 +1,13 @@
-//! The worker's counters in the Prometheus text format (OpenMetrics 1.0 text, written by the
-//! `prometheus-client` crate): what the status socket's `metrics` command answers and what
-//! `metrics_file` holds.
+//! The worker's counters in the Prometheus text format (0.0.4, the form node_exporter's
+//! textfile collector and Prometheus read with every type kept; written by the
+//! `prometheus-client` crate, as loopd's): what the status socket's `metrics` command answers
+//! and what `metrics_file` holds.
 //!
 //! [`Metrics`] is fed events with their time (`handle_*(now, ..)`) by the worker's shell and
 //! reads no clock itself, so the text for a known sequence of events is exact on a fake clock.
 //! Every label value is there from the start (at 0), so a series never appears out of nowhere.
-//! The text always ends with `# EOF\n`.
+//! The text always ends with `# EOF\n`: the socket's end-of-answer mark, a comment to a
+//! Prometheus parser.
 
 use std::fmt;
 use std::fs;
@@ -15,7 +17,7 @@ use std::time::Duration;
 
 use std::sync::atomic::AtomicU64;
 
-use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::prometheus_text::encode;
 use prometheus_client::encoding::{EncodeMetric, MetricEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
@@ -228,6 +230,7 @@ impl Metrics {
         let mut out = String::new();
         // Writing into a String cannot fail, and every metric here encodes.
         let _ = encode(&mut out, &self.registry);
+        out.push_str("# EOF\n");
         out
     }
 
@@ -279,8 +282,8 @@ llama_worker_state{state="starting"} 0
 llama_worker_state{state="ready"} 0
 llama_worker_state{state="restarting"} 1
 llama_worker_state{state="failed"} 0
-# HELP llama_worker_restarts Restarts of the server, by what caused them.
-# TYPE llama_worker_restarts counter
+# HELP llama_worker_restarts_total Restarts of the server, by what caused them.
+# TYPE llama_worker_restarts_total counter
 llama_worker_restarts_total{cause="exited"} 1
 llama_worker_restarts_total{cause="startup_timeout"} 0
 llama_worker_restarts_total{cause="unready"} 0
@@ -288,31 +291,31 @@ llama_worker_restarts_total{cause="stall"} 1
 llama_worker_restarts_total{cause="model_exited"} 0
 llama_worker_restarts_total{cause="rpc_exited"} 0
 llama_worker_restarts_total{cause="rpc_startup_timeout"} 0
-# HELP llama_worker_stall_verdicts Stall reports, by the worker's verdict.
-# TYPE llama_worker_stall_verdicts counter
+# HELP llama_worker_stall_verdicts_total Stall reports, by the worker's verdict.
+# TYPE llama_worker_stall_verdicts_total counter
 llama_worker_stall_verdicts_total{verdict="restarting"} 1
 llama_worker_stall_verdicts_total{verdict="not_stalled"} 1
 llama_worker_stall_verdicts_total{verdict="not_ready"} 0
-# HELP llama_worker_spawns Server processes spawned.
-# TYPE llama_worker_spawns counter
+# HELP llama_worker_spawns_total Server processes spawned.
+# TYPE llama_worker_spawns_total counter
 llama_worker_spawns_total 2
 # HELP llama_worker_spawn_to_ready_seconds Seconds from a spawn to the server's first good readiness answer, per spawn.
 # TYPE llama_worker_spawn_to_ready_seconds histogram
+llama_worker_spawn_to_ready_seconds_bucket{le="1"} 0
+llama_worker_spawn_to_ready_seconds_bucket{le="2"} 1
+llama_worker_spawn_to_ready_seconds_bucket{le="5"} 2
+llama_worker_spawn_to_ready_seconds_bucket{le="10"} 2
+llama_worker_spawn_to_ready_seconds_bucket{le="20"} 2
+llama_worker_spawn_to_ready_seconds_bucket{le="30"} 2
+llama_worker_spawn_to_ready_seconds_bucket{le="60"} 2
+llama_worker_spawn_to_ready_seconds_bucket{le="120"} 2
+llama_worker_spawn_to_ready_seconds_bucket{le="300"} 2
+llama_worker_spawn_to_ready_seconds_bucket{le="600"} 2
+llama_worker_spawn_to_ready_seconds_bucket{le="+Inf"} 2
 llama_worker_spawn_to_ready_seconds_sum 5.5
 llama_worker_spawn_to_ready_seconds_count 2
-llama_worker_spawn_to_ready_seconds_bucket{le="1.0"} 0
-llama_worker_spawn_to_ready_seconds_bucket{le="2.0"} 1
-llama_worker_spawn_to_ready_seconds_bucket{le="5.0"} 2
-llama_worker_spawn_to_ready_seconds_bucket{le="10.0"} 2
-llama_worker_spawn_to_ready_seconds_bucket{le="20.0"} 2
-llama_worker_spawn_to_ready_seconds_bucket{le="30.0"} 2
-llama_worker_spawn_to_ready_seconds_bucket{le="60.0"} 2
-llama_worker_spawn_to_ready_seconds_bucket{le="120.0"} 2
-llama_worker_spawn_to_ready_seconds_bucket{le="300.0"} 2
-llama_worker_spawn_to_ready_seconds_bucket{le="600.0"} 2
-llama_worker_spawn_to_ready_seconds_bucket{le="+Inf"} 2
-# HELP llama_worker_ready_seconds Seconds spent in the ready state, in total.
-# TYPE llama_worker_ready_seconds counter
+# HELP llama_worker_ready_seconds_total Seconds spent in the ready state, in total.
+# TYPE llama_worker_ready_seconds_total counter
 llama_worker_ready_seconds_total 11.5
 # HELP llama_worker_inflight_requests Requests admitted and not yet finished.
 # TYPE llama_worker_inflight_requests gauge
