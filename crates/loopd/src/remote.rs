@@ -1,5 +1,6 @@
 //! `loopd submit|result|cancel|status` and `loopd run --daemon`: clients of `loopd serve`.
 
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -60,24 +61,44 @@ fn call(
     }
 }
 
-/// Prints a result: the answer (unless it was streamed already), the calls, then one line of
-/// outcome.
+/// One call with its outcome, in the words `loopd run` uses.
+fn call_line(name: &str, arguments: &str, ok: bool, result: &str) -> String {
+    format!(
+        "tool {name}({arguments}) -> {}{result}",
+        if ok { "" } else { "error: " }
+    )
+}
+
+/// Prints a result: the answer and the calls that ran (unless they were streamed already:
+/// `streamed`), the calls that never ran and why, then one line of outcome.
 fn print_result(r: &Value, streamed: bool) {
+    let _ = write_result(&mut std::io::stdout().lock(), r, streamed);
+}
+
+fn write_result(out: &mut impl Write, r: &Value, streamed: bool) -> std::io::Result<()> {
+    let s = |v: &Value| v.as_str().unwrap_or("").to_owned();
     if let (false, Some(c)) = (streamed, r["content"].as_str()) {
-        println!("{c}");
+        writeln!(out, "{c}")?;
     }
-    for t in r["tool_calls"].as_array().into_iter().flatten() {
-        println!(
-            "tool {}({}) -> {}{}",
-            t["name"].as_str().unwrap_or("?"),
-            t["arguments"].as_str().unwrap_or(""),
-            if t["ok"] == json!(true) {
-                ""
-            } else {
-                "error: "
-            },
-            t["result"].as_str().unwrap_or("")
-        );
+    if !streamed {
+        for t in r["tool_calls"].as_array().into_iter().flatten() {
+            let ok = t["ok"] == json!(true);
+            let line = call_line(&s(&t["name"]), &s(&t["arguments"]), ok, &s(&t["result"]));
+            writeln!(out, "{line}")?;
+        }
+    }
+    let why = if r["budget_left"] == json!(0) {
+        format!("not run: no tool iterations left (budget {})", r["budget"])
+    } else {
+        "not run".to_owned()
+    };
+    for t in r["not_run"].as_array().into_iter().flatten() {
+        writeln!(
+            out,
+            "tool {}({}) -> {why}",
+            s(&t["name"]),
+            s(&t["arguments"])
+        )?;
     }
     let end = match r["outcome"].as_str() {
         Some("completed") => format!(
@@ -93,7 +114,7 @@ fn print_result(r: &Value, streamed: bool) {
             r["detail"].as_str().unwrap_or("")
         ),
     };
-    println!("req-{}: {end}", r["id"]);
+    writeln!(out, "req-{}: {end}", r["id"])
 }
 
 fn exit_of(r: &Value) -> ExitCode {
@@ -104,29 +125,57 @@ fn exit_of(r: &Value) -> ExitCode {
     }
 }
 
-/// Prints one streamed event in the words `loopd run` uses.
-fn print_event(e: &Value) {
-    use std::io::Write;
-    let s = |k: &str| e[k].as_str().unwrap_or("").to_owned();
-    match e["event"].as_str().unwrap_or("") {
-        "content" => {
-            print!("{}", s("text"));
-            let _ = std::io::stdout().flush();
+/// Prints a followed request's events in the words `loopd run` uses: each call once, when it
+/// has run, with its outcome.
+#[derive(Default)]
+struct Printer {
+    /// The call running now: its id, name and arguments, from `tool_started`.
+    running: Option<(String, String, String)>,
+}
+
+impl Printer {
+    fn event(&mut self, e: &Value) {
+        let mut out = std::io::stdout().lock();
+        let _ = self.write_event(&mut out, e).and_then(|()| out.flush());
+    }
+
+    fn write_event(&mut self, out: &mut impl Write, e: &Value) -> std::io::Result<()> {
+        let s = |k: &str| e[k].as_str().unwrap_or("").to_owned();
+        match e["event"].as_str().unwrap_or("") {
+            "content" => write!(out, "{}", s("text")),
+            "generation" => writeln!(
+                out,
+                "\n== generation {}: {} tool iterations left",
+                e["number"], e["budget_left"]
+            ),
+            "tool_started" => {
+                self.running = Some((s("id"), s("name"), s("arguments")));
+                Ok(())
+            }
+            "tool_finished" => {
+                let ok = e["ok"] == json!(true);
+                match self.running.take() {
+                    Some((id, name, arguments)) if id == s("id") => {
+                        writeln!(out, "\n{}", call_line(&name, &arguments, ok, &s("result")))
+                    }
+                    _ => writeln!(
+                        out,
+                        "\ntool call {} -> {}{}",
+                        s("id"),
+                        if ok { "" } else { "error: " },
+                        s("result")
+                    ),
+                }
+            }
+            "exit" => writeln!(out, "\nexit signal: {}({})", s("name"), s("arguments")),
+            "iteration" => writeln!(
+                out,
+                "iteration {} done: {} tool iterations left",
+                e["number"], e["budget_left"]
+            ),
+            "retrying" => writeln!(out, "\nretrying (attempt {}): {}", e["attempt"], s("error")),
+            _ => Ok(()),
         }
-        "generation" => println!(
-            "\n== generation {}: {} tool iterations left",
-            e["number"], e["budget_left"]
-        ),
-        "tool_started" => println!("\n-> {}({})", s("name"), s("arguments")),
-        "tool_finished" if e["ok"] == json!(true) => println!("<- {}", s("result")),
-        "tool_finished" => println!("<- error: {}", s("result")),
-        "exit" => println!("\nexit signal: {}({})", s("name"), s("arguments")),
-        "iteration" => println!(
-            "iteration {} done: {} tool iterations left",
-            e["number"], e["budget_left"]
-        ),
-        "retrying" => println!("\nretrying (attempt {}): {}", e["attempt"], s("error")),
-        _ => {}
     }
 }
 
@@ -154,12 +203,13 @@ fn submit_cmd(
 
 fn follow(verb: &str, socket: &std::path::Path, cmd: Value) -> ExitCode {
     let mut on_reply = |v: &Value| eprintln!("loopd {verb}: submitted as req-{}", v["id"]);
+    let mut printer = Printer::default();
     match client::follow(
         socket,
         &cmd,
         Duration::from_secs(3_600),
         &mut on_reply,
-        &mut print_event,
+        &mut |e: &Value| printer.event(e),
     ) {
         Ok(v) => match refusal(&v) {
             Some(r) => fail(verb, r),
@@ -295,5 +345,61 @@ pub fn status(a: StatusArgs) -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(c) => c,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A followed two-iteration request whose third call was refused for the budget: each
+    /// call shows once, with its outcome, and the refused one says why.
+    #[test]
+    fn a_followed_request_shows_each_call_once_with_its_outcome() {
+        let events = [
+            json!({"event": "generation", "number": 1, "budget_left": 1}),
+            json!({"event": "tool_started", "id": "a", "name": "read_file",
+                   "arguments": "{\"path\": \"start.txt\"}", "source": "native"}),
+            json!({"event": "tool_finished", "id": "a", "ok": true, "result": "go on"}),
+            json!({"event": "iteration", "number": 1, "budget_left": 0}),
+            json!({"event": "generation", "number": 2, "budget_left": 0}),
+            json!({"event": "content", "text": "Do"}),
+            json!({"event": "content", "text": "ne."}),
+        ];
+        let result = json!({"id": 7, "outcome": "failed", "fail_reason": "tool_execution_error",
+            "detail": "tool iteration budget exhausted", "content": "Done.",
+            "tool_calls": [{"iteration": 1, "id": "a", "name": "read_file",
+                            "arguments": "{\"path\": \"start.txt\"}", "ok": true,
+                            "result": "go on"}],
+            "not_run": [{"id": "b", "name": "read_file", "arguments": "{}"}],
+            "budget": 1, "budget_left": 0});
+        let mut out = Vec::new();
+        let mut p = Printer::default();
+        for e in &events {
+            p.write_event(&mut out, e).unwrap();
+        }
+        writeln!(out).unwrap();
+        write_result(&mut out, &result, true).unwrap();
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "\n== generation 1: 1 tool iterations left\n\
+             \ntool read_file({\"path\": \"start.txt\"}) -> go on\n\
+             iteration 1 done: 0 tool iterations left\n\
+             \n== generation 2: 0 tool iterations left\n\
+             Done.\n\
+             tool read_file({}) -> not run: no tool iterations left (budget 1)\n\
+             req-7: failed: tool_execution_error: tool iteration budget exhausted\n"
+        );
+
+        // Not followed (`loopd result`): the answer, then every call.
+        let mut out = Vec::new();
+        write_result(&mut out, &result, false).unwrap();
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "Done.\n\
+             tool read_file({\"path\": \"start.txt\"}) -> go on\n\
+             tool read_file({}) -> not run: no tool iterations left (budget 1)\n\
+             req-7: failed: tool_execution_error: tool iteration budget exhausted\n"
+        );
     }
 }

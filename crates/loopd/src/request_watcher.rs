@@ -6,7 +6,7 @@
 
 use std::io::Write;
 
-use loopd::llama::{ChatEvent, ChatMessage, ToolCall};
+use loopd::llama::{ChatEvent, ToolCall};
 use loopd::runner::{CallSource, Outcome, RequestEvent, RequestResult, StallAnswer};
 
 use crate::ask::Watcher;
@@ -90,7 +90,7 @@ impl<W: Write> RequestWatcher<W> {
                 g.elapsed.as_secs_f64()
             ));
         }
-        for call in not_run(r) {
+        for call in r.calls_not_run() {
             let why = if r.budget_left == 0 {
                 format!("not run: no tool iterations left (budget {})", r.budget)
             } else {
@@ -137,23 +137,10 @@ fn stall_words(a: &StallAnswer) -> String {
     format!("stall reported to llama-worker: {what}")
 }
 
-/// The calls the model asked for that have no result: the budget ran out (or the request
-/// ended) before they ran.
-fn not_run(r: &RequestResult) -> impl Iterator<Item = &ToolCall> {
-    r.transcript
-        .iter()
-        .filter_map(|m| match m {
-            ChatMessage::Assistant(a) => Some(&a.tool_calls),
-            _ => None,
-        })
-        .flatten()
-        .filter(|c| !r.tool_calls.iter().any(|t| t.call.id == c.id))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use loopd::llama::{AssistantMessage, ChatEvent, ToolCall};
+    use loopd::llama::{AssistantMessage, ChatEvent, ChatMessage, ToolCall};
 
     use loopd::runner::{FailReason, RequestId, ToolRecord};
 

@@ -360,6 +360,10 @@ pub fn result_json(r: &RequestResult) -> Value {
                    "arguments": e.call.arguments, "source": source(e.source)})
         })
         .collect();
+    let not_run: Vec<Value> = r
+        .calls_not_run()
+        .map(|c| json!({"id": c.id, "name": c.name, "arguments": c.arguments}))
+        .collect();
     let generations: Vec<Value> = r
         .generations
         .iter()
@@ -374,7 +378,7 @@ pub fn result_json(r: &RequestResult) -> Value {
     json!({
         "id": r.id.0, "outcome": outcome, "finish_reason": finish, "fail_reason": reason,
         "detail": detail, "content": r.content, "reasoning_content": r.reasoning_content,
-        "tool_calls": tool_calls, "exits": exits, "generations": generations,
+        "tool_calls": tool_calls, "not_run": not_run, "exits": exits, "generations": generations,
         "budget": r.budget, "budget_left": r.budget_left,
         "stalls": r.stalls.iter().map(stall).collect::<Vec<_>>(),
     })
@@ -559,6 +563,66 @@ mod tests {
         assert_eq!(
             ProtoError::NotFound.to_line(),
             r#"{"ok":false,"error":"NOT_FOUND","detail":"no such request, or its result was already fetched or has expired"}"#
+        );
+    }
+
+    /// A batch of three calls at budget 0: one exit signal, one run earlier, one refused. The
+    /// result says which ran and which did not, so a client can show the refusal.
+    #[test]
+    fn a_result_names_the_calls_that_never_ran() {
+        use crate::runner::{ExitSignal, FailReason, RequestId, ToolRecord};
+        let call = |id: &str, name: &str| ToolCall {
+            id: id.into(),
+            name: name.into(),
+            arguments: "{}".into(),
+        };
+        let asked = |calls: Vec<ToolCall>| {
+            ChatMessage::Assistant(AssistantMessage {
+                content: Some(String::new()),
+                reasoning_content: None,
+                tool_calls: calls,
+            })
+        };
+        let r = RequestResult {
+            id: RequestId(3),
+            outcome: Outcome::Failed {
+                reason: FailReason::ToolExecutionError,
+                detail: "tool iteration budget exhausted".into(),
+            },
+            content: Some(String::new()),
+            reasoning_content: None,
+            transcript: vec![
+                asked(vec![call("a", "arithmetic")]),
+                ChatMessage::Tool {
+                    tool_call_id: "a".into(),
+                    content: "5".into(),
+                },
+                asked(vec![call("b", "finish"), call("c", "arithmetic")]),
+            ],
+            tool_calls: vec![ToolRecord {
+                iteration: 1,
+                call: call("a", "arithmetic"),
+                source: CallSource::Native,
+                result: Ok("5".into()),
+            }],
+            exits: vec![ExitSignal {
+                generation: 2,
+                call: call("b", "finish"),
+                source: CallSource::Native,
+            }],
+            generations: vec![],
+            budget: 1,
+            budget_left: 0,
+            stalls: vec![],
+        };
+        assert_eq!(
+            result_json(&r)["not_run"],
+            json!([{"id": "c", "name": "arithmetic", "arguments": "{}"}])
+        );
+        assert_eq!(
+            result_json(&r)["tool_calls"][0]["id"],
+            "a",
+            "the call that ran is not among them"
         );
     }
 }

@@ -165,6 +165,24 @@ pub struct RequestResult {
     pub stalls: Vec<StallAnswer>,
 }
 
+impl RequestResult {
+    /// The calls the model asked for that never ran: not among the calls run nor the exit
+    /// signals (a call refused for the budget, or a batch cut short by a failure).
+    pub fn calls_not_run(&self) -> impl Iterator<Item = &ToolCall> {
+        self.transcript
+            .iter()
+            .filter_map(|m| match m {
+                ChatMessage::Assistant(a) => Some(&a.tool_calls),
+                _ => None,
+            })
+            .flatten()
+            .filter(|c| {
+                !self.tool_calls.iter().any(|t| t.call.id == c.id)
+                    && !self.exits.iter().any(|e| e.call.id == c.id)
+            })
+    }
+}
+
 /// What a request does, for a caller watching it live.
 #[derive(Debug, Clone, PartialEq)]
 pub enum RequestEvent {
