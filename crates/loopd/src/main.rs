@@ -64,6 +64,30 @@ pub(crate) fn client_for(path: &std::path::Path) -> Result<Client, String> {
 /// Waits for `/props` while the server loads the model, up to the config's load wait. Stops
 /// at once, with the worker's reason, when llama-worker (`runner.worker_socket`) says it is
 /// `failed` or `stopped`: waiting longer would not help.
+/// With a worker socket, whether llama-worker would admit a request now: its refusal as
+/// `CODE: why` (`WORKER_NOT_READY` for a socket that does not answer, as `submit`).
+fn worker_admits(cfg: &loopd::Config) -> Result<(), String> {
+    let Some(socket) = cfg.runner.worker_socket.as_deref() else {
+        return Ok(());
+    };
+    let timeout = Duration::from_millis(cfg.runner.worker_timeout_ms);
+    match loopd::runner::worker::status(socket, timeout) {
+        Ok(st) => match loopd::runner::SubmitError::of_worker_state(st.state) {
+            None => Ok(()),
+            Some(refused) => Err(format!(
+                "{refused}: llama-worker is {}{} (`llama-worker status --socket {}`)",
+                st.state.as_str(),
+                st.reason.map(|r| format!(": {r}")).unwrap_or_default(),
+                socket.display()
+            )),
+        },
+        Err(e) => Err(format!(
+            "WORKER_NOT_READY: llama-worker did not answer on {}: {e}",
+            socket.display()
+        )),
+    }
+}
+
 pub(crate) fn wait_for_server(client: &Client) -> Result<(), String> {
     let cfg = client.config();
     let limits = cfg.limits;
@@ -185,10 +209,15 @@ fn run_agent(a: RunArgs) -> ExitCode {
         eprintln!("loopd run: {e}");
         ExitCode::FAILURE
     };
-    let client = match client_for(&a.config).and_then(|c| wait_for_server(&c).map(|()| c)) {
+    let client = match client_for(&a.config) {
         Ok(c) => c,
         Err(e) => return fail(e),
     };
+    // As the daemon's submit: llama-worker is asked first, and a worker that cannot serve
+    // refuses at once with the seed's name, without waiting on the server.
+    if let Err(e) = worker_admits(client.config()).and_then(|()| wait_for_server(&client)) {
+        return fail(e);
+    }
     let slots = match client.config().runner.slots {
         0 => match client.props() {
             Ok(p) => p.total_slots,

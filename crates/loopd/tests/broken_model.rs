@@ -112,9 +112,11 @@ fn selftest_over_a_model_that_cannot_load_names_the_cause_within_a_minute() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{err}");
         let last = err.lines().last().unwrap_or_default();
+        // `run` refuses as the daemon's submit does, with the seed's name first.
+        let code = if cmd == "run" { "WORKER_FAILED: " } else { "" };
         assert!(
             last.starts_with(&format!(
-                "loopd {cmd}: llama-worker is failed: crash-loop protection: 6 failures"
+                "loopd {cmd}: {code}llama-worker is failed: crash-loop protection: 6 failures"
             )),
             "{err}"
         );

@@ -465,3 +465,51 @@ fn serve_waits_for_a_restarting_worker_and_says_so_once() {
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(!socket.exists());
 }
+
+/// `loopd run` in process asks llama-worker first, as the daemon's `submit` does: a worker
+/// that cannot serve refuses at once with the seed's name, and the server is never asked (it
+/// used to wait out `load_wait_ms` on `GET /props`).
+#[test]
+fn loopd_run_refuses_at_once_with_the_seeds_name_when_the_worker_cannot_serve() {
+    for (state, code) in [
+        ("restarting", "WORKER_NOT_READY"),
+        ("starting", "WORKER_NOT_READY"),
+        ("failed", "WORKER_FAILED"),
+        ("stopped", "WORKER_STOPPED"),
+    ] {
+        let server = FakeServer::start(vec![]);
+        let worker = FakeWorker::start(Script {
+            state,
+            ..Script::default()
+        });
+        let (config, _) = serve_config(
+            &server,
+            &format!(
+                "[runner]\nworker_socket = {:?}\n",
+                worker.socket().display().to_string()
+            ),
+        );
+        // A load wait the refusal must not sit out.
+        let text = std::fs::read_to_string(&config)
+            .unwrap()
+            .replace("load_wait_ms = 300", "load_wait_ms = 600000");
+        std::fs::write(&config, text).unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_loopd"))
+            .args(["run", "--config"])
+            .arg(&config)
+            .arg("What is 2 + 2?")
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{state}: {err}");
+        assert!(
+            err.lines()
+                .last()
+                .unwrap_or_default()
+                .starts_with(&format!("loopd run: {code}: llama-worker is {state}")),
+            "{state}: {err}"
+        );
+        assert_eq!(server.requests(), [], "{state}: the server was asked");
+    }
+}

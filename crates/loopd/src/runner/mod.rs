@@ -99,6 +99,16 @@ pub enum SubmitError {
 }
 
 impl SubmitError {
+    /// The refusal a worker in `state` makes (seed 003): none when it is ready.
+    pub fn of_worker_state(state: WorkerState) -> Option<SubmitError> {
+        match state {
+            WorkerState::Ready => None,
+            WorkerState::Failed => Some(SubmitError::WorkerFailed),
+            WorkerState::Stopped => Some(SubmitError::WorkerStopped),
+            WorkerState::Starting | WorkerState::Restarting => Some(SubmitError::WorkerNotReady),
+        }
+    }
+
     /// The code: `NO_SLOT_AVAILABLE`, `WORKER_NOT_READY`, `WORKER_FAILED`, ...
     pub fn as_str(self) -> &'static str {
         match self {
@@ -267,13 +277,9 @@ impl Runner {
             Some(socket) => {
                 let timeout = Duration::from_millis(s.settings.worker_timeout_ms);
                 match worker::status(socket, timeout) {
-                    Ok(st) => match st.state {
-                        WorkerState::Ready => Some(st.spawns),
-                        WorkerState::Failed => return Err(SubmitError::WorkerFailed),
-                        WorkerState::Stopped => return Err(SubmitError::WorkerStopped),
-                        WorkerState::Starting | WorkerState::Restarting => {
-                            return Err(SubmitError::WorkerNotReady)
-                        }
+                    Ok(st) => match SubmitError::of_worker_state(st.state) {
+                        None => Some(st.spawns),
+                        Some(refused) => return Err(refused),
                     },
                     Err(_) => return Err(SubmitError::WorkerNotReady),
                 }
