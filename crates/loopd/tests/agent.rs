@@ -894,17 +894,7 @@ fn a_silent_prefill_is_the_workers_to_judge_at_idle_grace_ms() {
         match verdict {
             StallAnswer::NotStalled { .. } => {
                 assert_eq!(m.poll_timeout(), Some(ms(410)), "the wait starts over");
-                let r = respond_more(&mut m, 500, &answer("late"));
-                assert_eq!(
-                    r.0,
-                    [
-                        "progress 4 first_byte",
-                        "close",
-                        "generation_done 4",
-                        "done"
-                    ]
-                );
-                assert_eq!(r.1.content.as_deref(), Some("late"));
+                answers_late(&mut m, 500, &answer("late"));
             }
             StallAnswer::NotReady => {
                 m.handle_worker_status(ms(311), Ok(status(WorkerState::Ready, 3, None)));
@@ -970,17 +960,7 @@ fn a_stream_silent_before_its_first_token_is_the_workers_to_judge_at_liveness_ms
                     "liveness from the verdict"
                 );
                 m.handle_bytes(ms(5_100), &progress_chunk(100, 100));
-                let r = respond_more(&mut m, 5_200, &answer("late")[HEAD.len()..]);
-                assert_eq!(
-                    r.0,
-                    [
-                        "progress 4 first_byte",
-                        "close",
-                        "generation_done 4",
-                        "done"
-                    ]
-                );
-                assert_eq!(r.1.content.as_deref(), Some("late"));
+                answers_late(&mut m, 5_200, &answer("late")[HEAD.len()..]);
             }
             StallAnswer::NotReady => {
                 assert_eq!(kinds(&out), ["close", "generation_done 4", "status"]);
@@ -1000,6 +980,22 @@ fn a_stream_silent_before_its_first_token_is_the_workers_to_judge_at_liveness_ms
             }
         }
     }
+}
+
+/// After a `not_stalled`, registered generation 4 answers "late" at `at`: its first byte is
+/// reported, then it is done.
+fn answers_late(m: &mut AgentRequest<'_>, at: u64, bytes: &[u8]) {
+    let r = respond_more(m, at, bytes);
+    assert_eq!(
+        r.0,
+        [
+            "progress 4 first_byte",
+            "close",
+            "generation_done 4",
+            "done"
+        ]
+    );
+    assert_eq!(r.1.content.as_deref(), Some("late"));
 }
 
 /// Feeds `bytes` at `at` to a request already sent: the action kinds and its result.

@@ -322,6 +322,32 @@ fn serve_config(server: &FakeServer, extra: &str) -> (PathBuf, PathBuf) {
     (config, socket)
 }
 
+/// [`serve_config`] linked to a fake llama-worker in `state`, with `load_wait_ms`: the config,
+/// the daemon's socket and the worker (alive as long as it is held).
+fn config_with_worker(
+    server: &FakeServer,
+    state: &'static str,
+    load_wait_ms: u64,
+) -> (PathBuf, PathBuf, FakeWorker) {
+    let worker = FakeWorker::start(Script {
+        state,
+        ..Script::default()
+    });
+    let (config, socket) = serve_config(
+        server,
+        &format!(
+            "[runner]\nworker_socket = {:?}\n",
+            worker.socket().display().to_string()
+        ),
+    );
+    let text = std::fs::read_to_string(&config).unwrap().replace(
+        "load_wait_ms = 300",
+        &format!("load_wait_ms = {load_wait_ms}"),
+    );
+    std::fs::write(&config, text).unwrap();
+    (config, socket, worker)
+}
+
 #[test]
 fn serve_refuses_to_start_on_a_failing_self_test_and_never_opens_its_socket() {
     let props = json!({"default_generation_settings": {"n_ctx": 4096}, "total_slots": 2,
@@ -422,22 +448,8 @@ fn serve_waits_for_a_restarting_worker_and_says_so_once() {
         ),
         (CHAT, vec![json_answer("no tools here")]),
     ]);
-    let worker = FakeWorker::start(Script {
-        state: "restarting",
-        ..Script::default()
-    });
-    let (config, socket) = serve_config(
-        &server,
-        &format!(
-            "[runner]\nworker_socket = {:?}\n",
-            worker.socket().display().to_string()
-        ),
-    );
     // Three polls see the worker restarting and the server loading; the fourth gets /props.
-    let text = std::fs::read_to_string(&config)
-        .unwrap()
-        .replace("load_wait_ms = 300", "load_wait_ms = 20000");
-    std::fs::write(&config, text).unwrap();
+    let (config, socket, _worker) = config_with_worker(&server, "restarting", 20_000);
     let out = Command::new(env!("CARGO_BIN_EXE_loopd"))
         .args(["serve", "--config"])
         .arg(&config)
@@ -478,22 +490,8 @@ fn loopd_run_refuses_at_once_with_the_seeds_name_when_the_worker_cannot_serve() 
         ("stopped", "WORKER_STOPPED"),
     ] {
         let server = FakeServer::start(vec![]);
-        let worker = FakeWorker::start(Script {
-            state,
-            ..Script::default()
-        });
-        let (config, _) = serve_config(
-            &server,
-            &format!(
-                "[runner]\nworker_socket = {:?}\n",
-                worker.socket().display().to_string()
-            ),
-        );
         // A load wait the refusal must not sit out.
-        let text = std::fs::read_to_string(&config)
-            .unwrap()
-            .replace("load_wait_ms = 300", "load_wait_ms = 600000");
-        std::fs::write(&config, text).unwrap();
+        let (config, _, _worker) = config_with_worker(&server, state, 600_000);
         let out = Command::new(env!("CARGO_BIN_EXE_loopd"))
             .args(["run", "--config"])
             .arg(&config)

@@ -195,6 +195,21 @@ fn sent(server: &FakeServer, n: usize) -> Vec<Value> {
     body["messages"].as_array().unwrap().clone()
 }
 
+/// Submits `req` with an observer that passes each piece of streamed content on.
+fn submit_watching_content(
+    runner: &Runner,
+    req: Submission,
+) -> (RequestId, std::sync::mpsc::Receiver<String>) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let observer = Box::new(move |e: &RequestEvent| {
+        if let RequestEvent::Chat(loopd::llama::ChatEvent::Content(t)) = e {
+            let _ = tx.send(t.clone());
+        }
+    });
+    let id = runner.submit_observed(req, Some(observer)).unwrap();
+    (id, rx)
+}
+
 fn failed(r: &RequestResult) -> (FailReason, &str) {
     match &r.outcome {
         Outcome::Failed { reason, detail } => (reason.clone(), detail.as_str()),
@@ -573,13 +588,7 @@ fn cancel_ends_a_silent_stream_with_its_partial_output() {
         vec![Reply::sse(vec![content("Hello, "), content("wor")]).ending(End::Silence)],
     )]);
     let s = setup(config(&server, None), 1);
-    let (tx, rx) = std::sync::mpsc::channel();
-    let observer = Box::new(move |e: &RequestEvent| {
-        if let RequestEvent::Chat(loopd::llama::ChatEvent::Content(t)) = e {
-            let _ = tx.send(t.clone());
-        }
-    });
-    let id = s.runner.submit_observed(ask("x"), Some(observer)).unwrap();
+    let (id, rx) = submit_watching_content(&s.runner, ask("x"));
     assert_eq!(rx.recv_timeout(Duration::from_secs(5)).unwrap(), "Hello, ");
     assert_eq!(rx.recv_timeout(Duration::from_secs(5)).unwrap(), "wor");
     // The stream is silent for good: only the cancel ends the request (its timing to the
@@ -621,13 +630,7 @@ fn the_request_after_a_cancel_waits_for_its_slot_to_be_idle_before_sending() {
         (SLOTS, vec![busy.clone(), busy, idle]),
     ]);
     let s = setup(config(&server, None), 1);
-    let (tx, rx) = std::sync::mpsc::channel();
-    let observer = Box::new(move |e: &RequestEvent| {
-        if let RequestEvent::Chat(loopd::llama::ChatEvent::Content(t)) = e {
-            let _ = tx.send(t.clone());
-        }
-    });
-    let id = s.runner.submit_observed(ask("x"), Some(observer)).unwrap();
+    let (id, rx) = submit_watching_content(&s.runner, ask("x"));
     assert_eq!(rx.recv_timeout(Duration::from_secs(5)).unwrap(), "Hello, ");
     s.runner.cancel(id).unwrap();
     assert_eq!(failed(&wait(&s.runner, id)).0, FailReason::Cancelled);
