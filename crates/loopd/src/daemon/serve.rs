@@ -73,6 +73,8 @@ pub struct Daemon {
     metrics: Metrics,
     stopping: AtomicBool,
     connections: AtomicUsize,
+    /// Connections streaming a request's events: each still owes its client the end line.
+    followers: AtomicUsize,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -118,6 +120,7 @@ impl Daemon {
             metrics,
             stopping: AtomicBool::new(false),
             connections: AtomicUsize::new(0),
+            followers: AtomicUsize::new(0),
         })
     }
 
@@ -369,6 +372,17 @@ impl Daemon {
     }
 
     fn stream_events(&self, stream: &UnixStream, rx: Receiver<Line>) -> io::Result<()> {
+        self.followers.fetch_add(1, Ordering::SeqCst);
+        let sent = self.pass_on(stream, rx);
+        // Under the table lock, so a shutdown waiting on the count cannot miss the wake-up.
+        let inner = lock(&self.inner);
+        self.followers.fetch_sub(1, Ordering::SeqCst);
+        drop(inner);
+        self.changed.notify_all();
+        sent
+    }
+
+    fn pass_on(&self, stream: &UnixStream, rx: Receiver<Line>) -> io::Result<()> {
         loop {
             match rx.recv() {
                 Ok(Line::Event(l)) => send(stream, &l)?,
@@ -531,7 +545,11 @@ impl Daemon {
         }
         let deadline = self.clock.now() + self.settings.shutdown_wait;
         let mut inner = lock(&self.inner);
-        while inner.store.running().next().is_some() {
+        // Every request ended, and every follower has written its end line: the process
+        // exits after this, and a line still in a channel would be lost.
+        while inner.store.running().next().is_some()
+            || self.followers.load(Ordering::SeqCst) > 0
+        {
             let left = deadline.saturating_sub(self.clock.now());
             if left.is_zero() {
                 eprintln!("loopd serve: some requests did not end within the shutdown wait");
