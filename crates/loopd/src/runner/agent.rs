@@ -842,7 +842,15 @@ impl<'b> AgentRequest<'b> {
         self.r
             .reasoning_content
             .clone_from(&p.message.reasoning_content);
-        self.r.transcript.push(ChatMessage::Assistant(p.message));
+        // A generation that failed before its first token said nothing: no empty assistant
+        // turn in the transcript (a caller may send it back as history).
+        let m = &p.message;
+        let said = m.content.as_deref().is_some_and(|c| !c.is_empty())
+            || m.reasoning_content.as_deref().is_some_and(|c| !c.is_empty())
+            || !m.tool_calls.is_empty();
+        if said {
+            self.r.transcript.push(ChatMessage::Assistant(p.message));
+        }
     }
 
     /// The failure policy for a generation the client ended with `error`: the machine's own
