@@ -392,7 +392,8 @@ fn run_one(
                 return Err(format!("request {id} ({}): {e}", kind.name()));
             }
         };
-        if line.get("result").is_some() {
+        // The result line; a `tool_finished` event has a `result` too, its text.
+        if line.get("event").is_none() && line["result"].is_object() {
             break line["result"].clone();
         }
         match line["event"].as_str() {
