@@ -142,6 +142,16 @@ fn failed(r: &RunResult) -> (FailReason, String) {
 
 const HEAD: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\n";
 
+/// The head and llama-server's first event (the role), which it sends once the prompt is
+/// processed: the head alone comes at once, before the prefill.
+fn answered() -> Vec<u8> {
+    [
+        HEAD,
+        &data(json!({"role": "assistant", "content": null}), None, 0),
+    ]
+    .concat()
+}
+
 fn data(delta: Value, finish: Option<&str>, cache_n: u64) -> Vec<u8> {
     let v = json!({
         "choices": [{"finish_reason": finish, "index": 0, "delta": delta}],
@@ -551,7 +561,7 @@ fn a_silent_server_the_client_gives_up_on_is_reported_then_the_worker_is_asked()
     let mut m = machine(&mut b, &s, ask(None), Some(1));
     drain(&mut m);
     m.handle_sent(ms(0));
-    m.handle_bytes(ms(10), HEAD);
+    m.handle_bytes(ms(10), &answered());
     drain(&mut m);
     // Liveness 400 ms after the last byte; the stall report (150 ms) comes first.
     m.handle_timeout(ms(160));
@@ -679,7 +689,13 @@ fn a_generation_is_registered_its_first_byte_and_then_bytes_each_second_reported
         ..settings(true)
     };
     let mut m = registered(&mut b, &s, 9);
-    m.handle_bytes(ms(100), HEAD);
+    m.handle_bytes(ms(50), HEAD);
+    assert_eq!(
+        kinds(&drain(&mut m)),
+        Vec::<String>::new(),
+        "the head is no progress: the worker judges the prefill by CPU time"
+    );
+    m.handle_bytes(ms(100), &answered()[HEAD.len()..]);
     assert_eq!(kinds(&drain(&mut m)), ["progress 9 first_byte"]);
     let mut at = Vec::new();
     for (t, text) in [
@@ -712,7 +728,7 @@ fn the_clients_stall_is_reported_as_stall_of_the_generation_before_it_is_unregis
     let mut b = Buffers::new();
     let s = settings(true);
     let mut m = registered(&mut b, &s, 4);
-    m.handle_bytes(ms(10), HEAD);
+    m.handle_bytes(ms(10), &answered());
     assert_eq!(kinds(&drain(&mut m)), ["progress 4 first_byte"]);
     // stall_ms (150) after the start, then liveness (400) after the last byte.
     m.handle_timeout(ms(150));
@@ -800,7 +816,7 @@ fn a_refused_registration_sends_nothing_and_one_unanswered_sends_unregistered() 
     m.handle_registered(ms(1), Err(silent));
     assert_eq!(kinds(&drain(&mut m)), ["send"]);
     m.handle_sent(ms(2));
-    m.handle_bytes(ms(10), HEAD);
+    m.handle_bytes(ms(10), &answered());
     assert_eq!(
         kinds(&drain(&mut m)),
         Vec::<String>::new(),

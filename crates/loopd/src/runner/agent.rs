@@ -401,7 +401,9 @@ impl<'b> AgentRequest<'b> {
             return input.len();
         };
         let used = x.handle_bytes(now, input);
-        if used > 0 {
+        // The head comes as soon as the server takes the request: the worker judges the
+        // prefill by CPU time until the first event (appendix J), so that is the first byte.
+        if used > 0 && x.answering() {
             self.report_progress(now);
         }
         self.pump(now);
