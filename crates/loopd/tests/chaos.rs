@@ -141,7 +141,8 @@ impl Timers {
         let s = |default: f64| default / self.factor as f64;
         format!(
             "stall_timeout_s = {}\ncpu_probe_interval_s = {}\nprobe_interval_s = {}\n\
-             unready_restart_s = {}\nrestart_backoff_s = {}\nrestart_window_s = {}\n",
+             unready_restart_s = {}\nrestart_backoff_s = {}\nrestart_window_s = {}\n\
+             max_restarts_per_window = {MAX_RESTARTS}\n",
             s(30.0),
             s(5.0),
             s(5.0),
@@ -169,6 +170,11 @@ impl Timers {
         Duration::from_millis(self.loopd.limits.poll_ms)
     }
 }
+
+/// Restarts in a row the worker allows here. Crash-loop protection (5 by default, with a
+/// whole ready `restart_window_s` to start counting again) has tests of its own; a run of
+/// chaos injects more server faults than that in a few minutes, on purpose.
+const MAX_RESTARTS: u64 = 50;
 
 /// The tool budget of every request here.
 const BUDGET: u32 = 2;
@@ -414,7 +420,8 @@ fn run_one(
             }
             _ => {}
         }
-        if line["ok"] == false {
+        // An error line ends the stream (a `tool_finished` event has an `ok` of its own).
+        if line.get("event").is_none() && line["ok"] == false {
             shared.running.lock().unwrap().remove(&id);
             return Err(format!("request {id}: the follow stream said {line}"));
         }
@@ -537,8 +544,7 @@ impl Injector<'_> {
     }
 
     fn run(mut self) -> Injected {
-        let max_restarts = 5; // llama-worker's default `max_restarts_per_window`
-                              // CHAOS_FAULTS=0: the same requests without faults, the baseline to compare with.
+        // CHAOS_FAULTS=0: the same requests without faults, the baseline to compare with.
         let faults = env_u64("CHAOS_FAULTS", 1) != 0;
         while faults && !self.shared.done.load(Ordering::SeqCst) {
             std::thread::sleep(self.rng.between_ms(1_500, 8_000));
@@ -548,9 +554,8 @@ impl Injector<'_> {
             match self.rng.below(100) {
                 roll @ 0..=44 => {
                     // A stopped instance is found only by a generation that waits on it, so a
-                    // server fault needs requests still to come; and crash-loop protection
-                    // fails the worker on the 6th restart in a row without a whole ready
-                    // window: that policy has tests of its own, chaos stays inside it.
+                    // server fault needs requests still to come; and the crash-loop budget,
+                    // raised here, is not to be used up by the injector alone.
                     if self.shared.remaining.load(Ordering::SeqCst) < 3 {
                         self.skip("server fault: fewer than 3 requests left to meet it");
                         continue;
@@ -561,7 +566,7 @@ impl Injector<'_> {
                         .ok()
                         .and_then(|s| s["consecutive_restarts"].as_u64())
                         .unwrap_or(u64::MAX);
-                    if consecutive + 1 >= max_restarts {
+                    if consecutive + 2 >= MAX_RESTARTS {
                         self.skip("server fault: crash-loop headroom");
                         continue;
                     }
@@ -796,6 +801,101 @@ fn start_serve(config: &Path, folder: &Path, dir: &Path) -> (Serve, PathBuf) {
     (serve, log)
 }
 
+/// What the summary prints.
+struct Summary<'a> {
+    seed: u64,
+    n: usize,
+    timers: &'a Timers,
+    wall: Duration,
+    chaos_time: Duration,
+    deadline: Duration,
+    records: &'a [Record],
+    refused: &'a BTreeMap<String, u32>,
+    injected: &'a Injected,
+    worker_before: &'a str,
+    worker_after: &'a str,
+    worker_status: &'a str,
+}
+
+/// The figures docs/chaos.md records; printed before any check, so a failed run has them too.
+fn print_summary(s: &Summary<'_>) {
+    let mut by_outcome: BTreeMap<String, u32> = BTreeMap::new();
+    let mut by_kind: BTreeMap<(Kind, String), u32> = BTreeMap::new();
+    for r in s.records {
+        let o = match &r.reason {
+            Some(reason) => format!("failed: {reason}"),
+            None => "completed".to_owned(),
+        };
+        *by_outcome.entry(o.clone()).or_default() += 1;
+        *by_kind.entry((r.kind, o)).or_default() += 1;
+    }
+    let slowest = s.records.iter().map(|r| r.took).max().unwrap_or_default();
+    let kept = s
+        .records
+        .iter()
+        .filter(|r| r.reason.is_some() && !r.streamed.is_empty())
+        .count();
+    let tool_calls: usize = s.records.iter().map(|r| r.tools.len()).sum();
+    let hung = s
+        .records
+        .iter()
+        .filter(|r| r.hang_started.is_some())
+        .count();
+    eprintln!(
+        "\n== chaos summary: CHAOS_SEED={} CHAOS_N={} CHAOS_FACTOR={} ==",
+        s.seed, s.n, s.timers.factor
+    );
+    eprintln!(
+        "wall {:.0} s (requests under faults {:.0} s); slowest request {:.1} s (deadline {:.0} \
+         s); {tool_calls} tool calls run",
+        s.wall.as_secs_f64(),
+        s.chaos_time.as_secs_f64(),
+        slowest.as_secs_f64(),
+        s.deadline.as_secs_f64()
+    );
+    eprintln!("outcomes ({} requests ended):", s.records.len());
+    for (o, c) in &by_outcome {
+        eprintln!("  {c:>4}  {o}");
+    }
+    eprintln!("  ({kept} failed requests had streamed content; the check: each kept it)");
+    eprintln!("by kind:");
+    for ((k, o), c) in &by_kind {
+        eprintln!("  {c:>4}  {:<18} {o}", k.name());
+    }
+    eprintln!("refused and tried again:");
+    for (code, c) in s.refused {
+        eprintln!("  {c:>4}  {code}");
+    }
+    eprintln!("faults injected:");
+    for (f, c) in &s.injected.counts {
+        eprintln!("  {c:>4}  {f}");
+    }
+    eprintln!("  ({hung} requests ran the hanging read_file)");
+    for (why, c) in &s.injected.skipped {
+        eprintln!("  skipped {c:>3}: {why}");
+    }
+    let restarts = |text: &str| series(text, "llama_worker_restarts_total", "cause");
+    let before: HashMap<String, f64> = restarts(s.worker_before).into_iter().collect();
+    let mut total = 0.0;
+    eprintln!("worker restarts during the run, by cause (llama_worker_restarts_total):");
+    for (cause, v) in restarts(s.worker_after) {
+        let d = v - before.get(&cause).copied().unwrap_or(0.0);
+        if d > 0.0 {
+            total += d;
+            eprintln!("  {d:>4}  {cause}");
+        }
+    }
+    let injected = s.injected.restarts.len() as f64;
+    eprintln!(
+        "  {total} in all, {injected} after an injected server fault (below), {} not",
+        total - injected
+    );
+    for r in &s.injected.restarts {
+        eprintln!("  {r}");
+    }
+    eprintln!("worker at the end of the requests: {}", s.worker_status);
+}
+
 #[test]
 #[ignore = "minutes long and kills processes on purpose: `make chaos` runs it (--ignored)"]
 fn chaos_every_request_ends_named_and_the_stack_heals() {
@@ -858,12 +958,29 @@ fn chaos_every_request_ends_named_and_the_stack_heals() {
             out: Injected::default(),
         };
         let injector = scope.spawn(move || injector.run());
+        // CHAOS_TRACE=file: the worker's status every 250 ms, stamped, to see what it judged.
+        if let Ok(path) = std::env::var("CHAOS_TRACE") {
+            let (server, shared) = (&server, &shared);
+            scope.spawn(move || {
+                let mut out = std::fs::File::create(&path).expect("CHAOS_TRACE file");
+                while !shared.done.load(Ordering::SeqCst) {
+                    let s = server
+                        .worker_status()
+                        .map_or_else(|e| e.to_string(), |s| s.to_string());
+                    let t = T0.get_or_init(Instant::now).elapsed().as_secs_f64();
+                    let _ = writeln!(out, "{t:.2} {s}");
+                    std::thread::sleep(Duration::from_millis(250));
+                }
+            });
+        }
         let (tx, rx) = mpsc::channel::<(Kind, Value, Result<Attempt, String>)>();
         let mut in_flight = 0;
         let mut queue: Vec<(Kind, Value)> = Vec::new();
         let mut ended = 0;
-        while ended < n {
-            while in_flight < concurrency && (ended + in_flight) < n {
+        // After a request that broke (no result, or a refusal not to be tried again: the
+        // worker `failed`), nothing more is submitted; the ones running still end.
+        while ended < n && (broken.is_empty() || in_flight != 0) {
+            while broken.is_empty() && in_flight < concurrency && (ended + in_flight) < n {
                 let (kind, cmd) = queue.pop().unwrap_or_else(|| {
                     let kind = if shared.hang_next.swap(false, Ordering::SeqCst) {
                         Kind::Hang
@@ -888,16 +1005,17 @@ fn chaos_every_request_ends_named_and_the_stack_heals() {
             in_flight -= 1;
             match a {
                 Ok(Attempt::Done(r)) => {
-                    let text = r.content.as_deref().unwrap_or("");
+                    let cut = |t: &str| t.chars().take(60).collect::<String>();
                     say!(
-                        "request {} ({}) {} {} after {:.1} s; tools {:?}; content {:?}",
+                        "request {} ({}) {} {} after {:.1} s; tools {:?}; content {:?}; {}",
                         r.id,
                         kind.name(),
                         r.outcome,
                         r.reason.as_deref().unwrap_or(""),
                         r.took.as_secs_f64(),
                         r.tools,
-                        text.chars().take(60).collect::<String>()
+                        cut(r.content.as_deref().unwrap_or("")),
+                        cut(&r.detail)
                     );
                     records.push(*r);
                     ended += 1;
@@ -907,9 +1025,10 @@ fn chaos_every_request_ends_named_and_the_stack_heals() {
                     queue.push((kind, cmd));
                     // Tried again later: the slot frees when a request ends, the worker is
                     // ready again after its restart.
-                    std::thread::sleep(Duration::from_millis(250));
+                    std::thread::sleep(Duration::from_millis(500));
                 }
                 Err(e) => {
+                    say!("BROKEN: {e}");
                     broken.push(e);
                     ended += 1;
                 }
@@ -919,6 +1038,22 @@ fn chaos_every_request_ends_named_and_the_stack_heals() {
         injector.join().expect("the fault injector panicked")
     });
     let chaos_time = chaos_started.elapsed();
+    print_summary(&Summary {
+        seed,
+        n,
+        timers: &timers,
+        wall: wall.elapsed(),
+        chaos_time,
+        deadline,
+        records: &records,
+        refused: &refused,
+        injected: &injected,
+        worker_before: &worker_before,
+        worker_after: &worker_metrics(server.status_socket()).unwrap_or_else(|e| e),
+        worker_status: &server
+            .worker_status()
+            .map_or_else(|e| format!("no status: {e}"), |s| s.to_string()),
+    });
     assert!(
         broken.is_empty(),
         "requests that did not end with a result within their deadline: {broken:#?}"
@@ -964,9 +1099,7 @@ fn chaos_every_request_ends_named_and_the_stack_heals() {
     }
     // A hanging tool is given up at its deadline: the request fails, a poll or two after.
     let tool_timeout = Duration::from_millis(timers.loopd.runner.tool_timeout_ms);
-    let mut hung = 0;
     for r in records.iter().filter(|r| r.hang_started.is_some()) {
-        hung += 1;
         let after = r.ended - r.hang_started.unwrap_or(r.ended);
         assert!(
             r.reason.is_some() && after < tool_timeout + 2 * timers.poll() + Duration::from_secs(2),
@@ -1046,73 +1179,12 @@ fn chaos_every_request_ends_named_and_the_stack_heals() {
     );
 
     let released = release_hung_readers(&fifo);
-    let worker_after = worker_metrics(server.status_socket()).expect("worker metrics");
-    let restarts = |text: &str| series(text, "llama_worker_restarts_total", "cause");
-    let before: HashMap<String, f64> = restarts(&worker_before).into_iter().collect();
-
-    // The summary: what docs/chaos.md records.
-    let mut by_outcome: BTreeMap<String, u32> = BTreeMap::new();
-    let mut by_kind: BTreeMap<(Kind, String), u32> = BTreeMap::new();
-    for r in &records {
-        let o = match &r.reason {
-            Some(reason) => format!("failed: {reason}"),
-            None => "completed".to_owned(),
-        };
-        *by_outcome.entry(o.clone()).or_default() += 1;
-        *by_kind.entry((r.kind, o)).or_default() += 1;
-    }
-    let slowest = records.iter().map(|r| r.took).max().unwrap_or_default();
-    let kept = records
-        .iter()
-        .filter(|r| r.reason.is_some() && !r.streamed.is_empty())
-        .count();
-    let tool_calls: usize = records.iter().map(|r| r.tools.len()).sum();
-    eprintln!(
-        "\n== chaos summary: CHAOS_SEED={seed} CHAOS_N={n} CHAOS_FACTOR={} ==",
-        timers.factor
-    );
-    eprintln!(
-        "wall {:.0} s (chaos {:.0} s, start-up and checks the rest); slowest request {:.1} s \
-         (deadline {:.0} s); {tool_calls} tool calls",
-        wall.elapsed().as_secs_f64(),
-        chaos_time.as_secs_f64(),
-        slowest.as_secs_f64(),
-        deadline.as_secs_f64()
-    );
-    eprintln!("outcomes ({} requests):", records.len());
-    for (o, c) in &by_outcome {
-        eprintln!("  {c:>4}  {o}");
-    }
-    eprintln!("  ({kept} failed requests had streamed content, each kept in the result)");
-    eprintln!("by kind:");
-    for ((k, o), c) in &by_kind {
-        eprintln!("  {c:>4}  {:<18} {o}", k.name());
-    }
-    eprintln!("refused and tried again:");
-    for (code, c) in &refused {
-        eprintln!("  {c:>4}  {code}");
-    }
-    eprintln!("faults injected:");
-    for (f, c) in &injected.counts {
-        eprintln!("  {c:>4}  {f}");
-    }
-    eprintln!("  ({hung} requests ran the hanging read_file; {released} reader opens released)");
-    for (why, c) in &injected.skipped {
-        eprintln!("  skipped {c:>3}  {why}");
-    }
-    eprintln!("worker restarts during the run, by cause (llama_worker_restarts_total):");
-    for (cause, v) in restarts(&worker_after) {
-        let d = v - before.get(&cause).copied().unwrap_or(0.0);
-        if d > 0.0 {
-            eprintln!("  {d:>4}  {cause}");
-        }
-    }
-    for r in &injected.restarts {
-        eprintln!("  {r}");
-    }
-    eprintln!(
-        "end: daemon {status}; worker state {} spawns {} inflight {}",
-        worker_end["state"], worker_end["spawns"], worker_end["inflight"]
+    say!(
+        "end: daemon {status}; worker state {} spawns {} inflight {}; the last request \
+         completed; {released} opens of the FIFO released hung read_file threads",
+        worker_end["state"],
+        worker_end["spawns"],
+        worker_end["inflight"]
     );
 
     let _ = Command::new("kill")
