@@ -536,6 +536,8 @@ struct Injector<'a> {
     shared: &'a Shared,
     rng: Rng,
     out: Injected,
+    /// llama-worker's `probe_interval_s`, scaled.
+    probe_interval: Duration,
 }
 
 impl Injector<'_> {
@@ -547,7 +549,7 @@ impl Injector<'_> {
         // CHAOS_FAULTS=0: the same requests without faults, the baseline to compare with.
         let faults = env_u64("CHAOS_FAULTS", 1) != 0;
         while faults && !self.shared.done.load(Ordering::SeqCst) {
-            std::thread::sleep(self.rng.between_ms(1_500, 8_000));
+            std::thread::sleep(self.rng.between_ms(2_000, 10_000));
             if self.shared.done.load(Ordering::SeqCst) {
                 break;
             }
@@ -664,6 +666,25 @@ impl Injector<'_> {
         };
         *self.out.counts.entry(name).or_default() += 1;
         say!("{name} {instance} (router {router}, group {pgid}: {members:?})");
+        if signal == "-KILL" && !self.worker_saw_it(spawns) {
+            // The router respawned the instance for the next request before the worker's
+            // readiness probe could see it failed: no restart, and nothing for the worker to
+            // kill. The instance must be gone all the same, and the worker still ready.
+            wait_for(
+                &format!("the killed instance {instance} gone"),
+                Duration::from_secs(10),
+                || match scan_proc(|_, _| true).contains(&instance) {
+                    false => Ok(()),
+                    true => Err(format!("{instance} still in /proc")),
+                },
+            );
+            *self
+                .out
+                .counts
+                .entry("SIGKILL model instance, unseen by the worker (the router respawned it)")
+                .or_default() += 1;
+            return;
+        }
         // A stall takes the scaled stall_timeout_s after the last progress, a death the next
         // readiness probe; then the backoff and a model load on a loaded box.
         let now = self.server.wait_worker(
@@ -690,6 +711,23 @@ impl Injector<'_> {
             healed.as_secs_f64(),
             now["last_cause"]
         ));
+    }
+}
+
+impl Injector<'_> {
+    /// Whether the worker reacts to a killed instance (leaves `ready` or spawns again) within
+    /// its readiness probe interval and a margin; polled every 100 ms.
+    fn worker_saw_it(&self, spawns: u64) -> bool {
+        let until = Instant::now() + self.probe_interval + Duration::from_secs(3);
+        while Instant::now() < until {
+            if let Ok(s) = self.server.worker_status() {
+                if s["state"] != "ready" || s["spawns"].as_u64().is_some_and(|n| n > spawns) {
+                    return true;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        false
     }
 }
 
@@ -956,6 +994,7 @@ fn chaos_every_request_ends_named_and_the_stack_heals() {
             shared: &shared,
             rng: injector_rng,
             out: Injected::default(),
+            probe_interval: Duration::from_millis(5_000 / timers.factor),
         };
         let injector = scope.spawn(move || injector.run());
         // CHAOS_TRACE=file: the worker's status every 250 ms, stamped, to see what it judged.
@@ -1179,6 +1218,17 @@ fn chaos_every_request_ends_named_and_the_stack_heals() {
     );
 
     let released = release_hung_readers(&fifo);
+    // With CHAOS_TRACE, the logs go next to the trace: the temp dirs go when the run passes.
+    if let Ok(trace) = std::env::var("CHAOS_TRACE") {
+        let proxy_log = proxy_socket.with_file_name("proxy.log");
+        for (from, to) in [
+            (server.log().to_owned(), "server.log"),
+            (serve_log.clone(), "loopd-serve.log"),
+            (proxy_log, "proxy.log"),
+        ] {
+            let _ = std::fs::copy(&from, format!("{trace}.{to}"));
+        }
+    }
     say!(
         "end: daemon {status}; worker state {} spawns {} inflight {}; the last request \
          completed; {released} opens of the FIFO released hung read_file threads",
