@@ -310,6 +310,8 @@ struct Shared {
     cancelled: Mutex<Vec<u64>>,
     /// Set by the injector: the next request reads the FIFO.
     hang_next: AtomicBool,
+    /// Requests that read the FIFO and have not ended.
+    hanging: AtomicUsize,
     /// Requests not yet submitted.
     remaining: AtomicUsize,
     /// Set when every request has ended: inject nothing more.
@@ -548,18 +550,32 @@ impl Injector<'_> {
     fn run(mut self) -> Injected {
         // CHAOS_FAULTS=0: the same requests without faults, the baseline to compare with.
         let faults = env_u64("CHAOS_FAULTS", 1) != 0;
+        // Every kind once first, in a seeded order (a roll of each kind's range below), so a
+        // short run injects each; a kind skipped for now is tried again later. Then at random.
+        let mut first: Vec<u64> = vec![0, 25, 45, 65, 85];
+        for i in (1..first.len()).rev() {
+            first.swap(i, self.rng.below(i as u64 + 1) as usize);
+        }
         while faults && !self.shared.done.load(Ordering::SeqCst) {
             std::thread::sleep(self.rng.between_ms(2_000, 10_000));
             if self.shared.done.load(Ordering::SeqCst) {
                 break;
             }
-            match self.rng.below(100) {
-                roll @ 0..=44 => {
+            let again = |first: &mut Vec<u64>, roll: u64, from_first: bool| {
+                if from_first {
+                    first.insert(0, roll);
+                }
+            };
+            let from_first = !first.is_empty();
+            let roll = first.pop().unwrap_or_else(|| self.rng.below(100));
+            match roll {
+                0..=44 => {
                     // A stopped instance is found only by a generation that waits on it, so a
                     // server fault needs requests still to come; and the crash-loop budget,
                     // raised here, is not to be used up by the injector alone.
                     if self.shared.remaining.load(Ordering::SeqCst) < 3 {
                         self.skip("server fault: fewer than 3 requests left to meet it");
+                        again(&mut first, roll, from_first);
                         continue;
                     }
                     let consecutive = self
@@ -570,6 +586,7 @@ impl Injector<'_> {
                         .unwrap_or(u64::MAX);
                     if consecutive + 2 >= MAX_RESTARTS {
                         self.skip("server fault: crash-loop headroom");
+                        again(&mut first, roll, from_first);
                         continue;
                     }
                     self.server_fault(if roll < 25 { "-KILL" } else { "-STOP" });
@@ -599,6 +616,7 @@ impl Injector<'_> {
                         .collect();
                     if ids.is_empty() {
                         self.skip("cancel: no request running");
+                        again(&mut first, roll, from_first);
                         continue;
                     }
                     let id = ids[self.rng.below(ids.len() as u64) as usize];
@@ -622,6 +640,16 @@ impl Injector<'_> {
                     self.shared.hang_next.store(true, Ordering::SeqCst);
                     *self.out.counts.entry("hanging tool").or_default() += 1;
                     say!("the next request reads the FIFO");
+                    // No other fault until that request has ended (or 30 s): a kill would end
+                    // it before its tool ran, and the hang is what this fault is about.
+                    let until = Instant::now() + Duration::from_secs(30);
+                    while Instant::now() < until
+                        && !self.shared.done.load(Ordering::SeqCst)
+                        && (self.shared.hang_next.load(Ordering::SeqCst)
+                            || self.shared.hanging.load(Ordering::SeqCst) > 0)
+                    {
+                        std::thread::sleep(Duration::from_millis(100));
+                    }
                 }
             }
         }
@@ -681,7 +709,7 @@ impl Injector<'_> {
             *self
                 .out
                 .counts
-                .entry("SIGKILL model instance, unseen by the worker (the router respawned it)")
+                .entry("SIGKILL model instance: of those, unseen by the worker (the router respawned it)")
                 .or_default() += 1;
             return;
         }
@@ -1033,6 +1061,9 @@ fn chaos_every_request_ends_named_and_the_stack_heals() {
                 let tx = tx.clone();
                 let (socket, shared) = (&socket, &shared);
                 in_flight += 1;
+                if kind == Kind::Hang {
+                    shared.hanging.fetch_add(1, Ordering::SeqCst);
+                }
                 scope.spawn(move || {
                     let a = run_one(socket, kind, &cmd, deadline, shared);
                     let _ = tx.send((kind, cmd, a));
@@ -1042,6 +1073,9 @@ fn chaos_every_request_ends_named_and_the_stack_heals() {
                 .recv_timeout(deadline + Duration::from_secs(60))
                 .expect("a request thread answers within its deadline");
             in_flight -= 1;
+            if kind == Kind::Hang {
+                shared.hanging.fetch_sub(1, Ordering::SeqCst);
+            }
             match a {
                 Ok(Attempt::Done(r)) => {
                     let cut = |t: &str| t.chars().take(60).collect::<String>();
