@@ -557,7 +557,7 @@ impl Injector<'_> {
             first.swap(i, self.rng.below(i as u64 + 1) as usize);
         }
         while faults && !self.shared.done.load(Ordering::SeqCst) {
-            std::thread::sleep(self.rng.between_ms(2_000, 10_000));
+            std::thread::sleep(self.rng.between_ms(1_500, 6_000));
             if self.shared.done.load(Ordering::SeqCst) {
                 break;
             }
