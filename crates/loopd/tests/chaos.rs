@@ -1050,6 +1050,8 @@ fn chaos_every_request_ends_named_and_the_stack_heals() {
             while broken.is_empty() && in_flight < concurrency && (ended + in_flight) < n {
                 let (kind, cmd) = queue.pop().unwrap_or_else(|| {
                     let kind = if shared.hang_next.swap(false, Ordering::SeqCst) {
+                        // Counted until it ends, refusals and tries again included.
+                        shared.hanging.fetch_add(1, Ordering::SeqCst);
                         Kind::Hang
                     } else {
                         [Kind::Plain, Kind::Arithmetic, Kind::Time, Kind::ReadFile]
@@ -1061,9 +1063,6 @@ fn chaos_every_request_ends_named_and_the_stack_heals() {
                 let tx = tx.clone();
                 let (socket, shared) = (&socket, &shared);
                 in_flight += 1;
-                if kind == Kind::Hang {
-                    shared.hanging.fetch_add(1, Ordering::SeqCst);
-                }
                 scope.spawn(move || {
                     let a = run_one(socket, kind, &cmd, deadline, shared);
                     let _ = tx.send((kind, cmd, a));
@@ -1073,7 +1072,7 @@ fn chaos_every_request_ends_named_and_the_stack_heals() {
                 .recv_timeout(deadline + Duration::from_secs(60))
                 .expect("a request thread answers within its deadline");
             in_flight -= 1;
-            if kind == Kind::Hang {
+            if kind == Kind::Hang && !matches!(a, Ok(Attempt::Refused(_))) {
                 shared.hanging.fetch_sub(1, Ordering::SeqCst);
             }
             match a {
