@@ -10,7 +10,7 @@ NOSTD_CRATES := -p sse-nostd -p http-nostd -p llama-proto
 DEVICE_TARGET := thumbv7em-none-eabihf
 FUZZ_SECONDS ?= 60
 
-.PHONY: help check hermetic test selftest ask run up verify-device verify-local fuzz bench bench-rpc socat serve fixtures soak llama fmt-check clippy unit no-std embedded
+.PHONY: help check hermetic test selftest ask run up verify-device verify-local fuzz bench bench-rpc socat serve fixtures soak chaos llama fmt-check clippy unit no-std embedded
 
 ## help: this list of targets
 help:
@@ -78,6 +78,13 @@ fixtures: llama
 ## the pass count of each (ONLY=<suite> runs one; see scripts/soak.sh)
 soak: llama
 	scripts/soak.sh
+
+## chaos: N agent requests (N=50) of mixed tool use through the real stack while faults are
+## injected at random times (SIGKILL/SIGSTOP of the model instance, inferproxy killed and
+## restarted, a cancel, a hanging tool); SEED= replays a run (docs/chaos.md)
+chaos: llama
+	$(if $(N),CHAOS_N=$(N)) $(if $(SEED),CHAOS_SEED=$(SEED)) \
+	  $(CARGO) test -p loopd --features real-server --test chaos -- --ignored --nocapture
 
 ## selftest: the main job: local llama-server under llama-worker, inferproxy, `loopd selftest`
 selftest:

@@ -5,6 +5,7 @@
 #
 #   N=20 scripts/soak.sh            every suite 20 times
 #   ONLY=selftest N=20 scripts/soak.sh   one suite (a name from the list below)
+#   ONLY=loopd-chaos N=3 scripts/soak.sh make chaos 3 times, each with a new seed (docs/chaos.md)
 #
 # Each run's output is kept under $SOAK_DIR (a temp dir by default) and a failed run's log path
 # is printed. Exit status 0 only when every run of every suite passed.
@@ -38,6 +39,11 @@ suites=(
   "verify-local|scripts/local-stack.sh verify"
   "selftest|scripts/local-stack.sh selftest"
 )
+
+# Minutes per run, so only when named: ONLY=loopd-chaos (CHAOS_N requests each, 50).
+if [ "$ONLY" = loopd-chaos ]; then
+  suites+=("loopd-chaos|cargo test -q --features real-server -p loopd --test chaos -- --ignored --nocapture")
+fi
 
 scripts/llama-server.sh all >/dev/null
 # Build everything once, so that no run pays for (or races) a build.

@@ -142,25 +142,22 @@ fn failed(r: &RequestResult) -> (FailReason, String) {
 
 const HEAD: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\n";
 
+/// The head and llama-server's first event (the role), which it sends once the prompt is
+/// processed: the head alone comes at once, before the prefill.
+fn answered() -> Vec<u8> {
+    [
+        HEAD,
+        &data(json!({"role": "assistant", "content": null}), None, 0),
+    ]
+    .concat()
+}
+
 fn data(delta: Value, finish: Option<&str>, cache_n: u64) -> Vec<u8> {
     let v = json!({
         "choices": [{"finish_reason": finish, "index": 0, "delta": delta}],
         "created": 1, "id": "chatcmpl-a", "model": "smollm2",
         "object": "chat.completion.chunk",
         "timings": {"cache_n": cache_n, "prompt_n": 10, "predicted_n": 3}
-    });
-    format!("data: {v}\n\n").into_bytes()
-}
-
-/// A `prompt_progress` chunk as llama-server sends one per batch while it evaluates the prompt
-/// (`return_progress`): no token.
-fn progress_chunk(total: u64, processed: u64) -> Vec<u8> {
-    let v = json!({
-        "choices": [{"finish_reason": null, "index": 0,
-                     "delta": {"role": "assistant", "content": null}}],
-        "created": 1, "id": "chatcmpl-a", "model": "smollm2",
-        "object": "chat.completion.chunk",
-        "prompt_progress": {"total": total, "cache": 0, "processed": processed, "time_ms": 1}
     });
     format!("data: {v}\n\n").into_bytes()
 }
@@ -566,7 +563,7 @@ fn a_silent_server_the_client_gives_up_on_is_reported_then_the_worker_is_asked()
     let mut m = machine(&mut b, &s, ask(None), Some(1));
     drain(&mut m);
     m.handle_sent(ms(0));
-    m.handle_bytes(ms(10), HEAD);
+    m.handle_bytes(ms(10), &answered());
     drain(&mut m);
     // Liveness 400 ms after the last byte; the stall report (150 ms) comes first.
     m.handle_timeout(ms(160));
@@ -694,19 +691,21 @@ fn a_generation_is_registered_its_first_byte_and_then_bytes_each_second_reported
         ..settings(true)
     };
     let mut m = registered(&mut b, &s, 9);
-    // The head and the prompt's progress are the prefill, which the worker judges by CPU time.
     m.handle_bytes(ms(50), HEAD);
-    m.handle_bytes(ms(60), &progress_chunk(10, 5));
-    assert_eq!(kinds(&drain(&mut m)), Vec::<String>::new());
-    m.handle_bytes(ms(100), &data(json!({ "content": "a" }), None, 0));
+    assert_eq!(
+        kinds(&drain(&mut m)),
+        Vec::<String>::new(),
+        "the head is no progress: the worker judges the prefill by CPU time"
+    );
+    m.handle_bytes(ms(100), &answered()[HEAD.len()..]);
     assert_eq!(kinds(&drain(&mut m)), ["progress 9 first_byte"]);
     let mut at = Vec::new();
     for (t, text) in [
-        (400, "b"),
-        (700, "c"),
-        (1_099, "d"),
-        (1_100, "e"),
-        (1_400, "f"),
+        (400, "a"),
+        (700, "b"),
+        (1_099, "c"),
+        (1_100, "d"),
+        (1_400, "e"),
     ] {
         m.handle_bytes(ms(t), &data(json!({ "content": text }), None, 0));
         if !kinds(&drain(&mut m)).is_empty() {
@@ -723,7 +722,7 @@ fn a_generation_is_registered_its_first_byte_and_then_bytes_each_second_reported
     m.handle_bytes(ms(1_500), &end);
     let out = drain(&mut m);
     assert_eq!(kinds(&out), ["close", "generation_done 9", "done"]);
-    assert_eq!(result(out).content.as_deref(), Some("abcdef"));
+    assert_eq!(result(out).content.as_deref(), Some("abcde"));
 }
 
 #[test]
@@ -731,15 +730,12 @@ fn the_clients_stall_is_reported_as_stall_of_the_generation_before_it_is_unregis
     let mut b = Buffers::new();
     let s = settings(true);
     let mut m = registered(&mut b, &s, 4);
-    m.handle_bytes(
-        ms(10),
-        &[HEAD, &data(json!({"content": "a"}), None, 0)[..]].concat(),
-    );
+    m.handle_bytes(ms(10), &answered());
     assert_eq!(kinds(&drain(&mut m)), ["progress 4 first_byte"]);
-    // stall_ms (150) after the last progress, then liveness (400) after the last byte.
-    m.handle_timeout(ms(159));
+    // stall_ms (150) after the start, then liveness (400) after the last byte.
+    m.handle_timeout(ms(149));
     assert_eq!(kinds(&drain(&mut m)), Vec::<String>::new());
-    m.handle_timeout(ms(160));
+    m.handle_timeout(ms(150));
     assert_eq!(kinds(&drain(&mut m)), ["stall 4"]);
     m.handle_stall_answer(ms(151), Ok(StallAnswer::NotReady));
     m.handle_timeout(ms(410));
@@ -824,7 +820,7 @@ fn a_refused_registration_sends_nothing_and_one_unanswered_sends_unregistered() 
     m.handle_registered(ms(1), Err(silent));
     assert_eq!(kinds(&drain(&mut m)), ["send"]);
     m.handle_sent(ms(2));
-    m.handle_bytes(ms(10), HEAD);
+    m.handle_bytes(ms(10), &answered());
     assert_eq!(
         kinds(&drain(&mut m)),
         Vec::<String>::new(),
@@ -909,74 +905,6 @@ fn a_silent_prefill_is_the_workers_to_judge_at_idle_grace_ms() {
                 let (reason, detail) = failed(&result(out));
                 assert_eq!(reason, FailReason::WorkerRestarted);
                 assert!(detail.contains("limits.idle_grace_ms"), "{detail}");
-            }
-        }
-    }
-}
-
-#[test]
-fn a_stream_silent_before_its_first_token_is_the_workers_to_judge_at_liveness_ms() {
-    // llama-server sends its head and a first chunk at once, then only `prompt_progress` per
-    // batch until the prompt is evaluated: that silence is the prefill's, judged by the worker.
-    let s = RunnerConfig {
-        stall_ms: 60_000,
-        worker_poll_ms: 60_000,
-        ..settings(true)
-    };
-    let not = StallAnswer::NotStalled {
-        since_progress_ms: 3,
-    };
-    for verdict in [not, StallAnswer::NotReady, StallAnswer::Restarting] {
-        let mut b = Buffers::new();
-        let mut m = registered(&mut b, &s, 4);
-        m.handle_bytes(ms(10), &[HEAD, &progress_chunk(100, 0)[..]].concat());
-        m.handle_bytes(ms(300), &progress_chunk(100, 50));
-        assert_eq!(
-            kinds(&drain(&mut m)),
-            Vec::<String>::new(),
-            "no first byte yet"
-        );
-        // liveness_ms (400) after the last byte: the worker is asked, nothing is closed.
-        assert_eq!(m.poll_timeout(), Some(ms(700)));
-        m.handle_timeout(ms(699));
-        assert_eq!(kinds(&drain(&mut m)), Vec::<String>::new());
-        m.handle_timeout(ms(700));
-        assert_eq!(kinds(&drain(&mut m)), ["stall 4"], "{verdict:?}");
-        assert_eq!(
-            m.poll_timeout(),
-            Some(ms(60_000)),
-            "no liveness timer while the worker judges"
-        );
-        m.handle_timeout(ms(5_000));
-        assert_eq!(kinds(&drain(&mut m)), Vec::<String>::new(), "asked once");
-        m.handle_stall_answer(ms(5_001), Ok(verdict));
-        let out = drain(&mut m);
-        match verdict {
-            StallAnswer::NotStalled { .. } => {
-                assert_eq!(kinds(&out), Vec::<String>::new());
-                assert_eq!(
-                    m.poll_timeout(),
-                    Some(ms(5_401)),
-                    "liveness from the verdict"
-                );
-                m.handle_bytes(ms(5_100), &progress_chunk(100, 100));
-                answers_late(&mut m, 5_200, &answer("late")[HEAD.len()..]);
-            }
-            StallAnswer::NotReady => {
-                assert_eq!(kinds(&out), ["close", "generation_done 4", "status"]);
-                m.handle_worker_status(ms(5_002), Ok(status(WorkerState::Ready, 3, None)));
-                let r = result(drain(&mut m));
-                assert_eq!(
-                    failed(&r).0,
-                    FailReason::Client(InferError::Stalled(Silence::Liveness))
-                );
-                assert_eq!(r.stalls, [StallAnswer::NotReady], "reported once");
-            }
-            StallAnswer::Restarting => {
-                assert_eq!(kinds(&out), ["close", "generation_done 4", "done"]);
-                let (reason, detail) = failed(&result(out));
-                assert_eq!(reason, FailReason::WorkerRestarted);
-                assert!(detail.contains("limits.liveness_ms"), "{detail}");
             }
         }
     }

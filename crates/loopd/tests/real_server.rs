@@ -354,3 +354,79 @@ fn a_cancelled_generation_frees_its_server_slot() {
     let (r, _) = chat(&client, &ChatRequest::user(0, "Name three colours."));
     r.unwrap();
 }
+
+/// The pids whose parent is `parent`, from `/proc/*/stat`.
+fn children_of(parent: u32) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| {
+        let pid: u32 = e.ok()?.file_name().to_str()?.parse().ok()?;
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // `pid (comm) state ppid ...`: the comm may hold spaces, so split after its `)`.
+        let rest = &stat[stat.rfind(')')? + 1..];
+        let ppid: u32 = rest.split_whitespace().nth(1)?.parse().ok()?;
+        (ppid == parent).then_some(pid)
+    })
+    .collect()
+}
+
+/// llama-server sends its 200 head, and the progress of the cached part of the prompt, as soon
+/// as it starts on a request, and its answer only once the whole prompt is processed
+/// (measured on this server: head and `processed: 7` of 1,704 after 22 ms, the first token
+/// after 4 s; 14 s for a 1,500-token prompt on a loaded box). Between the two the request is a
+/// busy slot in its prefill, not a silent stream: with the model instance stopped for 2.5 s in
+/// the middle of a long prompt, four times `liveness_ms`, the answer still completes.
+/// (Before this was so, `config()` had to raise liveness to 180 s for long prompts.)
+#[test]
+fn a_prefill_longer_than_liveness_is_a_busy_slot_not_a_stall() {
+    let _turn = turn();
+    let mut c = config();
+    c.limits.liveness_ms = 600;
+    c.limits.poll_ms = 200;
+    c.limits.max_tokens = 8;
+    let client = Client::new(c);
+    let router = shared().0.server_pid().expect("the router's pid");
+    let instance =
+        llama_harness::wait_for(
+            "the model instance",
+            Duration::from_secs(30),
+            || match children_of(router).as_slice() {
+                [one] => Ok(*one),
+                other => Err(format!("children of router {router}: {other:?}")),
+            },
+        );
+    let pause = Duration::from_millis(2_500);
+    let signal = move |sig: &str| {
+        std::process::Command::new("kill")
+            .args([sig, &instance.to_string()])
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    let stopper = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        let stopped = signal("-STOP");
+        std::thread::sleep(pause);
+        stopped && signal("-CONT")
+    });
+    // A prompt the cache has not seen, so its whole prefill runs.
+    let nonce = std::process::id();
+    let req = ChatRequest::user(0, format!("Log {nonce}. {}", long_prompt()));
+    let started = std::time::Instant::now();
+    let mut first_event = None;
+    let r = client.chat(&req, &mut |e| {
+        let prefill = matches!(e, ChatEvent::Waiting { .. } | ChatEvent::Progress { .. });
+        if !prefill && first_event.is_none() {
+            first_event = Some(started.elapsed());
+        }
+    });
+    assert!(stopper.join().unwrap(), "kill -STOP / -CONT {instance}");
+    let first = first_event.unwrap_or_else(|| panic!("no answer began: {r:?}"));
+    assert!(
+        first >= pause,
+        "the answer began after {first:?}, before the instance was continued: the pause did \
+         not fall in the prefill"
+    );
+    let done = r.unwrap_or_else(|e| panic!("a prefill of {first:?} with liveness 600 ms: {e:?}"));
+    assert!(done.timings.is_some_and(|t| t.prompt_n > 1_000), "{done:?}");
+}

@@ -547,9 +547,7 @@ impl Daemon {
         let mut inner = lock(&self.inner);
         // Every request ended, and every follower has written its end line: the process
         // exits after this, and a line still in a channel would be lost.
-        while inner.store.running().next().is_some()
-            || self.followers.load(Ordering::SeqCst) > 0
-        {
+        while inner.store.running().next().is_some() || self.followers.load(Ordering::SeqCst) > 0 {
             let left = deadline.saturating_sub(self.clock.now());
             if left.is_zero() {
                 eprintln!("loopd serve: some requests did not end within the shutdown wait");

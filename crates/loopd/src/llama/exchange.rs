@@ -11,20 +11,20 @@
 //! socket, so every timer is tested on fake time to the millisecond.
 //!
 //! Timers, by phase:
-//! - before the first byte: a `/slots` poll every `poll_ms` ([`FirstByteWait`] turns the
+//! - before the first byte, and after a 200 head until the stream's first event past the
+//!   prompt (the prefill: llama-server sends its head and the progress of the cached part as
+//!   soon as it starts on the request, then progress after each batch, and its answer only
+//!   once the whole prompt is processed): a `/slots` poll every `poll_ms` ([`FirstByteWait`] turns the
 //!   answers into `WaitTimeout`, `LoadTimeout` or `Stalled(IdleGrace)`); for a retry, nothing
-//!   past the retry budget ([`set_first_byte_deadline`](ChatExchange::set_first_byte_deadline)).
+//!   past the retry budget before the first byte
+//!   ([`set_first_byte_deadline`](ChatExchange::set_first_byte_deadline)).
 //!   With a judge ([`judge_prefill`](ChatExchange::judge_prefill): llama-worker, which sees
 //!   the server's CPU time) `idle_grace_ms` asks it ([`Output::JudgeSilence`]) instead of
 //!   failing, and the wait starts over while it says the server is alive;
 //! - the response head, once its first byte came: `call_ms` whole, and `liveness_ms` of silence;
-//! - a 200 stream: `liveness_ms` of silence, and no total deadline. llama-server sends the head
-//!   and a first (empty) chunk at once and then nothing but `prompt_progress`, one per batch,
-//!   until the prompt is evaluated: until the first token ([`generating`]), silence past
-//!   liveness is put to the judge as before the first byte, and only then failed;
+//! - a 200 stream from its first event past the prompt: `liveness_ms` of silence, and no
+//!   total deadline;
 //! - an error body: `call_ms` from the head; what arrived by then is kept.
-//!
-//! [`generating`]: ChatExchange::generating
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -55,12 +55,11 @@ pub enum Output {
         /// The completion id.
         id: String,
     },
-    /// No byte came while the slot stayed idle for `idle_grace_ms`, or the stream was silent
-    /// past `liveness_ms` before its first token (the prompt still being evaluated), and a
-    /// judge was named with [`judge_prefill`](ChatExchange::judge_prefill): ask it whether
-    /// the server is alive and pass its verdict to
-    /// [`handle_silence_verdict`](ChatExchange::handle_silence_verdict). No `/slots` poll and
-    /// no liveness timer runs until then.
+    /// No byte came while the slot stayed idle for `idle_grace_ms`, and a judge was named
+    /// with [`judge_prefill`](ChatExchange::judge_prefill): ask it whether the server is
+    /// alive and pass its verdict to
+    /// [`handle_silence_verdict`](ChatExchange::handle_silence_verdict). No `/slots` poll
+    /// runs until then.
     JudgeSilence,
 }
 
@@ -70,7 +69,12 @@ enum Phase {
     Sent,
     /// Some of the head arrived.
     Head,
-    /// A 200 head arrived: the event stream.
+    /// A 200 head arrived, and no event yet but prompt progress short of the whole prompt
+    /// (llama-server reports the cached part at once, then each batch): the server is
+    /// processing the prompt. Timed as
+    /// [`Phase::Sent`] (a long prefill is a busy slot, not a silent stream).
+    Prefill,
+    /// The stream's first event arrived: the event stream.
     Stream,
     /// An error status arrived: its body, kept up to [`ERROR_BODY_CAP`], until `until`.
     ErrorBody {
@@ -83,7 +87,11 @@ enum Phase {
 /// What one event of the stream meant, with nothing borrowed from the stream.
 enum Seen {
     Head(u16),
-    Chunk { finished: bool, token: bool },
+    Chunk {
+        finished: bool,
+        /// Only prompt progress short of the whole prompt: the prefill goes on.
+        prompt_pending: bool,
+    },
     ErrorBody,
     Server(InferError),
     Done,
@@ -102,7 +110,6 @@ pub struct ChatExchange<'b> {
     polling: bool,
     judge: bool,
     judging: bool,
-    generating: bool,
     clip: Option<Duration>,
     first_byte: Duration,
     last_byte: Duration,
@@ -144,7 +151,6 @@ impl<'b> ChatExchange<'b> {
             polling: false,
             judge: false,
             judging: false,
-            generating: false,
             clip: None,
             first_byte: sent_at,
             last_byte: sent_at,
@@ -167,32 +173,22 @@ impl<'b> ChatExchange<'b> {
         self.judge = true;
     }
 
-    /// The judge's verdict on a silent prefill, at `now`. Before the first byte: alive, the
-    /// first-byte wait starts over (a `/slots` poll `poll_ms` later); not alive,
-    /// `Stalled(IdleGrace)`. In the stream before its first token: alive, liveness counts
-    /// from `now`; not alive, `Stalled(Liveness)`. Ignored unless a verdict was asked for,
-    /// and once the first token came.
+    /// The judge's verdict on a silent prefill, at `now`: alive, the first-byte wait starts
+    /// over (a `/slots` poll `poll_ms` later); not alive, `Stalled(IdleGrace)`. Ignored unless
+    /// a verdict was asked for, and once a byte came.
     pub fn handle_silence_verdict(&mut self, now: Duration, alive: bool) {
-        if !std::mem::take(&mut self.judging) || self.outcome.is_some() {
+        if !std::mem::take(&mut self.judging)
+            || self.outcome.is_some()
+            || !matches!(self.phase, Phase::Sent | Phase::Prefill)
+        {
             return;
         }
-        match self.phase {
-            Phase::Sent if alive => {
-                self.wait = FirstByteWait::new(self.limits, now);
-                self.next_poll = now + ms(self.limits.poll_ms);
-            }
-            Phase::Sent => self.fail(InferError::Stalled(Silence::IdleGrace)),
-            Phase::Stream if self.generating => {}
-            Phase::Stream if alive => self.last_byte = self.last_byte.max(now),
-            Phase::Stream => self.fail(InferError::Stalled(Silence::Liveness)),
-            Phase::Head | Phase::ErrorBody { .. } => {}
+        if alive {
+            self.wait = FirstByteWait::new(self.limits, now);
+            self.next_poll = now + ms(self.limits.poll_ms);
+        } else {
+            self.fail(InferError::Stalled(Silence::IdleGrace));
         }
-    }
-
-    /// Whether the first token (reasoning, content, a tool call or the finish) has come: until
-    /// then the server is still evaluating the prompt, whatever bytes it sent.
-    pub fn generating(&self) -> bool {
-        self.generating
     }
 
     /// Takes bytes read from the connection at `now`; returns how many were consumed. All are,
@@ -230,13 +226,14 @@ impl<'b> ChatExchange<'b> {
                 StreamEvent::Chunk(c) => {
                     let outputs = &mut self.outputs;
                     chunk_events(&c, &mut |e| outputs.push_back(Output::Event(e)));
-                    let token = c.finish_reason.is_some()
-                        || c.reasoning_content.is_some_and(|r| !r.is_empty())
-                        || c.content.is_some_and(|t| !t.is_empty())
-                        || !c.tool_calls().is_empty();
+                    let empty = |t: Option<&str>| t.is_none_or(str::is_empty);
                     Seen::Chunk {
                         finished: c.finish_reason.is_some(),
-                        token,
+                        prompt_pending: c.prompt_progress.is_some_and(|p| p.processed < p.total)
+                            && c.finish_reason.is_none()
+                            && empty(c.content)
+                            && empty(c.reasoning_content)
+                            && c.tool_calls().is_empty(),
                     }
                 }
                 StreamEvent::ErrorBody(piece) => {
@@ -264,7 +261,7 @@ impl<'b> ChatExchange<'b> {
         match self.phase {
             Phase::Sent | Phase::Head => self.fail(InferError::StreamClosedEarly),
             Phase::ErrorBody { .. } => self.finish_error(),
-            Phase::Stream => match self.stream.finish() {
+            Phase::Prefill | Phase::Stream => match self.stream.finish() {
                 Ok(_) => self.outcome = Some(Ok(())),
                 // A body cut off before the final chunk, or a stream that ended without one.
                 Err(
@@ -279,7 +276,7 @@ impl<'b> ChatExchange<'b> {
     /// What one `/slots` poll said, at `now`.
     pub fn handle_slots(&mut self, now: Duration, seen: SlotSeen) {
         self.polling = false;
-        if self.outcome.is_some() || !matches!(self.phase, Phase::Sent) {
+        if self.outcome.is_some() || !matches!(self.phase, Phase::Sent | Phase::Prefill) {
             return;
         }
         // An idle slot is the server not yet at this request: nothing to wait on, said.
@@ -323,8 +320,9 @@ impl<'b> ChatExchange<'b> {
         }
         let liveness = self.last_byte + ms(self.limits.liveness_ms);
         match self.phase {
-            Phase::Sent => {
-                if self.clip.is_some_and(|at| now >= at) {
+            Phase::Sent | Phase::Prefill => {
+                let sent = matches!(self.phase, Phase::Sent);
+                if sent && self.clip.is_some_and(|at| now >= at) {
                     self.fail(InferError::TimedOut(Deadline::RetryTotal));
                 } else if !self.polling && !self.judging && now >= self.next_poll {
                     self.polling = true;
@@ -339,14 +337,6 @@ impl<'b> ChatExchange<'b> {
                     } else {
                         InferError::Stalled(Silence::Liveness)
                     });
-                }
-            }
-            // Silent before the first token: the prompt may still be evaluated; the judge,
-            // which sees the server's CPU time, says whether it is.
-            Phase::Stream if now >= liveness && !self.generating && self.judge => {
-                if !self.judging {
-                    self.judging = true;
-                    self.outputs.push_back(Output::JudgeSilence);
                 }
             }
             Phase::Stream if now >= liveness => self.fail(InferError::Stalled(Silence::Liveness)),
@@ -376,11 +366,19 @@ impl<'b> ChatExchange<'b> {
         match &self.phase {
             Phase::Sent if self.polling || self.judging => self.clip,
             Phase::Sent => Some(self.clip.map_or(self.next_poll, |c| c.min(self.next_poll))),
+            Phase::Prefill if self.polling || self.judging => None,
+            Phase::Prefill => Some(self.next_poll),
             Phase::Head => Some(liveness.min(self.first_byte + ms(self.limits.call_ms))),
-            Phase::Stream if self.judging => None,
             Phase::Stream => Some(liveness),
             Phase::ErrorBody { until, .. } => Some(liveness.min(*until)),
         }
+    }
+
+    /// Whether the server's answer has begun: the stream's first event past the prompt (or
+    /// an error body) arrived. Before it the server is still on the prompt, whatever bytes of
+    /// the head and of prompt progress came.
+    pub fn answering(&self) -> bool {
+        matches!(self.phase, Phase::Stream | Phase::ErrorBody { .. })
     }
 
     /// Whether the request is over (its result is ready or taken).
@@ -422,10 +420,22 @@ impl<'b> ChatExchange<'b> {
 
     /// What an event of the stream means for the request.
     fn on_seen(&mut self, now: Duration, seen: Seen) {
+        let prefill_goes_on = matches!(
+            seen,
+            Seen::Idle
+                | Seen::Chunk {
+                    prompt_pending: true,
+                    ..
+                }
+        );
+        if matches!(self.phase, Phase::Prefill) && !prefill_goes_on {
+            // The prompt is processed: liveness runs from this event.
+            self.phase = Phase::Stream;
+        }
         match seen {
             Seen::Head(status) => {
                 self.phase = if status == 200 {
-                    Phase::Stream
+                    Phase::Prefill
                 } else {
                     Phase::ErrorBody {
                         status,
@@ -435,15 +445,10 @@ impl<'b> ChatExchange<'b> {
                 };
             }
             // Nothing may follow the final chunk but `[DONE]`; stop reading here.
-            Seen::Chunk { finished: true, .. } | Seen::Done => {
-                self.generating = true;
-                self.outcome = Some(Ok(()));
-            }
+            Seen::Chunk { finished: true, .. } | Seen::Done => self.outcome = Some(Ok(())),
             Seen::Chunk {
-                finished: false,
-                token,
+                finished: false, ..
             } => {
-                self.generating |= token;
                 match self.cap.check(self.stream.assembler().reasoning_tokens()) {
                     CapAction::None => {}
                     CapAction::Overrun => self.fail(InferError::ThinkingOverrun),

@@ -18,10 +18,10 @@
 //! are reported (`progress <id> first_byte|bytes`), and it is unregistered (`done <id>`) when
 //! it ends, after any stall report about it (`stall <id>`). A failure the worker pushes for the
 //! generation ([`handle_worker_failed`]) ends the request at once. A registered generation's
-//! silent prefill is the worker's to judge: at `limits.idle_grace_ms` with no byte, or at
-//! `limits.liveness_ms` of silence after the head but before the first token (llama-server
-//! sends its head at once and then only `prompt_progress`, one per batch), it is reported as a
-//! stall, and the wait starts over while the worker says `not_stalled`.
+//! silent prefill is the worker's to judge: when the slot stays idle for
+//! `limits.idle_grace_ms` with no answer yet (the head and `prompt_progress` are not one:
+//! llama-server sends them as soon as it takes the request), it is reported as a stall, and
+//! the wait starts over while the worker says `not_stalled`.
 //!
 //! [`handle_sent`]: AgentRequest::handle_sent
 //! [`handle_bytes`]: AgentRequest::handle_bytes
@@ -394,9 +394,9 @@ impl<'b> AgentRequest<'b> {
             return input.len();
         };
         let used = x.handle_bytes(now, input);
-        // The head and `prompt_progress` come while the prompt is evaluated: the worker judges
-        // that phase by CPU time, so the first byte it hears of is the first token's.
-        if used > 0 && x.generating() {
+        // The head comes as soon as the server takes the request: the worker judges the
+        // prefill by CPU time until the first event (appendix J), so that is the first byte.
+        if used > 0 && x.answering() {
             self.report_progress(now);
         }
         self.pump(now);
@@ -481,10 +481,9 @@ impl<'b> AgentRequest<'b> {
             if a == StallAnswer::Restarting {
                 let detail = if self.judging {
                     format!(
-                        "no token yet, the slot idle for {} ms (limits.idle_grace_ms) or the \
-                         stream silent for {} ms (limits.liveness_ms); llama-worker saw no \
-                         progress of the prompt either and restarted llama-server",
-                        self.limits.idle_grace_ms, self.limits.liveness_ms
+                        "no byte while the slot was idle for {} ms (limits.idle_grace_ms); \
+                         llama-worker saw no progress either and restarted llama-server",
+                        self.limits.idle_grace_ms
                     )
                 } else {
                     format!(
@@ -846,7 +845,9 @@ impl<'b> AgentRequest<'b> {
         // turn in the transcript (a caller may send it back as history).
         let m = &p.message;
         let said = m.content.as_deref().is_some_and(|c| !c.is_empty())
-            || m.reasoning_content.as_deref().is_some_and(|c| !c.is_empty())
+            || m.reasoning_content
+                .as_deref()
+                .is_some_and(|c| !c.is_empty())
             || !m.tool_calls.is_empty();
         if said {
             self.r.transcript.push(ChatMessage::Assistant(p.message));

@@ -571,42 +571,121 @@ fn an_idle_slot_is_no_waiting_event_busy_and_unavailable_are() {
     );
 }
 
+/// A chunk with only prompt progress, as llama-server sends it (`return_progress`).
+fn progress(processed: u64, total: u64) -> Vec<u8> {
+    format!(
+        "data: {{\"choices\":[{{\"finish_reason\":null,\"index\":0,\"delta\":{{\"role\":\"assistant\",\"content\":null}}}}],\"id\":\"chatcmpl-t\",\"object\":\"chat.completion.chunk\",\"prompt_progress\":{{\"total\":{total},\"cache\":7,\"processed\":{processed},\"time_ms\":0}}}}\n\n"
+    )
+    .into_bytes()
+}
+
+/// llama-server sends its 200 head and the progress of the cached part of the prompt as soon
+/// as it starts on a request, then progress after each batch, and its answer once the whole
+/// prompt is processed (measured: head and `processed: 7` of 1,704 after 22 ms, the first
+/// token after 4 s). Until then the request is in its prefill: timed as before the first byte
+/// (a busy slot, `/slots` polled), not as a silent stream.
 #[test]
-fn without_a_judge_a_stream_silent_before_its_first_token_is_stalled_at_liveness_ms() {
+fn a_head_and_prompt_progress_are_the_prefill_not_a_silent_stream() {
     let mut b = Buffers::new();
     let mut x = ChatExchange::new(limits(), t(0), &mut b);
-    x.handle_bytes(t(10), HEAD);
-    assert!(!x.generating());
-    assert_eq!(x.poll_timeout(), Some(t(110)));
-    x.handle_timeout(t(109));
-    assert!(!x.is_over());
-    x.handle_timeout(t(110));
-    assert!(matches!(
-        error(&mut x),
-        InferError::Stalled(Silence::Liveness)
-    ));
+    let mut start = HEAD.to_vec();
+    start.extend(chunked(&[progress(7, 1_704)]));
+    x.handle_bytes(t(1), &start);
+    assert!(!x.answering());
+    assert_eq!(
+        outputs(&mut x),
+        [ev(ChatEvent::Progress {
+            total: 1_704,
+            cache: 7,
+            processed: 7
+        })]
+    );
+    assert_eq!(x.poll_timeout(), Some(t(50)), "a /slots poll, not liveness");
+    // Past liveness_ms (100) with the slot busy on the prompt: still waiting.
+    for at in [50, 100, 150] {
+        x.handle_timeout(t(at));
+        assert_eq!(outputs(&mut x), [Output::PollSlots], "at {at} ms");
+        x.handle_slots(t(at), SlotSeen::Busy);
+        assert_eq!(
+            outputs(&mut x),
+            [ev(ChatEvent::Waiting { slot_busy: true })]
+        );
+        if at == 100 {
+            x.handle_bytes(t(at), &chunked(&[progress(1_031, 1_704)]));
+            assert!(!x.answering(), "one batch of the prompt done, not all");
+            drain_progress(&mut x);
+        }
+    }
+    x.handle_timeout(t(199));
+    assert!(!x.is_over(), "{:?}", x.take_result());
+    // The whole prompt processed: the answer has begun, and liveness runs from here.
+    x.handle_bytes(t(190), &chunked(&[progress(1_704, 1_704)]));
+    assert!(x.answering());
+    assert_eq!(x.poll_timeout(), Some(t(290)));
+    drain_progress(&mut x);
+    x.handle_bytes(t(250), &chunked(&[content("Red", 1), finish(2)]));
+    assert_eq!(outputs(&mut x), [text("Red")]);
+    assert_eq!(
+        x.take_result().unwrap().unwrap().message.content.as_deref(),
+        Some("Red")
+    );
+    // A server that sends no progress: its first event is the answer.
+    let mut b = Buffers::new();
+    let mut x = ChatExchange::new(limits(), t(0), &mut b);
+    x.handle_bytes(t(1), HEAD);
+    assert!(!x.answering());
+    x.handle_bytes(t(20), &chunked(&[content("Red", 1)]));
+    assert!(x.answering());
+    assert_eq!(x.poll_timeout(), Some(t(120)));
+}
+
+fn drain_progress(x: &mut ChatExchange<'_>) {
+    for o in outputs(x) {
+        assert!(
+            matches!(o, Output::Event(ChatEvent::Progress { .. })),
+            "{o:?}"
+        );
+    }
 }
 
 #[test]
-fn the_first_token_ends_the_prefill_and_a_later_verdict_changes_nothing() {
+fn the_prefill_after_the_head_has_the_bounds_of_the_wait_before_it() {
+    let run = |seen: SlotSeen, times: &[u64]| {
+        let mut b = Buffers::new();
+        let mut x = ChatExchange::new(limits(), t(0), &mut b);
+        x.handle_bytes(t(1), HEAD);
+        for &at in times {
+            x.handle_timeout(t(at));
+            x.handle_slots(t(at), seen);
+        }
+        x.take_result().map(|r| r.unwrap_err())
+    };
+    assert!(run(SlotSeen::Busy, &[50, 100, 150, 199]).is_none());
+    let e = run(SlotSeen::Busy, &[50, 100, 150, 200]);
+    assert!(matches!(e, Some(InferError::WaitTimeout)), "{e:?}");
+    let e = run(SlotSeen::Idle, &[50, 100, 120]);
+    assert!(
+        matches!(e, Some(InferError::Stalled(Silence::IdleGrace))),
+        "{e:?}"
+    );
+    // A judge is asked instead, as before the head.
     let mut b = Buffers::new();
     let mut x = ChatExchange::new(limits(), t(0), &mut b);
     x.judge_prefill();
-    x.handle_bytes(t(10), HEAD);
-    x.handle_timeout(t(110));
-    assert_eq!(outputs(&mut x), [Output::JudgeSilence]);
-    assert_eq!(x.poll_timeout(), None, "no timer while the judge is out");
-    x.handle_bytes(t(120), &chunked(&[content("Red", 1)]));
-    assert!(x.generating());
-    x.handle_silence_verdict(t(130), false);
-    assert!(
-        !x.is_over(),
-        "the stream is generating: the verdict is moot"
+    x.handle_bytes(t(1), HEAD);
+    for at in [50, 100, 120] {
+        x.handle_timeout(t(at));
+        x.handle_slots(t(at), SlotSeen::Idle);
+    }
+    assert_eq!(
+        outputs(&mut x),
+        [Output::PollSlots, Output::PollSlots, Output::JudgeSilence]
     );
-    assert_eq!(x.poll_timeout(), Some(t(220)));
-    x.handle_timeout(t(220));
-    assert!(matches!(
-        error(&mut x),
-        InferError::Stalled(Silence::Liveness)
-    ));
+    assert!(!x.is_over());
+    // The connection closing in the prefill: closed early.
+    let mut b = Buffers::new();
+    let mut x = ChatExchange::new(limits(), t(0), &mut b);
+    x.handle_bytes(t(1), HEAD);
+    x.handle_eof(t(2));
+    assert!(matches!(error(&mut x), InferError::StreamClosedEarly));
 }

@@ -1,0 +1,1295 @@
+//! `make chaos` (issue 23): the whole real stack (llama-worker running the router, inferproxy,
+//! the real `loopd serve`) on the default timers divided by one factor (`CHAOS_FACTOR`, 5, as
+//! in `wedged_server.rs`), answering `CHAOS_N` agent requests (50) of mixed kinds over the
+//! daemon's socket while a thread injects faults at random times from a seeded RNG
+//! (`CHAOS_SEED`; the seed is printed first so a failure can be replayed):
+//!
+//! - SIGKILL of the model instance (a child of the router): the worker restarts the unit;
+//! - SIGSTOP of the model instance: the worker sees the generation make no progress and
+//!   restarts the unit;
+//! - SIGKILL of inferproxy, and its restart a moment later;
+//! - a client `cancel` of a running request;
+//! - a tool that hangs: `read_file` on a FIFO with no writer blocks for ever in `open`, and
+//!   the runner must give it up at `runner.tool_timeout_ms`.
+//!
+//! Checked, each by waiting for the condition with a deadline and saying what was last seen:
+//! every request ends with a named outcome within its deadline and keeps the content it had
+//! streamed; a cancelled one ends `cancelled`; the hanging tool is given up at its deadline;
+//! no process of a killed server group survives the restart; at the end no runner slot is
+//! busy, no server slot is processing, no generation is registered with the worker, the
+//! worker is `ready`, a last request completes, and the daemon's own counters agree with the
+//! outcomes seen here. The figures go to stderr and, by hand, to docs/chaos.md.
+//!
+//! Ignored, so that `make test` (`cargo test --workspace --all-features`) does not run it: it
+//! takes minutes and kills processes on purpose. `make chaos` runs it with `--ignored`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::net::{UnixDatagram, UnixStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{mpsc, Mutex};
+use std::time::{Duration, Instant};
+
+use llama_harness::{wait_for, LocalServer, Proxy};
+use loopd::config::Config;
+use loopd::llama::Client;
+use loopd::selftest::SAMPLING;
+use serde_json::{json, Value};
+
+/// Every fail reason a result may name: the runner's own and the client's (docs/runner.md).
+const NAMED: &[&str] = &[
+    "tool_execution_error",
+    "tool_parse_error",
+    "worker_restarted",
+    "server_died",
+    "worker_stopped",
+    "loop_detected",
+    "cancelled",
+    "panicked",
+    "busy",
+    "connect_error",
+    "wait_timeout",
+    "load_timeout",
+    "stalled",
+    "timed_out",
+    "stream_closed_early",
+    "thinking_overrun",
+    "http_error",
+    "protocol_error",
+];
+
+/// The refusals a client is told to try again later (docs/loopd.md, admission).
+const TRY_AGAIN: &[&str] = &["NO_SLOT_AVAILABLE", "WORKER_NOT_READY"];
+
+/// The FIFO in the read_file folder: `open` blocks on it while nobody writes.
+const HANG_FILE: &str = "pipe.txt";
+
+/// When the run started, for the timestamps of its log lines.
+static T0: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+
+/// One line of the run's log, stamped with the seconds since it started.
+macro_rules! say {
+    ($($a:tt)*) => {
+        eprintln!("chaos {:7.1} s: {}", T0.get_or_init(Instant::now).elapsed().as_secs_f64(), format!($($a)*))
+    };
+}
+
+fn env_u64(name: &str, default: u64) -> u64 {
+    match std::env::var(name) {
+        Ok(v) => v
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("{name}={v:?} is not a whole number")),
+        Err(_) => default,
+    }
+}
+
+/// xorshift64*: enough to replay a run from its seed without a new dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Rng {
+        // A zero state would stay zero.
+        Rng((seed ^ 0x9E37_79B9_7F4A_7C15) | 1)
+    }
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+    fn between_ms(&mut self, lo: u64, hi: u64) -> Duration {
+        Duration::from_millis(lo + self.below(hi.saturating_sub(lo) + 1))
+    }
+}
+
+/// The factor, the timers it gives, and what a run needs to know of them.
+struct Timers {
+    factor: u64,
+    loopd: Config,
+}
+
+impl Timers {
+    fn new(factor: u64) -> Timers {
+        assert!(factor >= 1, "CHAOS_FACTOR must be at least 1");
+        let d = Config::new("/unused", "unused");
+        let mut c = d.clone();
+        // The timeline's timers are scaled; the bounds on single IO calls (connect_ms,
+        // call_ms, worker_timeout_ms) are not: a loaded 2-core box needs them as they are.
+        c.limits.poll_ms = d.limits.poll_ms / factor;
+        c.limits.busy_wait_ms = d.limits.busy_wait_ms / factor;
+        c.limits.load_wait_ms = d.limits.load_wait_ms / factor;
+        c.limits.idle_grace_ms = d.limits.idle_grace_ms / factor;
+        c.limits.liveness_ms = d.limits.liveness_ms / factor;
+        c.runner.tool_timeout_ms = d.runner.tool_timeout_ms / factor;
+        c.runner.worker_poll_ms = d.runner.worker_poll_ms / factor;
+        c.runner.stall_ms = d.runner.stall_ms / factor;
+        c.runner.death_grace_ms = d.runner.death_grace_ms / factor;
+        c.retry.delays_ms = d.retry.delays_ms.iter().map(|v| v / factor).collect();
+        c.retry.total_ms = d.retry.total_ms / factor;
+        Timers { factor, loopd: c }
+    }
+
+    /// llama-worker's defaults (docs/llama-worker.md) divided by the factor.
+    fn worker_config(&self) -> String {
+        let s = |default: f64| default / self.factor as f64;
+        format!(
+            "stall_timeout_s = {}\ncpu_probe_interval_s = {}\nprobe_interval_s = {}\n\
+             unready_restart_s = {}\nrestart_backoff_s = {}\nrestart_window_s = {}\n\
+             max_restarts_per_window = {MAX_RESTARTS}\n",
+            s(30.0),
+            s(5.0),
+            s(5.0),
+            s(30.0),
+            s(2.0),
+            s(600.0),
+        )
+    }
+
+    /// How long one request may take from its accepted submit to its result: every wait it
+    /// may legitimately sit in, one after another, plus a minute for the 2-core box
+    /// (3 minutes with the factor 5).
+    fn request_deadline(&self) -> Duration {
+        let c = &self.loopd;
+        let per_generation = c.limits.liveness_ms + c.runner.tool_timeout_ms;
+        Duration::from_millis(
+            c.retry.total_ms
+                + c.limits.load_wait_ms
+                + u64::from(c.runner.budget.min(BUDGET) + 1) * per_generation
+                + 60_000,
+        )
+    }
+
+    fn poll(&self) -> Duration {
+        Duration::from_millis(self.loopd.limits.poll_ms)
+    }
+}
+
+/// Restarts in a row the worker allows here. Crash-loop protection (5 by default, with a
+/// whole ready `restart_window_s` to start counting again) has tests of its own; a run of
+/// chaos injects more server faults than that in a few minutes, on purpose.
+const MAX_RESTARTS: u64 = 50;
+
+/// The tool budget of every request here.
+const BUDGET: u32 = 2;
+/// Tool-calling requests, as `daemon_real_server.rs` found: SmolLM2 calls a tool when the
+/// request carries worked examples of calls (`messages` before the question).
+const SYSTEM: &str = "You answer every question by calling a tool.";
+
+fn call(i: u32, name: &str, args: Value) -> Value {
+    json!({"role": "assistant", "content": "", "tool_calls": [{"id": format!("call_{i}"),
+           "name": name, "arguments": args.to_string()}]})
+}
+
+fn tool_result(i: u32, text: &str) -> Value {
+    json!({"role": "tool", "tool_call_id": format!("call_{i}"), "content": text})
+}
+
+fn user(text: &str) -> Value {
+    json!({"role": "user", "content": text})
+}
+
+fn answer(text: &str) -> Value {
+    json!({"role": "assistant", "content": text})
+}
+
+/// What a request asks, by kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum Kind {
+    Plain,
+    Arithmetic,
+    Time,
+    ReadFile,
+    /// `read_file` of the FIFO: the injected hanging tool.
+    Hang,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Plain => "plain",
+            Kind::Arithmetic => "arithmetic",
+            Kind::Time => "current_time",
+            Kind::ReadFile => "read_file",
+            Kind::Hang => "hanging read_file",
+        }
+    }
+}
+
+/// The submit command of one request of `kind`.
+fn submit_command(kind: Kind, rng: &mut Rng) -> Value {
+    let mut m = Vec::new();
+    let (tools, prompt, max_tokens): (Vec<&str>, String, u32) = match kind {
+        Kind::Plain => {
+            let prompts = [
+                "Count from one to fifty in words.",
+                "Why is the sky blue?",
+                "Write a short poem about the sea.",
+                "List ten fruits, one per line.",
+                "Explain what a computer is.",
+            ];
+            let p = prompts[rng.below(prompts.len() as u64) as usize];
+            (vec![], p.to_owned(), 96)
+        }
+        Kind::Arithmetic => {
+            for (k, (a, b)) in [(2, 4), (3, 5), (6, 2)].into_iter().enumerate() {
+                let i = k as u32 + 1;
+                m.push(user(&format!("Multiply {a} by {b}.")));
+                m.push(call(
+                    i,
+                    "arithmetic",
+                    json!({"operation": "multiply", "numbers": [a, b]}),
+                ));
+                m.push(tool_result(i, &(a * b).to_string()));
+                m.push(answer(&(a * b).to_string()));
+            }
+            let (a, b) = (2 + rng.below(30), 2 + rng.below(30));
+            (vec!["arithmetic"], format!("Multiply {a} by {b}."), 64)
+        }
+        Kind::Time => {
+            for (i, t) in [(1, "2026-01-02T03:04:05Z"), (2, "2026-03-04T05:06:07Z")] {
+                m.push(user("What time is it?"));
+                m.push(call(i, "current_time", json!({})));
+                m.push(tool_result(i, t));
+                m.push(answer(&format!("It is {t}.")));
+            }
+            (vec!["current_time"], "What time is it?".to_owned(), 64)
+        }
+        Kind::ReadFile | Kind::Hang => {
+            for (i, (f, t)) in [(1, ("a.txt", "apples")), (2, ("b.txt", "bread"))] {
+                m.push(user(&format!("Read the file {f}.")));
+                m.push(call(i, "read_file", json!({"path": f})));
+                m.push(tool_result(i, t));
+                m.push(answer(&format!("The file {f} says: {t}")));
+            }
+            let f = if kind == Kind::Hang {
+                HANG_FILE
+            } else {
+                "notes.txt"
+            };
+            (vec!["read_file"], format!("Read the file {f}."), 64)
+        }
+    };
+    m.push(user(&prompt));
+    let mut cmd = json!({"cmd": "submit", "messages": m, "budget": BUDGET,
+                         "max_tokens": max_tokens, "tools": tools, "follow": true});
+    if kind != Kind::Plain {
+        cmd["system"] = SYSTEM.into();
+    }
+    cmd
+}
+
+/// One command line to the daemon, one answer line back.
+fn daemon_call(socket: &Path, cmd: &Value, timeout: Duration) -> Result<Value, String> {
+    let mut s = UnixStream::connect(socket).map_err(|e| format!("connect: {e}"))?;
+    s.set_read_timeout(Some(timeout))
+        .map_err(|e| e.to_string())?;
+    s.set_write_timeout(Some(Duration::from_secs(5)))
+        .map_err(|e| e.to_string())?;
+    s.write_all(format!("{cmd}\n").as_bytes())
+        .map_err(|e| format!("write: {e}"))?;
+    let mut line = String::new();
+    BufReader::new(s)
+        .read_line(&mut line)
+        .map_err(|e| format!("read: {e}"))?;
+    serde_json::from_str(&line).map_err(|e| format!("not JSON ({e}): {line:?}"))
+}
+
+/// What the request threads and the injector share.
+#[derive(Default)]
+struct Shared {
+    /// Running requests, by id: whether content has streamed in the current generation.
+    running: Mutex<BTreeMap<u64, bool>>,
+    /// Requests the injector cancelled while they ran (the daemon said `cancelling`).
+    cancelled: Mutex<Vec<u64>>,
+    /// Set by the injector: the next request reads the FIFO.
+    hang_next: AtomicBool,
+    /// Requests that read the FIFO and have not ended.
+    hanging: AtomicUsize,
+    /// Requests not yet submitted.
+    remaining: AtomicUsize,
+    /// Set when every request has ended: inject nothing more.
+    done: AtomicBool,
+}
+
+/// How one request ended, as seen here.
+#[derive(Debug)]
+struct Record {
+    kind: Kind,
+    id: u64,
+    outcome: String,
+    reason: Option<String>,
+    detail: String,
+    content: Option<String>,
+    /// Content streamed in the request's last generation (from its `follow` events).
+    streamed: String,
+    /// When a `read_file` of the FIFO started, if one did.
+    hang_started: Option<Instant>,
+    ended: Instant,
+    took: Duration,
+    tools: Vec<String>,
+}
+
+enum Attempt {
+    /// Told to try again later (the code).
+    Refused(String),
+    Done(Box<Record>),
+}
+
+/// Submits one request with `follow`, reads its events and the result copy, then fetches the
+/// result with `wait` (which removes it): the two must agree.
+fn run_one(
+    socket: &Path,
+    kind: Kind,
+    cmd: &Value,
+    deadline: Duration,
+    shared: &Shared,
+) -> Result<Attempt, String> {
+    let mut s = UnixStream::connect(socket).map_err(|e| format!("connect: {e}"))?;
+    s.set_write_timeout(Some(Duration::from_secs(5)))
+        .map_err(|e| e.to_string())?;
+    s.write_all(format!("{cmd}\n").as_bytes())
+        .map_err(|e| format!("write: {e}"))?;
+    let started = Instant::now();
+    let end_by = started + deadline;
+    let mut r = BufReader::new(s.try_clone().map_err(|e| e.to_string())?);
+    let mut next_line = |what: &str| -> Result<Value, String> {
+        let left = end_by.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(format!("no {what} within the deadline of {deadline:?}"));
+        }
+        s.set_read_timeout(Some(left)).map_err(|e| e.to_string())?;
+        let mut line = String::new();
+        match r.read_line(&mut line) {
+            Ok(0) => Err(format!(
+                "the daemon closed the connection before the {what}"
+            )),
+            Ok(_) => serde_json::from_str(&line).map_err(|e| format!("not JSON ({e}): {line:?}")),
+            Err(e) => Err(format!(
+                "no {what} within the deadline of {deadline:?}: {e}"
+            )),
+        }
+    };
+    let first = next_line("submit answer")?;
+    if first["ok"] != true {
+        let code = first["error"].as_str().unwrap_or("").to_owned();
+        return if TRY_AGAIN.contains(&code.as_str()) {
+            Ok(Attempt::Refused(code))
+        } else {
+            Err(format!("submit refused: {first}"))
+        };
+    }
+    let id = first["id"]
+        .as_u64()
+        .ok_or_else(|| format!("no id in {first}"))?;
+    shared.running.lock().unwrap().insert(id, false);
+    let mut streamed = String::new();
+    let mut hang_started = None;
+    let mut tools = Vec::new();
+    let copy = loop {
+        let line = match next_line("result") {
+            Ok(l) => l,
+            Err(e) => {
+                shared.running.lock().unwrap().remove(&id);
+                return Err(format!("request {id} ({}): {e}", kind.name()));
+            }
+        };
+        // The result line; a `tool_finished` event has a `result` too, its text.
+        if line.get("event").is_none() && line["result"].is_object() {
+            break line["result"].clone();
+        }
+        match line["event"].as_str() {
+            // The partial output kept is the last generation's: a new generation (or a new
+            // attempt at one) starts the text afresh.
+            Some("generation") | Some("retrying") => streamed.clear(),
+            Some("content") => {
+                streamed.push_str(line["text"].as_str().unwrap_or(""));
+                shared.running.lock().unwrap().insert(id, true);
+            }
+            Some("tool_started") => {
+                let name = line["name"].as_str().unwrap_or("").to_owned();
+                let args = line["arguments"].as_str().unwrap_or("");
+                if name == "read_file" && args.contains(HANG_FILE) {
+                    hang_started = Some(Instant::now());
+                }
+                tools.push(name);
+            }
+            _ => {}
+        }
+        // An error line ends the stream (a `tool_finished` event has an `ok` of its own).
+        if line.get("event").is_none() && line["ok"] == false {
+            shared.running.lock().unwrap().remove(&id);
+            return Err(format!("request {id}: the follow stream said {line}"));
+        }
+    };
+    let ended = Instant::now();
+    shared.running.lock().unwrap().remove(&id);
+    let left = end_by
+        .saturating_duration_since(Instant::now())
+        .max(Duration::from_secs(1));
+    let cmd = json!({"cmd": "wait", "id": id, "timeout_ms": left.as_millis() as u64});
+    let fetched = daemon_call(socket, &cmd, left + Duration::from_secs(5))
+        .map_err(|e| format!("request {id}: wait: {e}"))?;
+    let result = &fetched["result"];
+    if fetched["ok"] != true || result["outcome"] != copy["outcome"] {
+        return Err(format!(
+            "request {id}: `wait` answered {fetched}, the follow stream ended with {copy}"
+        ));
+    }
+    Ok(Attempt::Done(Box::new(Record {
+        kind,
+        id,
+        outcome: result["outcome"].as_str().unwrap_or("").to_owned(),
+        reason: result["fail_reason"].as_str().map(str::to_owned),
+        detail: result["detail"].as_str().unwrap_or("").to_owned(),
+        content: result["content"].as_str().map(str::to_owned),
+        streamed,
+        hang_started,
+        ended,
+        took: ended - started,
+        tools,
+    })))
+}
+
+/// The pids whose parent is `parent`, and the pids in process group `pgid`, from
+/// `/proc/*/stat` (live ones: a zombie has already died).
+fn scan_proc(pick: impl Fn(u32, u32) -> bool) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| {
+        let pid: u32 = e.ok()?.file_name().to_str()?.parse().ok()?;
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // `pid (comm) state ppid pgrp ...`: the comm may hold spaces, so split after its `)`.
+        let mut rest = stat[stat.rfind(')')? + 1..].split_whitespace();
+        let state = rest.next()?;
+        let ppid: u32 = rest.next()?.parse().ok()?;
+        let pgrp: u32 = rest.next()?.parse().ok()?;
+        (state != "Z" && pick(ppid, pgrp)).then_some(pid)
+    })
+    .collect()
+}
+
+fn children_of(parent: u32) -> Vec<u32> {
+    scan_proc(|ppid, _| ppid == parent)
+}
+
+fn group_members(pgid: u32) -> Vec<u32> {
+    scan_proc(|_, pgrp| pgrp == pgid)
+}
+
+fn kill(signal: &str, pid: u32) -> bool {
+    Command::new("kill")
+        .args([signal, &pid.to_string()])
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// The worker's Prometheus text (`metrics`, read to `# EOF`).
+fn worker_metrics(socket: &Path) -> Result<String, String> {
+    let mut s = UnixStream::connect(socket).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))
+        .map_err(|e| e.to_string())?;
+    s.write_all(b"metrics\n").map_err(|e| e.to_string())?;
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut s, &mut text).map_err(|e| e.to_string())?;
+    if !text.trim_end().ends_with("# EOF") {
+        return Err(format!("metrics cut short: {text}"));
+    }
+    Ok(text)
+}
+
+/// `name{label="value"} n` lines of `text` as (value, n).
+fn series(text: &str, name: &str, label: &str) -> Vec<(String, f64)> {
+    let prefix = format!("{name}{{");
+    text.lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix(&prefix)?;
+            let (labels, n) = rest.rsplit_once("} ")?;
+            let key = format!("{label}=\"");
+            let v = labels.split(',').find_map(|kv| kv.strip_prefix(&key))?;
+            Some((v.trim_end_matches('"').to_owned(), n.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+/// What the injector did, for the summary and the checks.
+#[derive(Default)]
+struct Injected {
+    /// Faults injected, by name.
+    counts: BTreeMap<&'static str, u32>,
+    /// Faults not injected and why (no running request, crash-loop headroom, ...).
+    skipped: BTreeMap<String, u32>,
+    /// Each server restart caused here: what was injected, the group killed, how long until
+    /// the worker was ready again.
+    restarts: Vec<String>,
+}
+
+struct Injector<'a> {
+    server: &'a LocalServer,
+    proxy: &'a Mutex<Proxy>,
+    daemon: &'a Path,
+    shared: &'a Shared,
+    rng: Rng,
+    out: Injected,
+    /// llama-worker's `probe_interval_s`, scaled.
+    probe_interval: Duration,
+}
+
+impl Injector<'_> {
+    fn skip(&mut self, why: impl Into<String>) {
+        *self.out.skipped.entry(why.into()).or_default() += 1;
+    }
+
+    fn run(mut self) -> Injected {
+        // CHAOS_FAULTS=0: the same requests without faults, the baseline to compare with.
+        let faults = env_u64("CHAOS_FAULTS", 1) != 0;
+        // Every kind once first, in a seeded order (a roll of each kind's range below), so a
+        // short run injects each; a kind skipped for now is tried again later. Then at random.
+        let mut first: Vec<u64> = vec![0, 25, 45, 65, 85];
+        for i in (1..first.len()).rev() {
+            first.swap(i, self.rng.below(i as u64 + 1) as usize);
+        }
+        while faults && !self.shared.done.load(Ordering::SeqCst) {
+            std::thread::sleep(self.rng.between_ms(1_500, 6_000));
+            if self.shared.done.load(Ordering::SeqCst) {
+                break;
+            }
+            let again = |first: &mut Vec<u64>, roll: u64, from_first: bool| {
+                if from_first {
+                    first.insert(0, roll);
+                }
+            };
+            let from_first = !first.is_empty();
+            let roll = first.pop().unwrap_or_else(|| self.rng.below(100));
+            match roll {
+                0..=44 => {
+                    // A stopped instance is found only by a generation that waits on it, so a
+                    // server fault needs requests still to come; and the crash-loop budget,
+                    // raised here, is not to be used up by the injector alone.
+                    if self.shared.remaining.load(Ordering::SeqCst) < 3 {
+                        self.skip("server fault: fewer than 3 requests left to meet it");
+                        again(&mut first, roll, from_first);
+                        continue;
+                    }
+                    let consecutive = self
+                        .server
+                        .worker_status()
+                        .ok()
+                        .and_then(|s| s["consecutive_restarts"].as_u64())
+                        .unwrap_or(u64::MAX);
+                    if consecutive + 2 >= MAX_RESTARTS {
+                        self.skip("server fault: crash-loop headroom");
+                        again(&mut first, roll, from_first);
+                        continue;
+                    }
+                    self.server_fault(if roll < 25 { "-KILL" } else { "-STOP" });
+                }
+                45..=64 => {
+                    let down = self.rng.between_ms(100, 2_000);
+                    let mut p = self.proxy.lock().unwrap();
+                    p.kill();
+                    std::thread::sleep(down);
+                    p.restart();
+                    drop(p);
+                    say!("inferproxy killed, restarted after {down:?}");
+                    *self
+                        .out
+                        .counts
+                        .entry("SIGKILL inferproxy + restart")
+                        .or_default() += 1;
+                }
+                65..=84 => {
+                    let ids: Vec<u64> = self
+                        .shared
+                        .running
+                        .lock()
+                        .unwrap()
+                        .keys()
+                        .copied()
+                        .collect();
+                    if ids.is_empty() {
+                        self.skip("cancel: no request running");
+                        again(&mut first, roll, from_first);
+                        continue;
+                    }
+                    let id = ids[self.rng.below(ids.len() as u64) as usize];
+                    let a = daemon_call(
+                        self.daemon,
+                        &json!({"cmd": "cancel", "id": id}),
+                        Duration::from_secs(10),
+                    )
+                    .unwrap_or_else(|e| panic!("cancel {id}: {e}"));
+                    match a["state"].as_str() {
+                        Some("cancelling") => {
+                            self.shared.cancelled.lock().unwrap().push(id);
+                            *self.out.counts.entry("client cancel").or_default() += 1;
+                            say!("cancel {id}");
+                        }
+                        // It ended between the pick and the cancel.
+                        _ => self.skip(format!("cancel: answered {a}")),
+                    }
+                }
+                _ => {
+                    self.shared.hang_next.store(true, Ordering::SeqCst);
+                    *self.out.counts.entry("hanging tool").or_default() += 1;
+                    say!("the next request reads the FIFO");
+                    // No other fault until that request has ended (or 30 s): a kill would end
+                    // it before its tool ran, and the hang is what this fault is about.
+                    let until = Instant::now() + Duration::from_secs(30);
+                    while Instant::now() < until
+                        && !self.shared.done.load(Ordering::SeqCst)
+                        && (self.shared.hang_next.load(Ordering::SeqCst)
+                            || self.shared.hanging.load(Ordering::SeqCst) > 0)
+                    {
+                        std::thread::sleep(Duration::from_millis(100));
+                    }
+                }
+            }
+        }
+        self.out
+    }
+
+    /// `signal` to the model instance; then the worker must be ready with a new unit, and no
+    /// process of the old group may be left.
+    fn server_fault(&mut self, signal: &str) {
+        let Ok(status) = self.server.worker_status() else {
+            self.skip("server fault: no worker status");
+            return;
+        };
+        if status["state"] != "ready" {
+            self.skip(format!("server fault: worker {}", status["state"]));
+            return;
+        }
+        let (Some(router), Some(pgid), Some(spawns)) = (
+            status["pid"].as_u64().map(|p| p as u32),
+            status["pgid"].as_u64().map(|p| p as u32),
+            status["spawns"].as_u64(),
+        ) else {
+            self.skip(format!(
+                "server fault: status without pid/pgid/spawns: {status}"
+            ));
+            return;
+        };
+        let instance = match children_of(router).as_slice() {
+            [one] => *one,
+            other => {
+                self.skip(format!("server fault: router children {}", other.len()));
+                return;
+            }
+        };
+        let members = group_members(pgid);
+        let at = Instant::now();
+        assert!(kill(signal, instance), "kill {signal} {instance}");
+        let name = if signal == "-STOP" {
+            "SIGSTOP model instance"
+        } else {
+            "SIGKILL model instance"
+        };
+        *self.out.counts.entry(name).or_default() += 1;
+        say!("{name} {instance} (router {router}, group {pgid}: {members:?})");
+        if signal == "-KILL" && !self.worker_saw_it(spawns) {
+            // The router respawned the instance for the next request before the worker's
+            // readiness probe could see it failed: no restart, and nothing for the worker to
+            // kill. The instance must be gone all the same, and the worker still ready.
+            wait_for(
+                &format!("the killed instance {instance} gone"),
+                Duration::from_secs(10),
+                || match scan_proc(|_, _| true).contains(&instance) {
+                    false => Ok(()),
+                    true => Err(format!("{instance} still in /proc")),
+                },
+            );
+            *self
+                .out
+                .counts
+                .entry("SIGKILL model instance: of those, unseen by the worker (the router respawned it)")
+                .or_default() += 1;
+            return;
+        }
+        // A stall takes the scaled stall_timeout_s after the last progress, a death the next
+        // readiness probe; then the backoff and a model load on a loaded box.
+        let now = self.server.wait_worker(
+            &format!("llama-worker ready with a new server after {name}"),
+            Duration::from_secs(180),
+            |s| {
+                s["state"] == "ready"
+                    && s["spawns"].as_u64().is_some_and(|n| n > spawns)
+                    && s["pgid"].as_u64() != Some(u64::from(pgid))
+            },
+        );
+        let healed = at.elapsed();
+        wait_for(
+            &format!("no process of the old group {pgid} left after {name}"),
+            Duration::from_secs(10),
+            || match group_members(pgid).as_slice() {
+                [] => Ok(()),
+                alive => Err(format!("alive in group {pgid}: {alive:?}")),
+            },
+        );
+        self.out.restarts.push(format!(
+            "{name}: group {pgid} ({} processes) gone; ready again after {:.1} s (cause {})",
+            members.len(),
+            healed.as_secs_f64(),
+            now["last_cause"]
+        ));
+    }
+}
+
+impl Injector<'_> {
+    /// Whether the worker reacts to a killed instance (leaves `ready` or spawns again) within
+    /// its readiness probe interval and a margin; polled every 100 ms.
+    fn worker_saw_it(&self, spawns: u64) -> bool {
+        let until = Instant::now() + self.probe_interval + Duration::from_secs(3);
+        while Instant::now() < until {
+            if let Ok(s) = self.server.worker_status() {
+                if s["state"] != "ready" || s["spawns"].as_u64().is_some_and(|n| n > spawns) {
+                    return true;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        false
+    }
+}
+
+struct Serve(Child);
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Opens the FIFO for writing until no reader is left: each open lets every `read_file` that
+/// hung in `open` go on (it reads an empty file and its thread ends, long after the runner
+/// gave it up). `ENXIO` says there is no reader.
+fn release_hung_readers(fifo: &Path) -> u32 {
+    let mut opened = 0;
+    for _ in 0..50 {
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(fifo)
+        {
+            Ok(f) => {
+                opened += 1;
+                drop(f);
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(_) => break,
+        }
+    }
+    opened
+}
+
+fn write_loopd_config(
+    timers: &Timers,
+    server: &LocalServer,
+    proxy: &Path,
+    socket: &Path,
+    path: &Path,
+) {
+    let props = Client::new(Config::new(proxy, server.model()))
+        .props()
+        .expect("GET /props through inferproxy");
+    let c = &timers.loopd;
+    let delays: Vec<String> = c.retry.delays_ms.iter().map(u64::to_string).collect();
+    let text = format!(
+        "socket = {:?}\nmodel = {:?}\n\
+         [limits]\npoll_ms = {}\nbusy_wait_ms = {}\nload_wait_ms = {}\nidle_grace_ms = {}\n\
+         liveness_ms = {}\nmax_tokens = 256\n\
+         [retry]\ndelays_ms = [{}]\ntotal_ms = {}\n\
+         [sampling]\ntemperature = 0.0\nseed = {}\n\
+         [runner]\nbudget = {BUDGET}\nworker_socket = {:?}\ntool_timeout_ms = {}\n\
+         worker_poll_ms = {}\nstall_ms = {}\ndeath_grace_ms = {}\n\
+         [daemon]\nsocket = {:?}\n\
+         [expect]\nchat_template_sha256 = \"{}\"\nn_ctx = {}\ntotal_slots = {}\n",
+        proxy.display().to_string(),
+        server.model(),
+        c.limits.poll_ms,
+        c.limits.busy_wait_ms,
+        c.limits.load_wait_ms,
+        c.limits.idle_grace_ms,
+        c.limits.liveness_ms,
+        delays.join(", "),
+        c.retry.total_ms,
+        SAMPLING.seed.unwrap_or(42),
+        server.status_socket().display().to_string(),
+        c.runner.tool_timeout_ms,
+        c.runner.worker_poll_ms,
+        c.runner.stall_ms,
+        c.runner.death_grace_ms,
+        socket.display().to_string(),
+        llama_proto::hash::sha256(props.chat_template.as_bytes()).unwrap(),
+        props.n_ctx,
+        props.total_slots,
+    );
+    std::fs::write(path, text).expect("write loopd.toml");
+}
+
+fn start_serve(config: &Path, folder: &Path, dir: &Path) -> (Serve, PathBuf) {
+    let notify_path = dir.join("notify.sock");
+    let log = dir.join("serve.log");
+    let notify = UnixDatagram::bind(&notify_path).unwrap();
+    let mut serve = Serve(
+        Command::new(env!("CARGO_BIN_EXE_loopd"))
+            .args(["serve", "--config"])
+            .arg(config)
+            .arg("--folder")
+            .arg(folder)
+            .env("NOTIFY_SOCKET", &notify_path)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    // The self-test runs three generations first: minutes on a loaded 2-core box.
+    notify
+        .set_read_timeout(Some(Duration::from_secs(900)))
+        .unwrap();
+    let mut buf = [0u8; 256];
+    let ready = notify
+        .recv(&mut buf)
+        .map(|n| String::from_utf8_lossy(&buf[..n]).trim_end().to_owned());
+    if !matches!(ready.as_deref(), Ok("READY=1")) {
+        let _ = serve.0.kill();
+        let said = std::fs::read_to_string(&log).unwrap_or_default();
+        panic!("loopd serve never said READY=1 ({ready:?}); it said:\n{said}");
+    }
+    (serve, log)
+}
+
+/// What the summary prints.
+struct Summary<'a> {
+    seed: u64,
+    n: usize,
+    timers: &'a Timers,
+    wall: Duration,
+    chaos_time: Duration,
+    deadline: Duration,
+    records: &'a [Record],
+    refused: &'a BTreeMap<String, u32>,
+    injected: &'a Injected,
+    worker_before: &'a str,
+    worker_after: &'a str,
+    worker_status: &'a str,
+}
+
+/// The figures docs/chaos.md records; printed before any check, so a failed run has them too.
+fn print_summary(s: &Summary<'_>) {
+    let mut by_outcome: BTreeMap<String, u32> = BTreeMap::new();
+    let mut by_kind: BTreeMap<(Kind, String), u32> = BTreeMap::new();
+    for r in s.records {
+        let o = match &r.reason {
+            Some(reason) => format!("failed: {reason}"),
+            None => "completed".to_owned(),
+        };
+        *by_outcome.entry(o.clone()).or_default() += 1;
+        *by_kind.entry((r.kind, o)).or_default() += 1;
+    }
+    let slowest = s.records.iter().map(|r| r.took).max().unwrap_or_default();
+    let kept = s
+        .records
+        .iter()
+        .filter(|r| r.reason.is_some() && !r.streamed.is_empty())
+        .count();
+    let tool_calls: usize = s.records.iter().map(|r| r.tools.len()).sum();
+    let hung = s
+        .records
+        .iter()
+        .filter(|r| r.hang_started.is_some())
+        .count();
+    eprintln!(
+        "\n== chaos summary: CHAOS_SEED={} CHAOS_N={} CHAOS_FACTOR={} ==",
+        s.seed, s.n, s.timers.factor
+    );
+    eprintln!(
+        "wall {:.0} s (requests under faults {:.0} s); slowest request {:.1} s (deadline {:.0} \
+         s); {tool_calls} tool calls run",
+        s.wall.as_secs_f64(),
+        s.chaos_time.as_secs_f64(),
+        slowest.as_secs_f64(),
+        s.deadline.as_secs_f64()
+    );
+    eprintln!("outcomes ({} requests ended):", s.records.len());
+    for (o, c) in &by_outcome {
+        eprintln!("  {c:>4}  {o}");
+    }
+    eprintln!("  ({kept} failed requests had streamed content; the check: each kept it)");
+    eprintln!("by kind:");
+    for ((k, o), c) in &by_kind {
+        eprintln!("  {c:>4}  {:<18} {o}", k.name());
+    }
+    eprintln!("refused and tried again:");
+    for (code, c) in s.refused {
+        eprintln!("  {c:>4}  {code}");
+    }
+    eprintln!("faults injected:");
+    for (f, c) in &s.injected.counts {
+        eprintln!("  {c:>4}  {f}");
+    }
+    eprintln!("  ({hung} requests ran the hanging read_file)");
+    for (why, c) in &s.injected.skipped {
+        eprintln!("  skipped {c:>3}: {why}");
+    }
+    let restarts = |text: &str| series(text, "llama_worker_restarts_total", "cause");
+    let before: HashMap<String, f64> = restarts(s.worker_before).into_iter().collect();
+    let mut total = 0.0;
+    eprintln!("worker restarts during the run, by cause (llama_worker_restarts_total):");
+    for (cause, v) in restarts(s.worker_after) {
+        let d = v - before.get(&cause).copied().unwrap_or(0.0);
+        if d > 0.0 {
+            total += d;
+            eprintln!("  {d:>4}  {cause}");
+        }
+    }
+    let injected = s.injected.restarts.len() as f64;
+    eprintln!(
+        "  {total} in all, {injected} after an injected server fault (below), {} not",
+        total - injected
+    );
+    for r in &s.injected.restarts {
+        eprintln!("  {r}");
+    }
+    eprintln!("worker at the end of the requests: {}", s.worker_status);
+}
+
+#[test]
+#[ignore = "minutes long and kills processes on purpose: `make chaos` runs it (--ignored)"]
+fn chaos_every_request_ends_named_and_the_stack_heals() {
+    let n = env_u64("CHAOS_N", 50) as usize;
+    let seed = match std::env::var("CHAOS_SEED") {
+        Ok(_) => env_u64("CHAOS_SEED", 0),
+        Err(_) => std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64),
+    };
+    let timers = Timers::new(env_u64("CHAOS_FACTOR", 5));
+    say!(
+        "CHAOS_SEED={seed} CHAOS_N={n} CHAOS_FACTOR={} (replay with these)",
+        timers.factor
+    );
+    let wall = Instant::now();
+    let mut rng = Rng::new(seed);
+    let injector_rng = Rng::new(rng.next());
+
+    let server = LocalServer::start_with_worker_config(&timers.worker_config());
+    let proxy = Mutex::new(Proxy::start(server.addr()));
+    let proxy_socket = proxy.lock().unwrap().socket().to_owned();
+    let dir = llama_harness::temp_dir("chaos");
+    let folder = dir.join("shared");
+    std::fs::create_dir_all(&folder).unwrap();
+    std::fs::write(
+        folder.join("notes.txt"),
+        "The meeting is on Tuesday at noon.\n",
+    )
+    .unwrap();
+    let fifo = folder.join(HANG_FILE);
+    let made = Command::new("mkfifo").arg(&fifo).status();
+    assert!(made.is_ok_and(|s| s.success()), "mkfifo {}", fifo.display());
+    let socket = dir.join("loopd.sock");
+    let config = dir.join("loopd.toml");
+    write_loopd_config(&timers, &server, &proxy_socket, &socket, &config);
+    let (mut serve, serve_log) = start_serve(&config, &folder, &dir);
+    let deadline = timers.request_deadline();
+    say!(
+        "stack up after {:.1} s; request deadline {deadline:?}; loopd log {}",
+        wall.elapsed().as_secs_f64(),
+        serve_log.display()
+    );
+    let chaos_started = Instant::now();
+    let worker_before = worker_metrics(server.status_socket()).expect("worker metrics");
+
+    let shared = Shared::default();
+    shared.remaining.store(n, Ordering::SeqCst);
+    let concurrency = env_u64("CHAOS_CONCURRENCY", 3) as usize;
+    let mut records: Vec<Record> = Vec::new();
+    let mut refused: BTreeMap<String, u32> = BTreeMap::new();
+    let mut broken: Vec<String> = Vec::new();
+    let injected = std::thread::scope(|scope| {
+        let injector = Injector {
+            server: &server,
+            proxy: &proxy,
+            daemon: &socket,
+            shared: &shared,
+            rng: injector_rng,
+            out: Injected::default(),
+            probe_interval: Duration::from_millis(5_000 / timers.factor),
+        };
+        let injector = scope.spawn(move || injector.run());
+        // CHAOS_TRACE=file: the worker's status every 250 ms, stamped, to see what it judged.
+        if let Ok(path) = std::env::var("CHAOS_TRACE") {
+            let (server, shared) = (&server, &shared);
+            scope.spawn(move || {
+                let mut out = std::fs::File::create(&path).expect("CHAOS_TRACE file");
+                while !shared.done.load(Ordering::SeqCst) {
+                    let s = server
+                        .worker_status()
+                        .map_or_else(|e| e.to_string(), |s| s.to_string());
+                    let t = T0.get_or_init(Instant::now).elapsed().as_secs_f64();
+                    let _ = writeln!(out, "{t:.2} {s}");
+                    std::thread::sleep(Duration::from_millis(250));
+                }
+            });
+        }
+        let (tx, rx) = mpsc::channel::<(Kind, Value, Result<Attempt, String>)>();
+        let mut in_flight = 0;
+        let mut queue: Vec<(Kind, Value)> = Vec::new();
+        let mut ended = 0;
+        // After a request that broke (no result, or a refusal not to be tried again: the
+        // worker `failed`), nothing more is submitted; the ones running still end.
+        while ended < n && (broken.is_empty() || in_flight != 0) {
+            while broken.is_empty() && in_flight < concurrency && (ended + in_flight) < n {
+                let (kind, cmd) = queue.pop().unwrap_or_else(|| {
+                    let kind = if shared.hang_next.swap(false, Ordering::SeqCst) {
+                        // Counted until it ends, refusals and tries again included.
+                        shared.hanging.fetch_add(1, Ordering::SeqCst);
+                        Kind::Hang
+                    } else {
+                        [Kind::Plain, Kind::Arithmetic, Kind::Time, Kind::ReadFile]
+                            [rng.below(4) as usize]
+                    };
+                    shared.remaining.fetch_sub(1, Ordering::SeqCst);
+                    (kind, submit_command(kind, &mut rng))
+                });
+                let tx = tx.clone();
+                let (socket, shared) = (&socket, &shared);
+                in_flight += 1;
+                scope.spawn(move || {
+                    let a = run_one(socket, kind, &cmd, deadline, shared);
+                    let _ = tx.send((kind, cmd, a));
+                });
+            }
+            let (kind, cmd, a) = rx
+                .recv_timeout(deadline + Duration::from_secs(60))
+                .expect("a request thread answers within its deadline");
+            in_flight -= 1;
+            if kind == Kind::Hang && !matches!(a, Ok(Attempt::Refused(_))) {
+                shared.hanging.fetch_sub(1, Ordering::SeqCst);
+            }
+            match a {
+                Ok(Attempt::Done(r)) => {
+                    let cut = |t: &str| t.chars().take(60).collect::<String>();
+                    say!(
+                        "request {} ({}) {} {} after {:.1} s; tools {:?}; content {:?}; {}",
+                        r.id,
+                        kind.name(),
+                        r.outcome,
+                        r.reason.as_deref().unwrap_or(""),
+                        r.took.as_secs_f64(),
+                        r.tools,
+                        cut(r.content.as_deref().unwrap_or("")),
+                        cut(&r.detail)
+                    );
+                    records.push(*r);
+                    ended += 1;
+                }
+                Ok(Attempt::Refused(code)) => {
+                    *refused.entry(code).or_default() += 1;
+                    queue.push((kind, cmd));
+                    // Tried again later: the slot frees when a request ends, the worker is
+                    // ready again after its restart.
+                    std::thread::sleep(Duration::from_millis(500));
+                }
+                Err(e) => {
+                    say!("BROKEN: {e}");
+                    broken.push(e);
+                    ended += 1;
+                }
+            }
+        }
+        shared.done.store(true, Ordering::SeqCst);
+        injector.join().expect("the fault injector panicked")
+    });
+    let chaos_time = chaos_started.elapsed();
+    print_summary(&Summary {
+        seed,
+        n,
+        timers: &timers,
+        wall: wall.elapsed(),
+        chaos_time,
+        deadline,
+        records: &records,
+        refused: &refused,
+        injected: &injected,
+        worker_before: &worker_before,
+        worker_after: &worker_metrics(server.status_socket()).unwrap_or_else(|e| e),
+        worker_status: &server
+            .worker_status()
+            .map_or_else(|e| format!("no status: {e}"), |s| s.to_string()),
+    });
+    assert!(
+        broken.is_empty(),
+        "requests that did not end with a result within their deadline: {broken:#?}"
+    );
+
+    // Every request ended with a named outcome, and kept what it had streamed.
+    for r in &records {
+        match (r.outcome.as_str(), r.reason.as_deref()) {
+            ("completed", None) => {}
+            ("failed", Some(reason)) if NAMED.contains(&reason) => {
+                assert!(
+                    !r.detail.is_empty(),
+                    "request {} failed without a detail",
+                    r.id
+                );
+                assert_eq!(
+                    r.content.as_deref().unwrap_or(""),
+                    r.streamed,
+                    "request {} ({reason}: {}) keeps the content it streamed in its last \
+                     generation",
+                    r.id,
+                    r.detail
+                );
+            }
+            other => panic!("request {} ended without a named outcome: {other:?}", r.id),
+        }
+        assert!(r.took <= deadline, "request {} took {:?}", r.id, r.took);
+    }
+    // A request cancelled while it ran ends `cancelled` (a cancel is the client's word).
+    let cancelled = shared.cancelled.lock().unwrap().clone();
+    for id in &cancelled {
+        let r = records
+            .iter()
+            .find(|r| r.id == *id)
+            .unwrap_or_else(|| panic!("cancelled request {id} has no record"));
+        assert_eq!(
+            r.reason.as_deref(),
+            Some("cancelled"),
+            "request {id}, cancelled while running, ended {} {}",
+            r.outcome,
+            r.detail
+        );
+    }
+    // A hanging tool is given up at its deadline: the request fails, a poll or two after.
+    let tool_timeout = Duration::from_millis(timers.loopd.runner.tool_timeout_ms);
+    for r in records.iter().filter(|r| r.hang_started.is_some()) {
+        let after = r.ended - r.hang_started.unwrap_or(r.ended);
+        assert!(
+            r.reason.is_some() && after < tool_timeout + 2 * timers.poll() + Duration::from_secs(2),
+            "request {} read the FIFO and ended {} {:?} {} after {after:?} (tool timeout \
+             {tool_timeout:?})",
+            r.id,
+            r.outcome,
+            r.reason,
+            r.detail
+        );
+    }
+
+    // The end state: every slot free, the server idle, nothing registered, the worker ready.
+    let status = wait_for(
+        "no runner slot busy and nothing running (daemon status)",
+        Duration::from_secs(30),
+        || {
+            let s = daemon_call(&socket, &json!({"cmd": "status"}), Duration::from_secs(10))?;
+            let st = &s["status"];
+            if st["busy"] == 0 && st["running"].as_array().is_some_and(Vec::is_empty) {
+                Ok(st.clone())
+            } else {
+                Err(s.to_string())
+            }
+        },
+    );
+    // Through a proxy of its own: the shared one's accept bucket is the daemon's.
+    let poll_proxy = Proxy::start(server.addr());
+    let poller = Client::new(Config::new(poll_proxy.socket(), server.model()));
+    wait_for(
+        "no server slot processing (GET /slots)",
+        Duration::from_secs(30),
+        || match poller.slots() {
+            Ok(s) if s.iter().all(|s| !s.is_processing) => Ok(()),
+            Ok(s) => Err(format!("{s:?}")),
+            Err(e) => Err(e.to_string()),
+        },
+    );
+    drop(poll_proxy);
+    let worker_end = server.wait_worker(
+        "llama-worker ready with no generation registered",
+        Duration::from_secs(60),
+        |s| s["state"] == "ready" && s["inflight"] == 0,
+    );
+    // And it serves: one more request completes (a stopped instance left behind would not).
+    let last = wait_for(
+        "a last request admitted and ended",
+        deadline,
+        || match run_one(
+            &socket,
+            Kind::Plain,
+            &submit_command(Kind::Plain, &mut Rng::new(seed)),
+            deadline,
+            &shared,
+        ) {
+            Ok(Attempt::Done(r)) => Ok(r),
+            Ok(Attempt::Refused(code)) => Err(code),
+            Err(e) => panic!("the last request: {e}"),
+        },
+    );
+    assert_eq!(
+        last.outcome, "completed",
+        "the last request after the chaos: {last:?}"
+    );
+
+    // The daemon counted what we saw (the last request included).
+    let m = daemon_call(&socket, &json!({"cmd": "metrics"}), Duration::from_secs(10))
+        .expect("daemon metrics");
+    let daemon_metrics = m["metrics"].as_str().unwrap_or("").to_owned();
+    let counted = series(&daemon_metrics, "loopd_requests_total", "outcome");
+    let sum = |o: &str| -> f64 { counted.iter().filter(|(k, _)| k == o).map(|(_, v)| v).sum() };
+    let completed = records.iter().filter(|r| r.outcome == "completed").count();
+    assert_eq!(
+        (sum("completed"), sum("failed")),
+        ((completed + 1) as f64, (records.len() - completed) as f64),
+        "loopd_requests_total against the outcomes seen here:\n{daemon_metrics}"
+    );
+
+    let released = release_hung_readers(&fifo);
+    // With CHAOS_TRACE, the logs go next to the trace: the temp dirs go when the run passes.
+    if let Ok(trace) = std::env::var("CHAOS_TRACE") {
+        let proxy_log = proxy_socket.with_file_name("proxy.log");
+        for (from, to) in [
+            (server.log().to_owned(), "server.log"),
+            (serve_log.clone(), "loopd-serve.log"),
+            (proxy_log, "proxy.log"),
+        ] {
+            let _ = std::fs::copy(&from, format!("{trace}.{to}"));
+        }
+    }
+    say!(
+        "end: daemon {status}; worker state {} spawns {} inflight {}; the last request \
+         completed; {released} opens of the FIFO released hung read_file threads",
+        worker_end["state"],
+        worker_end["spawns"],
+        worker_end["inflight"]
+    );
+
+    let _ = Command::new("kill")
+        .arg("-TERM")
+        .arg(serve.0.id().to_string())
+        .status();
+    let exit = wait_for(
+        "loopd serve to exit after SIGTERM",
+        Duration::from_secs(30),
+        || {
+            serve
+                .0
+                .try_wait()
+                .map_err(|e| e.to_string())?
+                .ok_or_else(|| "still running".to_owned())
+        },
+    );
+    assert_eq!(
+        exit.code(),
+        Some(0),
+        "{}",
+        std::fs::read_to_string(&serve_log).unwrap_or_default()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
