@@ -381,7 +381,11 @@ fn children_of(parent: u32) -> Vec<u32> {
 #[test]
 fn a_prefill_longer_than_liveness_is_a_busy_slot_not_a_stall() {
     let _turn = turn();
+    // Its own proxy: a `/slots` poll every 200 ms would empty the shared proxy's accept
+    // bucket (10, then 2 a second) and refuse the tests after it.
+    let own = Proxy::start(shared().0.addr());
     let mut c = config();
+    c.socket = own.socket().to_owned();
     c.limits.liveness_ms = 600;
     c.limits.poll_ms = 200;
     c.limits.max_tokens = 8;
