@@ -265,11 +265,14 @@ fn a_request_pinned_to_a_busy_slot_waits_then_completes() {
         })
     };
     let client = Client::new(config());
-    // Wait until the server reports slot 1 processing, then send on the same slot.
+    // Wait until the server reports slot 1 processing, then send on the same slot. Polled
+    // through a proxy of its own, as the shared one's accept bucket is the other tests'.
+    let poll_proxy = Proxy::start(shared().0.addr());
+    let poller = Client::new(Config::new(poll_proxy.socket(), llama_harness::MODEL_ID));
     llama_harness::wait_for(
         "slot 1 to be processing",
         Duration::from_secs(60),
-        || match client.slots() {
+        || match poller.slots() {
             Ok(slots) if slots.iter().any(|s| s.id == 1 && s.is_processing) => Ok(()),
             Ok(slots) => Err(format!("{slots:?}")),
             Err(e) => Err(e.to_string()),
@@ -337,15 +340,21 @@ fn a_cancelled_generation_frees_its_server_slot() {
     // that the tests after this one need.
     let poll_proxy = Proxy::start(shared().0.addr());
     let poller = Client::new(Config::new(poll_proxy.socket(), llama_harness::MODEL_ID));
+    // Its bucket refuses past 10 quick polls (a slow box): a refused poll is "not yet".
     let idle_after = loop {
-        let slots = poller.slots().expect("GET /slots");
-        let busy = slots.iter().find(|s| s.id == 0).map(|s| s.is_processing);
-        if busy == Some(false) {
-            break cancelled_at.elapsed();
-        }
+        let seen = match poller.slots() {
+            Ok(slots) => {
+                let busy = slots.iter().find(|s| s.id == 0).map(|s| s.is_processing);
+                if busy == Some(false) {
+                    break cancelled_at.elapsed();
+                }
+                format!("{slots:?}")
+            }
+            Err(e) => format!("GET /slots: {e}"),
+        };
         assert!(
             cancelled_at.elapsed() < Duration::from_secs(10),
-            "slot 0 still processing 10 s after the cancel: {slots:?}"
+            "slot 0 still processing 10 s after the cancel; last seen: {seen}"
         );
         std::thread::sleep(Duration::from_millis(20));
     };
