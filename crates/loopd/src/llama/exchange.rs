@@ -14,8 +14,8 @@
 //! - before the first byte, and after a 200 head until the stream's first event past the
 //!   prompt (the prefill: llama-server sends its head and the progress of the cached part as
 //!   soon as it starts on the request, then progress after each batch, and its answer only
-//!   once the whole prompt is processed): a `/slots` poll every `poll_ms` ([`FirstByteWait`] turns the
-//!   answers into `WaitTimeout`, `LoadTimeout` or `Stalled(IdleGrace)`); for a retry, nothing
+//!   once the whole prompt is processed): a `/slots` poll every `poll_ms` (after the head,
+//!   every `liveness_ms`) ([`FirstByteWait`] turns the answers into `WaitTimeout`, `LoadTimeout` or `Stalled(IdleGrace)`); for a retry, nothing
 //!   past the retry budget before the first byte
 //!   ([`set_first_byte_deadline`](ChatExchange::set_first_byte_deadline)).
 //!   With a judge ([`judge_prefill`](ChatExchange::judge_prefill): llama-worker, which sees
@@ -185,7 +185,7 @@ impl<'b> ChatExchange<'b> {
         }
         if alive {
             self.wait = FirstByteWait::new(self.limits, now);
-            self.next_poll = now + ms(self.limits.poll_ms);
+            self.next_poll = now + self.poll_every();
         } else {
             self.fail(InferError::Stalled(Silence::IdleGrace));
         }
@@ -286,7 +286,7 @@ impl<'b> ChatExchange<'b> {
             }));
         }
         match self.wait.observe(seen, now) {
-            Ok(()) => self.next_poll = now + ms(self.limits.poll_ms),
+            Ok(()) => self.next_poll = now + self.poll_every(),
             Err(InferError::Stalled(Silence::IdleGrace)) if self.judge => {
                 self.judging = true;
                 self.outputs.push_back(Output::JudgeSilence);
@@ -374,6 +374,17 @@ impl<'b> ChatExchange<'b> {
         }
     }
 
+    /// How long after a `/slots` answer the next is asked: `poll_ms` before the head;
+    /// `liveness_ms` in the prefill after it, where the server has taken the request and the
+    /// only question is whether it is still on it (each poll is a connection, and inferproxy
+    /// admits 2 a second).
+    fn poll_every(&self) -> Duration {
+        ms(match self.phase {
+            Phase::Prefill => self.limits.liveness_ms,
+            _ => self.limits.poll_ms,
+        })
+    }
+
     /// Whether the server's answer has begun: the stream's first event past the prompt (or
     /// an error body) arrived. Before it the server is still on the prompt, whatever bytes of
     /// the head and of prompt progress came.
@@ -434,6 +445,9 @@ impl<'b> ChatExchange<'b> {
         }
         match seen {
             Seen::Head(status) => {
+                if status == 200 {
+                    self.next_poll = now + ms(self.limits.liveness_ms);
+                }
                 self.phase = if status == 200 {
                     Phase::Prefill
                 } else {

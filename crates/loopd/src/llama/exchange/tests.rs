@@ -600,29 +600,34 @@ fn a_head_and_prompt_progress_are_the_prefill_not_a_silent_stream() {
             processed: 7
         })]
     );
-    assert_eq!(x.poll_timeout(), Some(t(50)), "a /slots poll, not liveness");
-    // Past liveness_ms (100) with the slot busy on the prompt: still waiting.
-    for at in [50, 100, 150] {
-        x.handle_timeout(t(at));
-        assert_eq!(outputs(&mut x), [Output::PollSlots], "at {at} ms");
-        x.handle_slots(t(at), SlotSeen::Busy);
-        assert_eq!(
-            outputs(&mut x),
-            [ev(ChatEvent::Waiting { slot_busy: true })]
-        );
-        if at == 100 {
-            x.handle_bytes(t(at), &chunked(&[progress(1_031, 1_704)]));
-            assert!(!x.answering(), "one batch of the prompt done, not all");
-            drain_progress(&mut x);
-        }
-    }
-    x.handle_timeout(t(199));
-    assert!(!x.is_over(), "{:?}", x.take_result());
+    // At liveness_ms (100) after the head: a /slots poll, not `stalled`; and only then, since
+    // the server has taken the request (each poll is a connection through inferproxy).
+    assert_eq!(x.poll_timeout(), Some(t(101)));
+    x.handle_timeout(t(100));
+    assert_eq!(outputs(&mut x), []);
+    x.handle_timeout(t(101));
+    assert_eq!(outputs(&mut x), [Output::PollSlots]);
+    x.handle_slots(t(101), SlotSeen::Busy);
+    assert_eq!(
+        outputs(&mut x),
+        [ev(ChatEvent::Waiting { slot_busy: true })]
+    );
+    assert_eq!(x.poll_timeout(), Some(t(201)));
+    x.handle_bytes(t(150), &chunked(&[progress(1_031, 1_704)]));
+    assert!(!x.answering(), "one batch of the prompt done, not all");
+    drain_progress(&mut x);
+    assert_eq!(
+        x.poll_timeout(),
+        Some(t(201)),
+        "batch progress is no answer"
+    );
     // The whole prompt processed: the answer has begun, and liveness runs from here.
     x.handle_bytes(t(190), &chunked(&[progress(1_704, 1_704)]));
     assert!(x.answering());
     assert_eq!(x.poll_timeout(), Some(t(290)));
     drain_progress(&mut x);
+    x.handle_timeout(t(201));
+    assert_eq!(outputs(&mut x), [], "no poll once the answer has begun");
     x.handle_bytes(t(250), &chunked(&[content("Red", 1), finish(2)]));
     assert_eq!(outputs(&mut x), [text("Red")]);
     assert_eq!(
@@ -660,10 +665,14 @@ fn the_prefill_after_the_head_has_the_bounds_of_the_wait_before_it() {
         }
         x.take_result().map(|r| r.unwrap_err())
     };
-    assert!(run(SlotSeen::Busy, &[50, 100, 150, 199]).is_none());
-    let e = run(SlotSeen::Busy, &[50, 100, 150, 200]);
+    // busy_wait_ms (200), load_wait_ms (150), idle_grace_ms (120), from the send.
+    assert!(run(SlotSeen::Busy, &[101, 199]).is_none());
+    let e = run(SlotSeen::Busy, &[101, 200]);
     assert!(matches!(e, Some(InferError::WaitTimeout)), "{e:?}");
-    let e = run(SlotSeen::Idle, &[50, 100, 120]);
+    let e = run(SlotSeen::Unavailable, &[101, 150]);
+    assert!(matches!(e, Some(InferError::LoadTimeout)), "{e:?}");
+    assert!(run(SlotSeen::Idle, &[101, 119]).is_none());
+    let e = run(SlotSeen::Idle, &[101, 120]);
     assert!(
         matches!(e, Some(InferError::Stalled(Silence::IdleGrace))),
         "{e:?}"
@@ -673,14 +682,11 @@ fn the_prefill_after_the_head_has_the_bounds_of_the_wait_before_it() {
     let mut x = ChatExchange::new(limits(), t(0), &mut b);
     x.judge_prefill();
     x.handle_bytes(t(1), HEAD);
-    for at in [50, 100, 120] {
+    for at in [101, 120] {
         x.handle_timeout(t(at));
         x.handle_slots(t(at), SlotSeen::Idle);
     }
-    assert_eq!(
-        outputs(&mut x),
-        [Output::PollSlots, Output::PollSlots, Output::JudgeSilence]
-    );
+    assert_eq!(outputs(&mut x), [Output::PollSlots, Output::JudgeSilence]);
     assert!(!x.is_over());
     // The connection closing in the prefill: closed early.
     let mut b = Buffers::new();
