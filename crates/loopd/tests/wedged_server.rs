@@ -316,11 +316,11 @@ fn a_prefill_longer_than_liveness_is_not_a_stall_and_completes() {
         ttft.as_millis(),
         liveness.as_millis()
     );
-    // How the client knew: the head came at once, the prompt's progress did not come past
-    // it, so it asked `/slots` every poll_ms and the server said the slot was busy.
+    // How the client knew: the head came at once and nothing past the prompt after it, so it
+    // asked `/slots` (every liveness_ms in this part of the prefill) and heard the slot busy.
     let busy = busy_waits.load(std::sync::atomic::Ordering::SeqCst);
     assert!(
-        busy >= 2,
+        busy >= 1,
         "the client waited on a busy slot during the prefill ({busy} busy answers)"
     );
     let after = server.worker_status().expect("a worker status");
