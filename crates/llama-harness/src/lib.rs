@@ -147,6 +147,22 @@ pub fn wait_for<T>(
     }
 }
 
+/// The pids whose parent is `parent`, from `/proc/*/stat` (the model instances of a router).
+pub fn children_of(parent: u32) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| {
+        let pid: u32 = e.ok()?.file_name().to_str()?.parse().ok()?;
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // `pid (comm) state ppid ...`: the comm may hold spaces, so split after its `)`.
+        let rest = &stat[stat.rfind(')')? + 1..];
+        let ppid: u32 = rest.split_whitespace().nth(1)?.parse().ok()?;
+        (ppid == parent).then_some(pid)
+    })
+    .collect()
+}
+
 /// A process group started with a watchdog that ends it when this process goes away.
 struct Group {
     child: Child,

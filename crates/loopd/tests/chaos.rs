@@ -25,12 +25,14 @@
 //! Ignored, so that `make test` (`cargo test --workspace --all-features`) does not run it: it
 //! takes minutes and kills processes on purpose. `make chaos` runs it with `--ignored`.
 
+mod real_serve;
+
 use std::collections::{BTreeMap, HashMap};
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::OpenOptionsExt;
-use std::os::unix::net::{UnixDatagram, UnixStream};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Mutex};
 use std::time::{Duration, Instant};
@@ -39,6 +41,7 @@ use llama_harness::{wait_for, LocalServer, Proxy};
 use loopd::config::Config;
 use loopd::llama::Client;
 use loopd::selftest::SAMPLING;
+use real_serve::start_serve;
 use serde_json::{json, Value};
 
 /// Every fail reason a result may name: the runner's own and the client's (docs/runner.md).
@@ -477,11 +480,6 @@ fn scan_proc(pick: impl Fn(u32, u32) -> bool) -> Vec<u32> {
     })
     .collect()
 }
-
-fn children_of(parent: u32) -> Vec<u32> {
-    scan_proc(|ppid, _| ppid == parent)
-}
-
 fn group_members(pgid: u32) -> Vec<u32> {
     scan_proc(|_, pgrp| pgrp == pgid)
 }
@@ -679,7 +677,7 @@ impl Injector<'_> {
             ));
             return;
         };
-        let instance = match children_of(router).as_slice() {
+        let instance = match llama_harness::children_of(router).as_slice() {
             [one] => *one,
             other => {
                 self.skip(format!("server fault: router children {}", other.len()));
@@ -761,15 +759,6 @@ impl Injector<'_> {
     }
 }
 
-struct Serve(Child);
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// Opens the FIFO for writing until no reader is left: each open lets every `read_file` that
 /// hung in `open` go on (it reads an empty file and its thread ends, long after the runner
 /// gave it up). `ENXIO` says there is no reader.
@@ -836,39 +825,6 @@ fn write_loopd_config(
     );
     std::fs::write(path, text).expect("write loopd.toml");
 }
-
-fn start_serve(config: &Path, folder: &Path, dir: &Path) -> (Serve, PathBuf) {
-    let notify_path = dir.join("notify.sock");
-    let log = dir.join("serve.log");
-    let notify = UnixDatagram::bind(&notify_path).unwrap();
-    let mut serve = Serve(
-        Command::new(env!("CARGO_BIN_EXE_loopd"))
-            .args(["serve", "--config"])
-            .arg(config)
-            .arg("--folder")
-            .arg(folder)
-            .env("NOTIFY_SOCKET", &notify_path)
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap(),
-    );
-    // The self-test runs three generations first: minutes on a loaded 2-core box.
-    notify
-        .set_read_timeout(Some(Duration::from_secs(900)))
-        .unwrap();
-    let mut buf = [0u8; 256];
-    let ready = notify
-        .recv(&mut buf)
-        .map(|n| String::from_utf8_lossy(&buf[..n]).trim_end().to_owned());
-    if !matches!(ready.as_deref(), Ok("READY=1")) {
-        let _ = serve.0.kill();
-        let said = std::fs::read_to_string(&log).unwrap_or_default();
-        panic!("loopd serve never said READY=1 ({ready:?}); it said:\n{said}");
-    }
-    (serve, log)
-}
-
 /// What the summary prints.
 struct Summary<'a> {
     seed: u64,

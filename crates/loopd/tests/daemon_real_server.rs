@@ -11,15 +11,17 @@
 //! answers once the budget is spent instead of calling a third time; the call-only examples
 //! after it keep its first move a call (SmolLM2-135M copies whatever came last).
 
-use std::os::unix::net::UnixDatagram;
+mod real_serve;
+
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use llama_harness::{LocalServer, Proxy};
 use loopd::config::Config;
 use loopd::llama::Client;
 use loopd::selftest::SAMPLING;
+use real_serve::start_serve;
 use serde_json::{json, Value};
 
 const PROMPT: &str = "Read the file start.txt.";
@@ -48,15 +50,6 @@ fn history() -> Value {
         user("Read the file list.txt."),
         call(4, "list.txt"),
     ])
-}
-
-struct Serve(Child);
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 fn loopd(args: &[&str], config: &Path) -> Output {
@@ -98,39 +91,12 @@ fn a_two_iteration_read_file_request_through_loopd_submit_and_loopd_result() {
         ),
     )
     .unwrap();
-    let notify_path = dir.join("notify.sock");
-    let log = dir.join("serve.log");
-    let notify = UnixDatagram::bind(&notify_path).unwrap();
     // The folder read_file reads under: one file that points to the other.
     let folder = dir.join("folder");
     std::fs::create_dir(&folder).unwrap();
     std::fs::write(folder.join("start.txt"), "Read the file step2.txt.\n").unwrap();
     std::fs::write(folder.join("step2.txt"), "The number is 391.\n").unwrap();
-    let mut serve = Serve(
-        Command::new(env!("CARGO_BIN_EXE_loopd"))
-            .args(["serve", "--config"])
-            .arg(&config)
-            .arg("--folder")
-            .arg(&folder)
-            .env("NOTIFY_SOCKET", &notify_path)
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap(),
-    );
-    // The self-test runs three generations first: minutes on a loaded 2-core box.
-    notify
-        .set_read_timeout(Some(Duration::from_secs(900)))
-        .unwrap();
-    let mut buf = [0u8; 256];
-    let ready = notify
-        .recv(&mut buf)
-        .map(|n| String::from_utf8_lossy(&buf[..n]).trim_end().to_owned());
-    if !matches!(ready.as_deref(), Ok("READY=1")) {
-        let _ = serve.0.kill();
-        let said = std::fs::read_to_string(&log).unwrap_or_default();
-        panic!("loopd serve never said READY=1 ({ready:?}); it said:\n{said}");
-    }
+    let (mut serve, log) = start_serve(&config, &folder, &dir);
 
     let started = Instant::now();
     let history_file = dir.join("history.json");

@@ -364,22 +364,6 @@ fn a_cancelled_generation_frees_its_server_slot() {
     r.unwrap();
 }
 
-/// The pids whose parent is `parent`, from `/proc/*/stat`.
-fn children_of(parent: u32) -> Vec<u32> {
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    dir.filter_map(|e| {
-        let pid: u32 = e.ok()?.file_name().to_str()?.parse().ok()?;
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        // `pid (comm) state ppid ...`: the comm may hold spaces, so split after its `)`.
-        let rest = &stat[stat.rfind(')')? + 1..];
-        let ppid: u32 = rest.split_whitespace().nth(1)?.parse().ok()?;
-        (ppid == parent).then_some(pid)
-    })
-    .collect()
-}
-
 /// llama-server sends its 200 head, and the progress of the cached part of the prompt, as soon
 /// as it starts on a request, and its answer only once the whole prompt is processed
 /// (measured on this server: head and `processed: 7` of 1,704 after 22 ms, the first token
@@ -401,15 +385,12 @@ fn a_prefill_longer_than_liveness_is_a_busy_slot_not_a_stall() {
     c.limits.max_tokens = 8;
     let client = Client::new(c);
     let router = shared().0.server_pid().expect("the router's pid");
-    let instance =
-        llama_harness::wait_for(
-            "the model instance",
-            Duration::from_secs(30),
-            || match children_of(router).as_slice() {
-                [one] => Ok(*one),
-                other => Err(format!("children of router {router}: {other:?}")),
-            },
-        );
+    let instance = llama_harness::wait_for("the model instance", Duration::from_secs(30), || {
+        match llama_harness::children_of(router).as_slice() {
+            [one] => Ok(*one),
+            other => Err(format!("children of router {router}: {other:?}")),
+        }
+    });
     let pause = Duration::from_millis(6_000);
     let signal = move |sig: &str| {
         std::process::Command::new("kill")

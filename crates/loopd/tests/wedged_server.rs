@@ -91,22 +91,6 @@ fn ask(text: &str) -> Submission {
     }
 }
 
-/// The pids whose parent is `parent`, from `/proc/*/stat`.
-fn children_of(parent: u32) -> Vec<u32> {
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    dir.filter_map(|e| {
-        let pid: u32 = e.ok()?.file_name().to_str()?.parse().ok()?;
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        // `pid (comm) state ppid ...`: the comm may hold spaces, so split after its `)`.
-        let rest = &stat[stat.rfind(')')? + 1..];
-        let ppid: u32 = rest.split_whitespace().nth(1)?.parse().ok()?;
-        (ppid == parent).then_some(pid)
-    })
-    .collect()
-}
-
 /// The model instance the router runs now: its only child.
 fn model_instance(server: &LocalServer) -> u32 {
     wait_for(
@@ -114,7 +98,7 @@ fn model_instance(server: &LocalServer) -> u32 {
         Duration::from_secs(30),
         || {
             let router = server.server_pid().ok_or("no router pid in the status")?;
-            match children_of(router).as_slice() {
+            match llama_harness::children_of(router).as_slice() {
                 [one] => Ok(*one),
                 other => Err(format!("children of router {router}: {other:?}")),
             }

@@ -1,0 +1,51 @@
+//! The real `loopd serve` binary started for a real-stack test, and waited for as systemd
+//! would: until it says `READY=1` on a `NOTIFY_SOCKET` (after its self-test).
+
+use std::os::unix::net::UnixDatagram;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// `loopd serve`, killed and reaped when dropped.
+pub struct Serve(pub Child);
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `loopd serve --config config --folder folder` with its stderr in `dir/serve.log`,
+/// and returns once it said `READY=1`; panics with what it said otherwise.
+pub fn start_serve(config: &Path, folder: &Path, dir: &Path) -> (Serve, PathBuf) {
+    let notify_path = dir.join("notify.sock");
+    let log = dir.join("serve.log");
+    let notify = UnixDatagram::bind(&notify_path).unwrap();
+    let mut serve = Serve(
+        Command::new(env!("CARGO_BIN_EXE_loopd"))
+            .args(["serve", "--config"])
+            .arg(config)
+            .arg("--folder")
+            .arg(folder)
+            .env("NOTIFY_SOCKET", &notify_path)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    // The self-test runs three generations first: minutes on a loaded 2-core box.
+    notify
+        .set_read_timeout(Some(Duration::from_secs(900)))
+        .unwrap();
+    let mut buf = [0u8; 256];
+    let ready = notify
+        .recv(&mut buf)
+        .map(|n| String::from_utf8_lossy(&buf[..n]).trim_end().to_owned());
+    if !matches!(ready.as_deref(), Ok("READY=1")) {
+        let _ = serve.0.kill();
+        let said = std::fs::read_to_string(&log).unwrap_or_default();
+        panic!("loopd serve never said READY=1 ({ready:?}); it said:\n{said}");
+    }
+    (serve, log)
+}
