@@ -15,12 +15,12 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use clock::{FakeClock, SystemClock};
+use clock::FakeClock;
 use loopd::daemon::client;
 use loopd::daemon::protocol::MAX_LINE_BYTES;
 use loopd::daemon::READ_DEADLINE;
 use serde_json::{json, Value};
-use support::daemon::{error_of, slow_answer, submit, Running};
+use support::daemon::{error_of, serve_to_exit, slow_answer, submit, Running};
 use support::{json_answer, FakeServer, Reply};
 use worker_fake::{FakeWorker, Script};
 
@@ -32,12 +32,7 @@ fn three_clients_on_two_slots_the_third_is_refused_and_no_slot_is_shared() {
         CHAT,
         vec![slow_answer(4, Duration::from_millis(150))],
     )]);
-    let d = Running::start(
-        &server,
-        2,
-        Arc::new(SystemClock::new()),
-        Duration::from_secs(60),
-    );
+    let d = Running::on_system_clock(&server, 2);
     let socket = d.socket.clone();
     let replies: Vec<Value> = (0..3)
         .map(|i| {
@@ -135,12 +130,7 @@ fn follow_streams_events_and_cancel_ends_with_the_partial_output() {
         CHAT,
         vec![slow_answer(200, Duration::from_millis(50))],
     )]);
-    let d = Running::start(
-        &server,
-        1,
-        Arc::new(SystemClock::new()),
-        Duration::from_secs(60),
-    );
+    let d = Running::on_system_clock(&server, 1);
     let socket = d.socket.clone();
     let follower = thread::spawn(move || {
         let mut events = Vec::new();
@@ -191,12 +181,7 @@ fn shutdown_cancels_what_runs_and_tells_the_follower_with_partial_output() {
         CHAT,
         vec![slow_answer(200, Duration::from_millis(50))],
     )]);
-    let mut d = Running::start(
-        &server,
-        2,
-        Arc::new(SystemClock::new()),
-        Duration::from_secs(60),
-    );
+    let mut d = Running::on_system_clock(&server, 2);
     let id = d.call(submit("go"))["id"].as_u64().unwrap();
     let socket = d.socket.clone();
     let follower = thread::spawn(move || {
@@ -234,12 +219,7 @@ fn raw(socket: &Path, bytes: &[u8]) -> String {
 #[test]
 fn hostile_clients_get_typed_errors_and_the_others_are_served() {
     let server = FakeServer::start(vec![(CHAT, vec![json_answer("ok")])]);
-    let d = Running::start(
-        &server,
-        2,
-        Arc::new(SystemClock::new()),
-        Duration::from_secs(60),
-    );
+    let d = Running::on_system_clock(&server, 2);
     // A client that connects and sends nothing holds only its own thread, until the deadline.
     let silent = UnixStream::connect(&d.socket).unwrap();
     silent.set_read_timeout(Some(READ_DEADLINE * 4)).unwrap();
@@ -361,13 +341,8 @@ fn serve_refuses_to_start_on_a_failing_self_test_and_never_opens_its_socket() {
         &server,
         &format!("[expect]\nchat_template_sha256 = \"{wrong}\"\nn_ctx = 4096\ntotal_slots = 2\n"),
     );
-    let out = Command::new(env!("CARGO_BIN_EXE_loopd"))
-        .args(["serve", "--config"])
-        .arg(&config)
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let (code, stderr) = serve_to_exit(&config);
+    assert_eq!(code, Some(1), "{stderr}");
     let last = stderr.lines().last().unwrap();
     assert!(
         last.starts_with(&format!(
@@ -385,13 +360,8 @@ fn serve_refuses_to_start_when_the_server_never_loads() {
         vec![Reply::json(503, r#"{"error":{"message":"Loading model"}}"#)],
     )]);
     let (config, socket) = serve_config(&server, "");
-    let out = Command::new(env!("CARGO_BIN_EXE_loopd"))
-        .args(["serve", "--config"])
-        .arg(&config)
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let (code, stderr) = serve_to_exit(&config);
+    assert_eq!(code, Some(1), "{stderr}");
     assert!(
         stderr.lines().last().unwrap().starts_with(
             "loopd serve: refusing to start: the server did not answer GET /props within 0 s"
@@ -404,12 +374,7 @@ fn serve_refuses_to_start_when_the_server_never_loads() {
 #[test]
 fn submit_tools_are_the_tools_its_generations_offer() {
     let server = FakeServer::start(vec![(CHAT, vec![json_answer("ok")])]);
-    let d = Running::start(
-        &server,
-        1,
-        Arc::new(SystemClock::new()),
-        Duration::from_secs(60),
-    );
+    let d = Running::on_system_clock(&server, 1);
     let all = d.call(json!({"cmd": "status"}))["status"]["tools"].clone();
     let mut offered = Vec::new();
     for tools in [None, Some(json!(["arithmetic"])), Some(json!([]))] {
@@ -450,12 +415,7 @@ fn serve_waits_for_a_restarting_worker_and_says_so_once() {
     ]);
     // Three polls see the worker restarting and the server loading; the fourth gets /props.
     let (config, socket, _worker) = config_with_worker(&server, "restarting", 20_000);
-    let out = Command::new(env!("CARGO_BIN_EXE_loopd"))
-        .args(["serve", "--config"])
-        .arg(&config)
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let (code, stderr) = serve_to_exit(&config);
     let waiting: Vec<&str> = stderr
         .lines()
         .filter(|l| l.contains("llama-worker is restarting"))
@@ -474,7 +434,7 @@ fn serve_waits_for_a_restarting_worker_and_says_so_once() {
         stderr.contains("refusing to start: the self-test failed"),
         "{stderr}"
     );
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(code, Some(1), "{stderr}");
     assert!(!socket.exists());
 }
 

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use llama_proto::hash::sha256;
 use loopd::daemon::client;
 use serde_json::{json, Value};
+use support::daemon::serve_to_exit;
 use support::{done, json_chunk, json_content, FakeServer, Reply};
 
 const CHAT: &str = "/v1/chat/completions";
@@ -325,13 +326,8 @@ fn a_second_loopd_serve_on_a_live_socket_refuses_to_start() {
     );
     let dir = server.socket().parent().unwrap().to_owned();
     let (config, socket) = write_config(&server, &dir, 200, "");
-    let out = Command::new(env!("CARGO_BIN_EXE_loopd"))
-        .args(["serve", "--config"])
-        .arg(&config)
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let (code, stderr) = serve_to_exit(&config);
+    assert_eq!(code, Some(1), "{stderr}");
     assert!(
         stderr
             .lines()

@@ -37,6 +37,16 @@ pub struct Running {
 }
 
 impl Running {
+    /// [`start`](Self::start) on the system clock, results kept a minute.
+    pub fn on_system_clock(server: &FakeServer, slots: u32) -> Running {
+        Self::start(
+            server,
+            slots,
+            Arc::new(clock::SystemClock::new()),
+            Duration::from_secs(60),
+        )
+    }
+
     pub fn start(server: &FakeServer, slots: u32, clock: Arc<dyn Clock>, ttl: Duration) -> Running {
         let dir = server.socket().parent().unwrap().to_owned();
         let socket = dir.join("loopd.sock");
@@ -101,4 +111,16 @@ pub fn error_of(v: &Value) -> &str {
     v["error"]
         .as_str()
         .unwrap_or_else(|| panic!("not an error reply: {v}"))
+}
+
+/// Runs `loopd serve --config config` to its exit (a start-up it refuses): its exit code and
+/// its stderr.
+pub fn serve_to_exit(config: &std::path::Path) -> (Option<i32>, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_loopd"))
+        .args(["serve", "--config"])
+        .arg(config)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    (out.status.code(), stderr)
 }
