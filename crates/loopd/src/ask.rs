@@ -126,7 +126,7 @@ impl<W: Write> Watcher<W> {
                 after_ms,
                 error,
             } => self.notice(&format!(
-                "retrying: attempt {attempt} in {:.1} s after: {error}",
+                "retrying: attempt {attempt} in {:.1} s after: {error} (its output so far is dropped)",
                 *after_ms as f64 / 1000.0
             )),
         }
@@ -352,7 +352,8 @@ mod tests {
                 out,
                 format!(
                     "{header}a]0;pwnedb[2Jc31md\n\te\ntool call 0: f[5m [1m\n{{}}\n\
-                     retrying: attempt 2 in 2.0 s after: HTTP 500: [31mboom\n"
+                     retrying: attempt 2 in 2.0 s after: HTTP 500: [31mboom (its output so far is \
+                     dropped)\n"
                 )
             );
         }

@@ -113,6 +113,18 @@ pub struct Retry {
     pub total_ms: u64,
 }
 
+impl Retry {
+    /// One attempt, never retried.
+    pub fn once() -> Self {
+        Retry {
+            attempts: 1,
+            delays_ms: Vec::new(),
+            jitter_percent: 0,
+            total_ms: 0,
+        }
+    }
+}
+
 impl Default for Retry {
     fn default() -> Self {
         Retry {

@@ -173,7 +173,13 @@ impl Printer {
                 "iteration {} done: {} tool iterations left",
                 e["number"], e["budget_left"]
             ),
-            "retrying" => writeln!(out, "\nretrying (attempt {}): {}", e["attempt"], s("error")),
+            "retrying" => writeln!(
+                out,
+                "\nretrying: attempt {} in {:.1} s after: {} (its output so far is dropped)",
+                e["attempt"],
+                e["after_ms"].as_u64().unwrap_or(0) as f64 / 1000.0,
+                s("error")
+            ),
             _ => Ok(()),
         }
     }

@@ -260,6 +260,7 @@ mod tests {
             budget: 1,
             budget_left: 0,
             stalls: Vec::new(),
+            retries: Vec::new(),
         };
         w.finish(&r);
         assert_eq!(

@@ -9,7 +9,8 @@ mod scripted;
 use std::sync::Arc;
 use std::time::Duration;
 
-use loopd::config::{Config, RunnerConfig};
+use loopd::clock::FakeJitter;
+use loopd::config::{Config, Retry, RunnerConfig};
 use loopd::llama::{AssistantMessage, Buffers, ChatMessage, InferError, Silence, SlotSeen};
 use loopd::runner::worker::{RegisterAnswer, WorkerError, WorkerFailReason};
 use loopd::runner::{
@@ -80,8 +81,13 @@ fn machine<'b>(
         tools: &tools,
         bios: Arc::new(Fixed),
         spawns,
+        retry: Retry::once(),
+        jitter: Arc::new(FakeJitter::new(&[])),
     };
-    AgentRequest::new(Duration::ZERO, setup, req, buffers.storage())
+    let mut m = AgentRequest::new(Duration::ZERO, setup, req, buffers.storage());
+    // The slot gate lets generation 1 in at once; later ones are let in by `respond`.
+    m.handle_acquired(Duration::ZERO, Ok(false));
+    m
 }
 
 fn drain(m: &mut AgentRequest<'_>) -> Vec<Action> {
@@ -94,6 +100,7 @@ fn kinds(actions: &[Action]) -> Vec<String> {
         .iter()
         .filter_map(|a| match a {
             Action::Event(_) => None,
+            Action::Acquire => Some("acquire".into()),
             Action::Send(_) => Some("send".into()),
             Action::PollSlots => Some("slots".into()),
             Action::EndReasoning { .. } => Some("end_reasoning".into()),
@@ -189,6 +196,7 @@ fn calls(list: &[(&str, &str, &str)], cache_n: u64) -> Vec<u8> {
 /// `finish_reason` chunk, so the stream's `[DONE]` after it is left unread (the driver closes
 /// the connection); everything before it is consumed.
 fn respond(m: &mut AgentRequest<'_>, at: u64, bytes: &[u8]) -> Vec<Action> {
+    m.handle_acquired(ms(at), Ok(false));
     m.handle_sent(ms(at));
     let used = m.handle_bytes(ms(at), bytes);
     assert!(
@@ -205,7 +213,7 @@ fn a_batch_of_three_calls_is_one_iteration_run_in_order_one_at_a_time() {
     let s = settings(false);
     let mut m = machine(&mut b, &s, ask(None), None);
     let first = drain(&mut m);
-    assert_eq!(kinds(&first), ["send"]);
+    assert_eq!(kinds(&first), ["acquire", "send"]);
     assert_eq!(
         sent(&first)[0],
         ChatMessage::System {
@@ -231,7 +239,7 @@ fn a_batch_of_three_calls_is_one_iteration_run_in_order_one_at_a_time() {
     assert_eq!(kinds(&drain(&mut m)), ["tool echo"]);
     m.handle_tool_result(ms(70), "c", Ok("three".into()));
     let next = drain(&mut m);
-    assert_eq!(kinds(&next), ["send"]);
+    assert_eq!(kinds(&next), ["acquire"]);
     assert!(next.iter().any(|a| matches!(
         a,
         Action::Event(RequestEvent::Iteration {
@@ -239,6 +247,9 @@ fn a_batch_of_three_calls_is_one_iteration_run_in_order_one_at_a_time() {
             budget_left: 1
         })
     )));
+    m.handle_acquired(ms(70), Ok(false));
+    let next = drain(&mut m);
+    assert_eq!(kinds(&next), ["send"]);
     let msgs = sent(&next);
     let tail: Vec<&ChatMessage> = msgs.iter().skip(2).collect();
     assert_eq!(tail.len(), 4, "one assistant message and three results");
@@ -352,6 +363,7 @@ fn a_repeated_line_closes_the_stream_with_loop_detected_and_the_output_kept() {
     let s = settings(false);
     let mut m = machine(&mut b, &s, ask(None), None);
     drain(&mut m);
+    m.handle_acquired(ms(0), Ok(false));
     m.handle_sent(ms(0));
     m.handle_bytes(ms(5), HEAD);
     let line = "This line is thirty-eight bytes long!\n";
@@ -413,6 +425,7 @@ fn cancel_while_streaming_and_while_a_tool_runs() {
     let s = settings(false);
     let mut m = machine(&mut b, &s, ask(None), None);
     drain(&mut m);
+    m.handle_acquired(ms(0), Ok(false));
     m.handle_sent(ms(0));
     m.handle_bytes(ms(5), HEAD);
     m.handle_bytes(ms(6), &data(json!({"content": "partial"}), None, 0));
@@ -443,6 +456,7 @@ fn a_disconnect_mid_stream_without_a_worker_is_the_clients_error_with_the_partia
     let s = settings(false);
     let mut m = machine(&mut b, &s, ask(None), None);
     drain(&mut m);
+    m.handle_acquired(ms(0), Ok(false));
     m.handle_sent(ms(0));
     m.handle_bytes(ms(5), HEAD);
     m.handle_bytes(ms(6), &data(json!({"content": "half"}), None, 0));
@@ -461,6 +475,7 @@ fn silence_is_reported_as_a_stall_every_stall_ms_and_a_restart_ends_the_request(
     let s = settings(true);
     let mut m = machine(&mut b, &s, ask(None), Some(3));
     drain(&mut m);
+    m.handle_acquired(ms(0), Ok(false));
     m.handle_sent(ms(0));
     m.handle_bytes(ms(20), HEAD);
     m.handle_bytes(ms(30), &data(json!({"content": "a"}), None, 0));
@@ -524,6 +539,7 @@ fn the_worker_is_read_every_worker_poll_ms_and_a_restart_or_death_fails_the_requ
         let mut b = Buffers::new();
         let mut m = machine(&mut b, &s, ask(None), Some(3));
         drain(&mut m);
+        m.handle_acquired(ms(0), Ok(false));
         m.handle_sent(ms(0));
         m.handle_bytes(ms(10), HEAD);
         m.handle_bytes(ms(50), &data(json!({"content": "b"}), None, 0));
@@ -562,6 +578,7 @@ fn a_silent_server_the_client_gives_up_on_is_reported_then_the_worker_is_asked()
     let s = settings(true);
     let mut m = machine(&mut b, &s, ask(None), Some(1));
     drain(&mut m);
+    m.handle_acquired(ms(0), Ok(false));
     m.handle_sent(ms(0));
     m.handle_bytes(ms(10), &answered());
     drain(&mut m);
@@ -597,6 +614,7 @@ fn the_first_byte_wait_polls_slots_on_the_machines_time() {
     let s = settings(false);
     let mut m = machine(&mut b, &s, ask(None), None);
     drain(&mut m);
+    m.handle_acquired(ms(5), Ok(false));
     m.handle_sent(ms(5));
     assert_eq!(
         m.poll_timeout(),
@@ -645,6 +663,7 @@ fn the_request_offers_only_its_chosen_tools_and_refuses_a_call_to_another() {
     let out = respond(&mut m, 10, &calls(&[("a", "echo", "{}")], 0));
     assert_eq!(kinds(&out), ["close", "tool echo"]);
     m.handle_tool_result(ms(20), "a", Ok("one".into()));
+    m.handle_acquired(ms(20), Ok(false));
     assert_eq!(offered(&drain(&mut m)), ["echo", "other"]);
     // A call to a tool not chosen, an exit tool included, is refused as an unknown one.
     for name in ["other", "signal"] {
@@ -672,11 +691,12 @@ fn registered<'b>(b: &'b mut Buffers, s: &RunnerConfig, id: u64) -> AgentRequest
     let mut m = machine(b, s, ask(None), Some(3));
     assert_eq!(
         kinds(&drain(&mut m)),
-        ["register"],
-        "registered before it is sent"
+        ["acquire", "register"],
+        "the slot taken, then registered before it is sent"
     );
     m.handle_registered(ms(2), Ok(RegisterAnswer::Registered(id)));
     assert_eq!(kinds(&drain(&mut m)), ["send"]);
+    m.handle_acquired(ms(3), Ok(false));
     m.handle_sent(ms(3));
     assert_eq!(kinds(&drain(&mut m)), Vec::<String>::new());
     m
@@ -732,10 +752,10 @@ fn the_clients_stall_is_reported_as_stall_of_the_generation_before_it_is_unregis
     let mut m = registered(&mut b, &s, 4);
     m.handle_bytes(ms(10), &answered());
     assert_eq!(kinds(&drain(&mut m)), ["progress 4 first_byte"]);
-    // stall_ms (150) after the start, then liveness (400) after the last byte.
-    m.handle_timeout(ms(149));
+    // stall_ms (150) after the send (3), then liveness (400) after the last byte.
+    m.handle_timeout(ms(152));
     assert_eq!(kinds(&drain(&mut m)), Vec::<String>::new());
-    m.handle_timeout(ms(150));
+    m.handle_timeout(ms(153));
     assert_eq!(kinds(&drain(&mut m)), ["stall 4"]);
     m.handle_stall_answer(ms(151), Ok(StallAnswer::NotReady));
     m.handle_timeout(ms(410));
@@ -807,7 +827,8 @@ fn a_refused_registration_sends_nothing_and_one_unanswered_sends_unregistered() 
         drain(&mut m);
         m.handle_registered(ms(1), Ok(RegisterAnswer::Refused(state)));
         let out = drain(&mut m);
-        assert_eq!(kinds(&out), ["done"]);
+        // The slot's permit goes back unused.
+        assert_eq!(kinds(&out), ["close", "done"]);
         let r = result(out);
         assert_eq!(failed(&r).0, want);
         assert!(r.generations.is_empty(), "nothing was sent");
@@ -819,6 +840,7 @@ fn a_refused_registration_sends_nothing_and_one_unanswered_sends_unregistered() 
     let silent = WorkerError::Io(std::io::ErrorKind::TimedOut.into());
     m.handle_registered(ms(1), Err(silent));
     assert_eq!(kinds(&drain(&mut m)), ["send"]);
+    m.handle_acquired(ms(2), Ok(false));
     m.handle_sent(ms(2));
     m.handle_bytes(ms(10), &answered());
     assert_eq!(
@@ -826,7 +848,10 @@ fn a_refused_registration_sends_nothing_and_one_unanswered_sends_unregistered() 
         Vec::<String>::new(),
         "no progress unregistered"
     );
-    m.handle_timeout(ms(150));
+    // stall_ms (150) after the send.
+    m.handle_timeout(ms(151));
+    assert_eq!(kinds(&drain(&mut m)), Vec::<String>::new());
+    m.handle_timeout(ms(152));
     assert_eq!(kinds(&drain(&mut m)), ["stall"], "a bare stall");
 }
 
@@ -864,8 +889,11 @@ fn a_silent_prefill_is_the_workers_to_judge_at_idle_grace_ms() {
             tools: &tools,
             bios: Arc::new(Fixed),
             spawns: Some(3),
+            retry: Retry::once(),
+            jitter: Arc::new(FakeJitter::new(&[])),
         };
         let mut m = AgentRequest::new(Duration::ZERO, setup, ask(None), b.storage());
+        m.handle_acquired(ms(1), Ok(false));
         drain(&mut m);
         m.handle_registered(ms(2), Ok(RegisterAnswer::Registered(4)));
         drain(&mut m);

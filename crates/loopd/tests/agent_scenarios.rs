@@ -11,7 +11,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use llama_harness::fixture;
-use loopd::config::{Config, RunnerConfig};
+use loopd::clock::FakeJitter;
+use loopd::config::{Config, Retry, RunnerConfig};
 use loopd::llama::{Buffers, ChatMessage, ChatRequest, SlotSeen};
 use loopd::runner::{
     Action, AgentRequest, BiosContext, BiosProvider, CallSource, FailReason, Outcome, RequestId,
@@ -161,6 +162,8 @@ fn play(
         tools: &tools,
         bios,
         spawns: worker.as_ref().map(|_| 1),
+        retry: Retry::once(),
+        jitter: Arc::new(FakeJitter::new(&[])),
     };
     let mut buffers = Buffers::new();
     let mut m = AgentRequest::new(Duration::ZERO, setup, req, buffers.storage());
@@ -173,6 +176,7 @@ fn play(
         while let Some(a) = m.poll_action() {
             match a {
                 Action::Event(_) | Action::CancelTool { .. } => {}
+                Action::Acquire => m.handle_acquired(now, Ok(false)),
                 Action::Send(chat) => {
                     sent.push(chat);
                     m.handle_sent(now);

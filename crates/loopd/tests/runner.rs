@@ -14,12 +14,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use llama_harness::fixture;
-use loopd::config::Config;
-use loopd::llama::{AssistantMessage, Cancel, ChatMessage, Client, InferError};
+use loopd::config::{Config, Retry};
+use loopd::llama::{
+    AssistantMessage, Cancel, ChatEvent, ChatMessage, Client, FinishReason, InferError,
+};
 use loopd::runner::{
     BiosContext, BiosProvider, CallSource, FailReason, Outcome, RequestEvent, RequestId,
-    RequestResult, ResultError, Runner, StallAnswer, Submission, SubmitError, Tool, ToolError,
-    ToolRegistry,
+    RequestResult, ResultError, RetryRecord, Runner, StallAnswer, Submission, SubmitError, Tool,
+    ToolError, ToolRegistry,
 };
 use scripted::tool_call_deltas;
 use serde_json::{json, Value};
@@ -45,6 +47,13 @@ fn config(server: &FakeServer, worker: Option<&FakeWorker>) -> Config {
     c.runner.worker_poll_ms = 20;
     c.runner.worker_timeout_ms = 1_000;
     c.runner.worker_socket = worker.map(|w| w.socket().to_owned());
+    // One retry, 40 ms after a retryable failure.
+    c.retry = Retry {
+        attempts: 2,
+        delays_ms: vec![40],
+        jitter_percent: 0,
+        total_ms: 5_000,
+    };
     c
 }
 
@@ -658,11 +667,21 @@ fn the_request_after_a_cancel_waits_for_its_slot_to_be_idle_before_sending() {
 
     let r = run(&s, ask("z"));
     assert_eq!(r.content.as_deref(), Some("after"), "{r:?}");
-    assert_eq!(
-        server.requests_to(SLOTS).len(),
-        3,
-        "no check after a normal answer"
-    );
+    // (A poll after the send is the first-byte wait's, every poll_ms on a slow box.)
+    let before_third: Vec<String> = server
+        .requests()
+        .iter()
+        .map(|r| r.path().to_owned())
+        .take_while({
+            let mut chats = 0;
+            move |p| {
+                chats += usize::from(p == CHAT);
+                chats < 3
+            }
+        })
+        .filter(|p| p == SLOTS)
+        .collect();
+    assert_eq!(before_third.len(), 3, "no check after a normal answer");
     assert_released(&s.runner);
 }
 
@@ -784,10 +803,13 @@ fn a_restart_or_death_seen_on_the_status_socket_fails_the_requests_in_flight() {
 }
 
 #[test]
-fn a_disconnect_mid_stream_fails_with_the_partial_output() {
+fn a_disconnect_mid_stream_is_retried_and_once_retries_run_out_fails_with_the_partial_output() {
     let server = FakeServer::start(vec![(
         CHAT,
-        vec![Reply::sse(vec![content("Half an ans")]).ending(End::Cut)],
+        vec![
+            Reply::sse(vec![content("Half an ans")]).ending(End::Cut),
+            Reply::sse(vec![content("Half again")]).ending(End::Cut),
+        ],
     )]);
     let s = setup(config(&server, None), 1);
     let r = run(&s, ask("x"));
@@ -795,7 +817,87 @@ fn a_disconnect_mid_stream_fails_with_the_partial_output() {
     assert_eq!(reason, FailReason::Client(InferError::StreamClosedEarly));
     assert_eq!(reason.to_string(), "stream_closed_early");
     assert_eq!(detail, "the stream ended before its last chunk");
-    assert_eq!(r.content.as_deref(), Some("Half an ans"));
+    // The last attempt's output; the first one's was dropped when it was retried.
+    assert_eq!(r.content.as_deref(), Some("Half again"));
+    assert_eq!(
+        r.retries,
+        [RetryRecord {
+            generation: 1,
+            attempt: 2,
+            after_ms: 40,
+            error: "stream_closed_early",
+            detail: "the stream ended before its last chunk".into(),
+        }]
+    );
+    assert_eq!(server.requests_to(CHAT).len(), 2);
+    assert_eq!(
+        sent(&server, 0),
+        sent(&server, 1),
+        "the same messages again"
+    );
+    assert_released(&s.runner);
+}
+
+#[test]
+fn a_retried_generation_starts_over_and_its_retry_is_an_event_and_costs_no_budget() {
+    let server = FakeServer::start(vec![(
+        CHAT,
+        vec![
+            calls(&[("a", "echo", r#"{"n":1}"#)]),
+            Reply::sse(vec![content("lost words")]).ending(End::Cut),
+            answer("done"),
+        ],
+    )]);
+    let s = setup(config(&server, None), 1);
+    let events = Arc::new(Mutex::new(Vec::new()));
+    let seen = events.clone();
+    let observer = Box::new(move |e: &RequestEvent| seen.lock().unwrap().push(e.clone()));
+    let id = s.runner.submit_observed(ask("x"), Some(observer)).unwrap();
+    let r = wait(&s.runner, id);
+    assert_eq!(
+        r.outcome,
+        Outcome::Completed {
+            finish_reason: FinishReason::Stop
+        },
+        "{r:?}"
+    );
+    assert_eq!(r.content.as_deref(), Some("done"));
+    assert_eq!(
+        (r.budget, r.budget_left),
+        (3, 2),
+        "one iteration; the retry is free"
+    );
+    assert_eq!(r.tool_calls.len(), 1, "the tool ran once");
+    assert_eq!(r.generations.len(), 2);
+    assert_eq!(r.retries.len(), 1);
+    assert_eq!((r.retries[0].generation, r.retries[0].attempt), (2, 2));
+    // Nothing of the dropped attempt is in the transcript: the call, its result, the answer.
+    let texts: Vec<String> = r
+        .transcript
+        .iter()
+        .filter_map(|m| match m {
+            ChatMessage::Assistant(a) => a.content.clone(),
+            _ => None,
+        })
+        .collect();
+    assert!(!texts.iter().any(|t| t.contains("lost")), "{texts:?}");
+    assert_eq!(
+        sent(&server, 1),
+        sent(&server, 2),
+        "the same messages again"
+    );
+    let retrying: Vec<_> = events
+        .lock()
+        .unwrap()
+        .iter()
+        .filter_map(|e| match e {
+            RequestEvent::Chat(ChatEvent::Retrying {
+                attempt, after_ms, ..
+            }) => Some((*attempt, *after_ms)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(retrying, [(2, 40)]);
     assert_released(&s.runner);
 }
 

@@ -25,6 +25,12 @@ struct RequestLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RetryLabels {
+    /// The failed attempt's error kind (`connect_error`, `stream_closed_early`, ...).
+    error: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct EvictLabels {
     reason: String,
 }
@@ -35,6 +41,7 @@ pub struct Metrics {
     registry: Registry,
     requests: Family<RequestLabels, Counter>,
     evicted: Family<EvictLabels, Counter>,
+    retries: Family<RetryLabels, Counter>,
     slots: Gauge,
     slots_busy: Gauge,
     tool_iterations: Counter,
@@ -51,6 +58,7 @@ impl Metrics {
         let mut registry = Registry::with_prefix("loopd");
         let requests = Family::<RequestLabels, Counter>::default();
         let evicted = Family::<EvictLabels, Counter>::default();
+        let retries = Family::<RetryLabels, Counter>::default();
         let (g_slots, slots_busy) = (Gauge::default(), Gauge::default());
         let tool_iterations = Counter::default();
         let ttft = Histogram::new(exponential_buckets(0.05, 2.0, 12));
@@ -66,6 +74,11 @@ impl Metrics {
             "results_evicted",
             "Results dropped unfetched, by reason (expired, over_cap)",
             evicted.clone(),
+        );
+        registry.register(
+            "retries",
+            "Generation attempts tried again, by the failed attempt's error",
+            retries.clone(),
         );
         registry.register("slots", "Slots in the runner's table", g_slots.clone());
         registry.register("slots_busy", "Slots running a request", slots_busy.clone());
@@ -104,6 +117,7 @@ impl Metrics {
             registry,
             requests,
             evicted,
+            retries,
             slots: g_slots,
             slots_busy,
             tool_iterations,
@@ -153,6 +167,13 @@ impl Metrics {
             .inc();
         self.tool_iterations
             .inc_by(u64::from(r.budget.saturating_sub(r.budget_left)));
+        for retry in &r.retries {
+            self.retries
+                .get_or_create(&RetryLabels {
+                    error: retry.error.into(),
+                })
+                .inc();
+        }
         if let Some(t) = ttft {
             self.ttft.observe(t.as_secs_f64());
         }
@@ -220,6 +241,7 @@ mod tests {
             budget: 3,
             budget_left: 1,
             stalls: vec![],
+            retries: vec![],
         }
     }
 

@@ -381,6 +381,9 @@ pub fn result_json(r: &RequestResult) -> Value {
         "tool_calls": tool_calls, "not_run": not_run, "exits": exits, "generations": generations,
         "budget": r.budget, "budget_left": r.budget_left,
         "stalls": r.stalls.iter().map(stall).collect::<Vec<_>>(),
+        "retries": r.retries.iter().map(|t| json!({"generation": t.generation,
+            "attempt": t.attempt, "after_ms": t.after_ms, "error": t.error, "detail": t.detail}))
+            .collect::<Vec<_>>(),
     })
 }
 
@@ -614,6 +617,7 @@ mod tests {
             budget: 1,
             budget_left: 0,
             stalls: vec![],
+            retries: vec![],
         };
         assert_eq!(
             result_json(&r)["not_run"],

@@ -579,6 +579,7 @@ fn placeholder(id: RequestId) -> RequestResult {
         budget: 0,
         budget_left: 0,
         stalls: vec![],
+        retries: vec![],
     }
 }
 

@@ -1,32 +1,35 @@
-//! One request from the slot gate to the completion (design section 4): the thin loop that does
-//! the IO for a [`ChatExchange`].
+//! The one chat IO driver: [`ChatIo`] carries out what a [`ChatCall`] (or the runner's
+//! `AgentRequest`, which nests one) asks, and [`Client::run`] / [`Client::run_with_retry`]
+//! are its thin loop.
 //!
-//! 1. The slot gate ([`super::gate`]), for at most `busy_wait_ms`; if the slot's previous
-//!    request was abandoned (its connection closed while the server may still be generating),
-//!    `/slots` every `poll_ms` until it says the slot is idle ([`IdleWait`], `busy_wait_ms`).
-//! 2. Connect and send the request within `connect_ms`.
-//! 3. Then, until the exchange is over: hand its outputs on (events to the caller, `/slots`
-//!    polls and the `reasoning_end` call on a second connection, each within its deadline),
-//!    look at the cancel token, feed it the bytes read, and read again with a socket timeout
-//!    of what is left until [`ChatExchange::poll_timeout`], never more than `poll_ms`, so a
-//!    cancel is seen within one poll interval. Only this loop reads the clock.
-//! 4. Dropping the connection at the end closes it, which makes the server stop generating
-//!    on every error and on a cancel; such an end marks the permit abandoned (step 1).
+//! - [`ChatIo::acquire`]: the slot gate ([`super::gate`]), blocking for at most
+//!   `busy_wait_ms` or until a cancel;
+//! - [`ChatIo::send`]: connect and send within `connect_ms`;
+//! - [`ChatIo::poll_slots`] and [`ChatIo::end_reasoning`]: a second connection, within
+//!   `call_ms`;
+//! - [`ChatIo::read`]: the bytes of the connection into the machine ([`ByteSink`]), with a
+//!   socket timeout of what is left until the machine's `poll_timeout`, never more than
+//!   `poll_ms`, so a cancel is seen within one poll interval;
+//! - [`ChatIo::close`]: dropping the connection closes it, which makes the server stop
+//!   generating; the permit goes back to the gate, marked abandoned when the machine says so.
 //!
-//! Everything runs on the caller's thread.
+//! Every decision (the wait for an abandoned slot, the retries, every timer) is the
+//! machine's; only these loops read the clock. Everything runs on the caller's thread.
 
 use std::os::unix::net::UnixStream;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::config::Config;
+use crate::clock::Clock;
+use crate::config::{Config, Retry};
 use crate::http::{self, READ_CHUNK};
 
 use super::assemble::Buffers;
-use super::exchange::{ChatExchange, Output};
+use super::call::{CallOutput, ChatCall};
 use super::gate::SlotPermit;
-use super::timers::{IdleWait, SlotSeen};
+use super::timers::SlotSeen;
 use super::{
     info, request, Cancel, ChatEvent, ChatRequest, Client, Completion, Failed, InferError,
 };
@@ -35,6 +38,142 @@ use super::{
 pub const CHAT_PATH: &str = "/v1/chat/completions";
 /// The control path (`reasoning_end`).
 pub const CONTROL_PATH: &str = "/v1/chat/completions/control";
+
+/// What takes the bytes [`ChatIo::read`] reads: a [`ChatCall`], or a machine nesting one.
+pub trait ByteSink {
+    /// Bytes read at `now`; returns how many were consumed.
+    fn handle_bytes(&mut self, now: Duration, input: &[u8]) -> usize;
+    /// The connection ended at `now`.
+    fn handle_eof(&mut self, now: Duration);
+    /// Time passed: fires every timer due at `now`.
+    fn handle_timeout(&mut self, now: Duration);
+}
+
+impl ByteSink for ChatCall<'_> {
+    fn handle_bytes(&mut self, now: Duration, input: &[u8]) -> usize {
+        ChatCall::handle_bytes(self, now, input)
+    }
+    fn handle_eof(&mut self, now: Duration) {
+        ChatCall::handle_eof(self, now)
+    }
+    fn handle_timeout(&mut self, now: Duration) {
+        ChatCall::handle_timeout(self, now)
+    }
+}
+
+/// The IO of one chat call on one slot: its gate permit, its connection and read buffer.
+pub struct ChatIo<'c> {
+    client: &'c Client,
+    slot: u32,
+    permit: Option<SlotPermit<'c>>,
+    stream: Option<UnixStream>,
+    buf: Box<[u8; READ_CHUNK]>,
+    pos: usize,
+    len: usize,
+    // The socket's read timeout as last set; `None` for a new connection.
+    timeout: Option<Duration>,
+}
+
+impl std::fmt::Debug for ChatIo<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChatIo")
+            .field("slot", &self.slot)
+            .field("permit", &self.permit.is_some())
+            .field("connected", &self.stream.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'c> ChatIo<'c> {
+    /// The IO of calls on `slot` through `client`.
+    pub fn new(client: &'c Client, slot: u32) -> Self {
+        ChatIo {
+            client,
+            slot,
+            permit: None,
+            stream: None,
+            buf: crate::heap::array::<READ_CHUNK>(),
+            pos: 0,
+            len: 0,
+            timeout: None,
+        }
+    }
+
+    /// Takes the slot gate, emitting `Queued` while waiting: whether the slot's previous
+    /// holder abandoned it, or `Busy`, `WaitTimeout`, `Cancelled`.
+    pub fn acquire(
+        &mut self,
+        cancel: &Cancel,
+        on_event: &mut dyn FnMut(&ChatEvent),
+    ) -> Result<bool, InferError> {
+        let limits = self.client.config.limits;
+        let permit = self.client.gate.acquire(
+            self.slot,
+            Duration::from_millis(limits.busy_wait_ms),
+            Duration::from_millis(limits.poll_ms),
+            cancel,
+            &*self.client.clock,
+            on_event,
+        )?;
+        let after = permit.after_abandoned();
+        self.permit = Some(permit);
+        Ok(after)
+    }
+
+    /// Connects to the inference socket and sends `req` within `limits.connect_ms` (or until
+    /// a cancel).
+    pub fn send(&mut self, req: &ChatRequest, cancel: &Cancel) -> Result<(), InferError> {
+        let s = send(&self.client.config, req, cancel)?;
+        (self.stream, self.timeout, self.pos, self.len) = (Some(s), None, 0, 0);
+        Ok(())
+    }
+
+    /// Asks `/slots` about the slot on a second connection.
+    pub fn poll_slots(&self, cancel: &Cancel) -> SlotSeen {
+        poll_slot(&self.client.config, self.slot, cancel)
+    }
+
+    /// Posts `reasoning_end` for completion `id`; true only on `success: true`.
+    pub fn end_reasoning(&self, id: &str, cancel: &Cancel) -> bool {
+        end_reasoning(&self.client.config, id, cancel)
+    }
+
+    /// Closes the connection and gives the permit back (`abandoned`: the server may still be
+    /// generating on the slot).
+    pub fn close(&mut self, abandoned: bool) {
+        if let Some(p) = self.permit.as_mut().filter(|_| abandoned) {
+            p.abandon();
+        }
+        (self.stream, self.permit, self.pos, self.len) = (None, None, 0, 0);
+    }
+
+    /// Feeds `sink` what the connection has: bytes left over from the last read first, else
+    /// one read waiting at most `wait` (its timeout or end handed on at the clock's time).
+    /// False, and nothing done, without a connection.
+    pub fn read(&mut self, clock: &dyn Clock, wait: Duration, sink: &mut dyn ByteSink) -> bool {
+        let Some(s) = self.stream.as_mut() else {
+            return false;
+        };
+        if self.pos < self.len {
+            self.pos += sink.handle_bytes(clock.now(), &self.buf[self.pos..self.len]);
+            return true;
+        }
+        match http::read_within(s, &mut self.buf[..], wait, &mut self.timeout) {
+            http::StreamRead::Bytes(n) => (self.pos, self.len) = (0, n),
+            http::StreamRead::Eof => sink.handle_eof(clock.now()),
+            http::StreamRead::TimedOut => sink.handle_timeout(clock.now()),
+            http::StreamRead::Interrupted => {}
+        }
+        true
+    }
+}
+
+/// How long a driver waits for IO before it looks at its machine again: until `due` (the
+/// machine's `poll_timeout`), at least 1 ms, at most `most`.
+pub fn wait_until(now: Duration, due: Option<Duration>, most: Duration) -> Duration {
+    due.map_or(most, |at| at.saturating_sub(now))
+        .clamp(Duration::from_millis(1), most)
+}
 
 impl Client {
     /// Runs one request: through the slot gate, sent, streamed, and assembled. Events are
@@ -57,137 +196,105 @@ impl Client {
         cancel: &Cancel,
         on_event: &mut dyn FnMut(&ChatEvent),
     ) -> Result<Completion, Failed> {
-        self.attempt(req, cancel, None, on_event)
+        self.call(req, &Retry::once(), cancel, on_event)
     }
 
-    /// One attempt; `first_byte_by`, on the client's clock, ends the wait for the first byte.
+    /// [`Client::run`] under the retry schedule of the config (`[retry]`): `Retrying` before
+    /// each retry, the waits between attempts ended at once by a cancel (then `Cancelled`).
     // `Failed` by value is the runner's contract; a request fails once, so its size costs nothing.
     #[allow(clippy::result_large_err)]
-    pub(super) fn attempt(
+    pub fn run_with_retry(
         &self,
         req: &ChatRequest,
         cancel: &Cancel,
-        first_byte_by: Option<Duration>,
         on_event: &mut dyn FnMut(&ChatEvent),
     ) -> Result<Completion, Failed> {
-        let config = &self.config;
-        let limits = config.limits;
-        let poll = Duration::from_millis(limits.poll_ms);
-        let busy = Duration::from_millis(limits.busy_wait_ms);
-        let mut permit = self
-            .gate
-            .acquire(req.slot, busy, poll, cancel, &*self.clock, on_event)
-            .map_err(Failed::bare)?;
-        wait_idle(config, &mut permit, &*self.clock, cancel, on_event).map_err(Failed::bare)?;
-        let mut stream = send(config, req, cancel).map_err(Failed::bare)?;
+        self.call(req, &self.config.retry, cancel, on_event)
+    }
+
+    /// [`Client::chat`] under the retry schedule of the config; emits `Retrying` before each
+    /// retry. Returns the first completion, the first error that is not retryable, or the last
+    /// error once attempts or time run out.
+    pub fn chat_with_retry(
+        &self,
+        req: &ChatRequest,
+        on_event: &mut dyn FnMut(&ChatEvent),
+    ) -> Result<Completion, InferError> {
+        self.run_with_retry(req, &Cancel::new(), on_event)
+            .map_err(|f| f.error)
+    }
+
+    /// The loop of one [`ChatCall`] over a [`ChatIo`].
+    #[allow(clippy::result_large_err)]
+    fn call(
+        &self,
+        req: &ChatRequest,
+        retry: &Retry,
+        cancel: &Cancel,
+        on_event: &mut dyn FnMut(&ChatEvent),
+    ) -> Result<Completion, Failed> {
+        let clock = &*self.clock;
+        let poll = Duration::from_millis(self.config.limits.poll_ms);
         let mut buffers = Buffers::new();
-        let mut x = ChatExchange::new(limits, self.clock.now(), &mut buffers);
-        if let Some(at) = first_byte_by {
-            x.set_first_byte_deadline(at);
-        }
-        let mut buf = crate::heap::array::<READ_CHUNK>();
-        let (mut pos, mut len) = (0, 0);
-        // The socket's read timeout as last set; `None` until the first read.
-        let mut timeout: Option<Duration> = None;
+        let jitter = Arc::clone(&self.jitter);
+        let (limits, now) = (self.config.limits, clock.now());
+        let mut call = ChatCall::new(now, limits, retry, jitter, req.clone(), buffers.storage());
+        let mut io = ChatIo::new(self, req.slot);
+        let mut cancelled = false;
         loop {
-            while let Some(out) = x.poll_output() {
+            while let Some(out) = call.poll_output() {
                 match out {
-                    Output::Event(e) => on_event(&e),
-                    Output::PollSlots => {
-                        let seen = poll_slot(config, req.slot, cancel);
-                        x.handle_slots(self.clock.now(), seen);
+                    CallOutput::Event(e) => on_event(&e),
+                    CallOutput::Acquire => {
+                        let acquired = io.acquire(cancel, on_event);
+                        call.handle_acquired(clock.now(), acquired);
                     }
-                    Output::EndReasoning { id } => {
-                        let ok = end_reasoning(config, &id, cancel);
-                        x.handle_control_answer(self.clock.now(), ok);
+                    CallOutput::PollSlots => {
+                        let seen = io.poll_slots(cancel);
+                        call.handle_slots(clock.now(), seen);
+                    }
+                    CallOutput::Send => match io.send(call.request(), cancel) {
+                        Ok(()) => call.handle_sent(clock.now()),
+                        Err(e) => call.handle_send_error(clock.now(), e),
+                    },
+                    CallOutput::EndReasoning { id } => {
+                        let ok = io.end_reasoning(&id, cancel);
+                        call.handle_control_answer(clock.now(), ok);
                     }
                     // The plain client names no judge; were one asked, silence is a stall.
-                    Output::JudgeSilence => x.handle_silence_verdict(self.clock.now(), false),
+                    CallOutput::JudgeSilence => call.handle_silence_verdict(clock.now(), false),
+                    CallOutput::Close { abandoned } => io.close(abandoned),
                 }
             }
-            // After the events: a cancel from inside `on_event` is seen here.
-            if cancel.is_cancelled() {
-                x.cancel();
-            }
-            if x.is_over() {
+            if call.is_over() {
                 break;
             }
-            if pos < len {
-                pos += x.handle_bytes(self.clock.now(), &buf[pos..len]);
+            // After the events: a cancel from inside `on_event` is seen here.
+            if cancel.is_cancelled() && !std::mem::replace(&mut cancelled, true) {
+                call.cancel(clock.now());
                 continue;
             }
-            let now = self.clock.now();
-            let wait = x
-                .poll_timeout()
-                .map_or(poll, |at| at.saturating_sub(now))
-                .clamp(Duration::from_millis(1), poll);
-            match http::read_within(&mut stream, &mut buf[..], wait, &mut timeout) {
-                http::StreamRead::Bytes(n) => (pos, len) = (0, n),
-                http::StreamRead::Eof => x.handle_eof(self.clock.now()),
-                http::StreamRead::TimedOut => x.handle_timeout(self.clock.now()),
-                http::StreamRead::Interrupted => {}
+            let now = clock.now();
+            let due = call.poll_timeout();
+            if due.is_some_and(|at| now >= at) {
+                call.handle_timeout(now);
+                continue;
+            }
+            let wait = wait_until(now, due, poll);
+            if !io.read(clock, wait, &mut call) {
+                cancel.sleep(clock, wait);
+                call.handle_timeout(clock.now());
             }
         }
-        drop(stream);
-        match x.take_result() {
-            Some(Ok(done)) => Ok(done),
-            Some(Err(error)) => {
-                if error.may_leave_slot_busy() {
-                    permit.abandon();
-                }
-                Err(Failed {
-                    error,
-                    partial: x.partial(),
-                })
-            }
-            None => unreachable!("the loop ends only when the exchange is over"),
-        }
+        io.close(false);
+        call.take_result()
+            .expect("the loop ends only when the call is over")
     }
-}
-
-/// If `permit`'s slot was abandoned by its previous request, asks `/slots` every `poll_ms`
-/// until it says the slot is idle (or cannot say), emitting `Waiting { slot_busy: true }` for
-/// each busy answer; `WaitTimeout` after `busy_wait_ms`, `Cancelled` on a cancel. A wait that
-/// fails leaves the slot marked abandoned for the next request.
-pub(crate) fn wait_idle(
-    config: &Config,
-    permit: &mut SlotPermit<'_>,
-    clock: &dyn crate::clock::Clock,
-    cancel: &Cancel,
-    on_event: &mut dyn FnMut(&ChatEvent),
-) -> Result<(), InferError> {
-    if !permit.after_abandoned() {
-        return Ok(());
-    }
-    let poll = Duration::from_millis(config.limits.poll_ms);
-    let wait = IdleWait::new(config.limits, clock.now());
-    let r = loop {
-        let seen = poll_slot(config, permit.slot(), cancel);
-        if cancel.is_cancelled() {
-            break Err(InferError::Cancelled);
-        }
-        match wait.observe(seen, clock.now()) {
-            Ok(true) => break Ok(()),
-            Ok(false) => on_event(&ChatEvent::Waiting { slot_busy: true }),
-            Err(e) => break Err(e),
-        }
-        if cancel.sleep(clock, poll) {
-            break Err(InferError::Cancelled);
-        }
-    };
-    if r.is_err() {
-        permit.abandon();
-    }
-    r
 }
 
 /// Connects to the inference socket and sends `req` as a chat request, within
 /// `limits.connect_ms` (or until a cancel).
-pub(crate) fn send(
-    config: &Config,
-    req: &ChatRequest,
-    cancel: &Cancel,
-) -> Result<UnixStream, InferError> {
+fn send(config: &Config, req: &ChatRequest, cancel: &Cancel) -> Result<UnixStream, InferError> {
     let body = request::render(config, req);
     let connect = Duration::from_millis(config.limits.connect_ms);
     http::request(
@@ -203,7 +310,7 @@ pub(crate) fn send(
 
 /// Asks `/slots` about `slot` on a second connection, within `call_ms`; a cancel ends the
 /// call at once (the loop then sees the token).
-pub(crate) fn poll_slot(config: &Config, slot: u32, cancel: &Cancel) -> SlotSeen {
+fn poll_slot(config: &Config, slot: u32, cancel: &Cancel) -> SlotSeen {
     match info::slots(config, cancel) {
         Ok(slots) => match slots.iter().find(|s| s.id == slot) {
             Some(s) if s.is_processing => SlotSeen::Busy,
@@ -216,7 +323,7 @@ pub(crate) fn poll_slot(config: &Config, slot: u32, cancel: &Cancel) -> SlotSeen
 
 /// Posts `reasoning_end` for completion `id` within `call_ms` (or until a cancel); true only
 /// on a 200 with `success: true`.
-pub(crate) fn end_reasoning(config: &Config, id: &str, cancel: &Cancel) -> bool {
+fn end_reasoning(config: &Config, id: &str, cancel: &Cancel) -> bool {
     #[derive(Deserialize)]
     struct Ack {
         success: bool,

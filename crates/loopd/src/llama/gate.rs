@@ -9,7 +9,7 @@
 //! A holder that closed its connection while the server may still be generating marks its
 //! permit [`abandon`](SlotPermit::abandon)ed; the next permit for that slot says so
 //! ([`SlotPermit::after_abandoned`]), and its holder waits for `/slots` to say the slot is idle
-//! before sending (the IO is the caller's: `llama::chat::wait_idle`).
+//! before sending (a decision of [`ChatCall`](super::ChatCall)'s).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Condvar, Mutex, MutexGuard};

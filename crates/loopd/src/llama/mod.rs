@@ -3,10 +3,12 @@
 //! [`Partial`] output), and the [`Client`].
 //!
 //! [`Client::run`] runs one request from the slot gate to the completion, cancellable through
-//! a [`Cancel`]; [`Client::run_with_retry`] wraps it in the [`RetrySchedule`]; [`Client::chat`]
-//! and [`Client::chat_with_retry`] are the same without a cancel. The request itself is a
-//! [`ChatExchange`], a sans-IO state machine (bytes and time in, [`Output`]s out) that the
-//! client drives over the socket. [`Client::props`], [`Client::slots`] and
+//! a [`Cancel`]; [`Client::run_with_retry`] does the same under the [`RetrySchedule`];
+//! [`Client::chat`] and [`Client::chat_with_retry`] are the same without a cancel. The request
+//! itself is a [`ChatCall`], a sans-IO state machine (the gate, the wait for an abandoned
+//! slot, the attempts and the waits between them), which nests the [`ChatExchange`] of the
+//! attempt on the wire (bytes and time in, [`Output`]s out); one IO driver (`chat.rs`)
+//! carries out what either asks, for the client and for the runner alike. [`Client::props`], [`Client::slots`] and
 //! [`Client::tokenize`] read what the server says about itself.
 
 use std::fmt;
@@ -16,6 +18,7 @@ use crate::clock::{Clock, Jitter, SystemClock, SystemJitter};
 use crate::config::{Config, Sampling};
 
 mod assemble;
+mod call;
 mod chat;
 mod error;
 mod exchange;
@@ -27,7 +30,8 @@ mod timers;
 
 pub use crate::cancel::Cancel;
 pub use assemble::{Buffers, Storage, ARGUMENTS_CAP, CONTENT_CAP, REASONING_CAP, TOOL_CALLS_CAP};
-pub(crate) use chat::{end_reasoning, poll_slot, send, wait_idle};
+pub use call::{CallOutput, ChatCall};
+pub(crate) use chat::{wait_until, ByteSink, ChatIo};
 pub use chat::{CHAT_PATH, CONTROL_PATH};
 pub use error::{
     capped_body, Deadline, Failed, InferError, Partial, ProtocolError, Silence, ERROR_BODY_CAP,
@@ -211,6 +215,11 @@ impl Client {
     /// The jitter source of the retry schedule.
     pub fn jitter(&self) -> &dyn Jitter {
         &*self.jitter
+    }
+
+    /// The same jitter source, for a machine that runs its own retry schedule (the runner's).
+    pub fn shared_jitter(&self) -> Arc<dyn Jitter> {
+        Arc::clone(&self.jitter)
     }
 
     /// The slot gate every request of this client passes.

@@ -1,4 +1,5 @@
-//! `chat_with_retry`: what is retryable, and the backoff schedule.
+//! What is retryable, and the backoff schedule ([`RetrySchedule`], which
+//! [`ChatCall`](super::ChatCall) consults after each failed attempt).
 //!
 //! `Connect` (and a connect or head past its deadline), `StreamClosedEarly`, `Stalled`,
 //! `LoadTimeout` and HTTP 503 are retried:
@@ -7,7 +8,7 @@
 //! `total_ms` (5 min) after the first attempt began; a retry's wait for its first byte also
 //! ends there (`TimedOut(RetryTotal)`). Every retry goes back through the slot gate (it is a
 //! fresh attempt) and emits `Retrying` first. Everything else returns at once.
-//! [`RetrySchedule`] decides; the client sleeps on its cancel token.
+//! [`RetrySchedule`] decides; the call waits for the time it names.
 //! Retrying is safe because nothing is final before a completion, so a retry sends the same
 //! bytes again.
 
@@ -16,7 +17,7 @@ use std::time::Duration;
 use crate::clock::Jitter;
 use crate::config::Retry;
 
-use super::{Cancel, ChatEvent, ChatRequest, Client, Completion, Deadline, Failed, InferError};
+use super::{Deadline, InferError};
 
 /// Whether `e` is worth another attempt.
 pub fn is_retryable(e: &InferError) -> bool {
@@ -113,62 +114,6 @@ impl RetrySchedule {
             attempt: self.attempt,
             at,
             after_ms: u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
-        }
-    }
-}
-
-impl Client {
-    /// [`Client::chat`] under the retry schedule of the config; emits `Retrying` before each
-    /// retry. Returns the first completion, the first error that is not retryable, or the last
-    /// error once attempts or time run out.
-    pub fn chat_with_retry(
-        &self,
-        req: &ChatRequest,
-        on_event: &mut dyn FnMut(&ChatEvent),
-    ) -> Result<Completion, InferError> {
-        self.run_with_retry(req, &Cancel::new(), on_event)
-            .map_err(|f| f.error)
-    }
-
-    /// [`Client::run`] under the retry schedule; the waits between attempts end at once on a
-    /// cancel (then `Cancelled`, with the last attempt's partial output).
-    // `Failed` by value is the runner's contract; a request fails once, so its size costs nothing.
-    #[allow(clippy::result_large_err)]
-    pub fn run_with_retry(
-        &self,
-        req: &ChatRequest,
-        cancel: &Cancel,
-        on_event: &mut dyn FnMut(&ChatEvent),
-    ) -> Result<Completion, Failed> {
-        let mut schedule = RetrySchedule::new(&self.config.retry, self.clock.now());
-        loop {
-            let failed = match self.attempt(req, cancel, schedule.first_byte_deadline(), on_event) {
-                Ok(done) => return Ok(done),
-                Err(f) => f,
-            };
-            let now = self.clock.now();
-            match schedule.on_failure(now, &failed.error, &*self.jitter) {
-                Decision::GiveUp => return Err(failed),
-                Decision::RetryAt {
-                    attempt,
-                    at,
-                    after_ms,
-                } => {
-                    on_event(&ChatEvent::Retrying {
-                        attempt,
-                        after_ms,
-                        error: failed.error.to_string(),
-                    });
-                    if cancel.is_cancelled()
-                        || cancel.sleep(&*self.clock, at.saturating_sub(self.clock.now()))
-                    {
-                        return Err(Failed {
-                            error: InferError::Cancelled,
-                            partial: failed.partial,
-                        });
-                    }
-                }
-            }
         }
     }
 }

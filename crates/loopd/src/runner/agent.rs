@@ -44,10 +44,11 @@ use std::time::Duration;
 
 use llama_proto::{cache_outcome, FinishReason, LoopDetector};
 
-use crate::config::{Limits, RunnerConfig};
+use crate::clock::Jitter;
+use crate::config::{Limits, Retry, RunnerConfig};
 use crate::llama::{
-    ChatEvent, ChatExchange, ChatMessage, ChatRequest, Completion, InferError, Output, Partial,
-    SlotSeen, Storage, Timings, ToolCall, ToolSchema,
+    CallOutput, ChatCall, ChatEvent, ChatMessage, ChatRequest, Completion, Deadline, Failed,
+    InferError, Partial, SlotSeen, Storage, Timings, ToolCall, ToolSchema,
 };
 
 use super::answer::asked;
@@ -58,7 +59,7 @@ use super::worker::{
 };
 use super::{
     CallSource, FailReason, GenerationStats, Outcome, RequestEvent, RequestId, RequestResult,
-    Submission, ToolError, ToolRecord, ToolRegistry,
+    RetryRecord, Submission, ToolError, ToolRecord, ToolRegistry,
 };
 
 /// The generation's stream bytes are reported to llama-worker at most this often (after the
@@ -70,6 +71,9 @@ pub const PROGRESS_EVERY: Duration = Duration::from_secs(1);
 pub enum Action {
     /// Show this event to whoever watches the request.
     Event(RequestEvent),
+    /// Take the slot gate for the request's slot; answer with
+    /// [`handle_acquired`](AgentRequest::handle_acquired).
+    Acquire,
     /// Connect and send this request, then call
     /// [`handle_sent`](AgentRequest::handle_sent) or, when it could not be sent,
     /// [`handle_send_error`](AgentRequest::handle_send_error).
@@ -144,6 +148,10 @@ pub struct Setup<'a> {
     pub slot: u32,
     /// The client's timers and caps (for the nested exchange).
     pub limits: Limits,
+    /// The retry schedule of each generation (`[retry]`).
+    pub retry: Retry,
+    /// The jitter of the waits between attempts.
+    pub jitter: Arc<dyn Jitter>,
     /// The runner's settings.
     pub settings: &'a RunnerConfig,
     /// The tools offered.
@@ -170,13 +178,13 @@ struct Running {
 }
 
 enum Phase<'b> {
-    /// The request is out to the driver; no answer yet.
-    Sending,
-    /// The generation streams.
-    Generating(Box<ChatExchange<'b>>),
-    /// The generation failed with the client's error; the worker is asked why.
+    /// Between two steps (never seen from outside).
+    Between,
+    /// The generation's call: the gate, the attempts and the waits between them.
+    Generating(Box<ChatCall<'b>>),
+    /// An attempt failed with the client's error (held in the call); the worker is asked why.
     Concluding {
-        error: InferError,
+        call: Box<ChatCall<'b>>,
         ask: Ask,
     },
     /// An iteration's calls: those still to run, and the one running.
@@ -192,6 +200,8 @@ pub struct AgentRequest<'b> {
     slot: u32,
     req: Submission,
     limits: Limits,
+    retry: Retry,
+    jitter: Arc<dyn Jitter>,
     settings: RunnerConfig,
     tools: ToolRegistry,
     schemas: Vec<ToolSchema>,
@@ -216,8 +226,10 @@ pub struct AgentRequest<'b> {
     next_status: Duration,
     status_out: bool,
     stall_out: bool,
-    /// The request of the generation whose registration is out.
-    unsent: Option<ChatRequest>,
+    /// A registration is out for the attempt about to be sent.
+    registering: bool,
+    /// The kind of the error that the attempt being retried failed with.
+    retrying: Option<&'static str>,
     /// The generation's id with the worker, while registered.
     generation: Option<u64>,
     /// When its progress was last reported; `None` before its first byte.
@@ -258,6 +270,7 @@ pub(super) fn no_output(id: RequestId, budget: u32, outcome: Outcome) -> Request
         budget,
         budget_left: budget,
         stalls: Vec::new(),
+        retries: Vec::new(),
     }
 }
 
@@ -292,6 +305,8 @@ impl<'b> AgentRequest<'b> {
             slot: setup.slot,
             req,
             limits: setup.limits,
+            retry: setup.retry,
+            jitter: setup.jitter,
             settings: setup.settings.clone(),
             tools,
             schemas,
@@ -301,7 +316,7 @@ impl<'b> AgentRequest<'b> {
             spawns: setup.spawns,
             r: no_output(setup.id, budget, completed),
             iterations: 0,
-            phase: Phase::Sending,
+            phase: Phase::Between,
             storage: Some(storage),
             actions: VecDeque::new(),
             fail: None,
@@ -313,7 +328,8 @@ impl<'b> AgentRequest<'b> {
             next_status: now + ms(setup.settings.worker_poll_ms),
             status_out: false,
             stall_out: false,
-            unsent: None,
+            registering: false,
+            retrying: None,
             generation: None,
             progressed: None,
             judging: false,
@@ -345,8 +361,8 @@ impl<'b> AgentRequest<'b> {
         };
         match &self.phase {
             Phase::Done => return None,
-            Phase::Generating(x) => {
-                add(x.poll_timeout());
+            Phase::Generating(call) => {
+                add(call.poll_timeout());
                 add(self.stall_due());
             }
             Phase::Tools {
@@ -360,43 +376,44 @@ impl<'b> AgentRequest<'b> {
         at
     }
 
+    /// The gate's answer: the slot is this request's (`after_abandoned`: its previous
+    /// holder abandoned it, so `/slots` is asked until it is idle), or the error.
+    pub fn handle_acquired(&mut self, now: Duration, acquired: Result<bool, InferError>) {
+        if let Phase::Generating(call) = &mut self.phase {
+            call.handle_acquired(now, acquired);
+            self.pump(now);
+        }
+    }
+
     /// The request went out at `now`: its answer is awaited.
     pub fn handle_sent(&mut self, now: Duration) {
-        if !matches!(self.phase, Phase::Sending) {
-            return;
-        }
-        let Some(storage) = self.storage.take() else {
-            return;
-        };
-        let mut x = ChatExchange::with_storage(self.limits, now, storage);
-        // The worker knows the generation: it judges a silent prefill by the server's CPU.
-        if self.generation.is_some() {
-            x.judge_prefill();
-        }
-        self.phase = Phase::Generating(Box::new(x));
-        if self.fail.is_some() {
-            self.abort(now);
+        if let Phase::Generating(call) = &mut self.phase {
+            call.handle_sent(now);
+            // Stream progress is counted from the send, not from the gate or a retry's wait.
+            self.last_progress = now;
+            self.reported = None;
+            self.pump(now);
         }
     }
 
     /// The request could not be sent (`Connect`, `TimedOut(Connect)`, a cancel).
     pub fn handle_send_error(&mut self, now: Duration, error: InferError) {
-        if matches!(self.phase, Phase::Sending) {
-            self.actions.push_back(Action::Close { abandoned: false });
-            self.generation_failed(now, error, Partial::default());
+        if let Phase::Generating(call) = &mut self.phase {
+            call.handle_send_error(now, error);
+            self.pump(now);
         }
     }
 
     /// Bytes read from the connection at `now`; returns how many were consumed (all, unless
     /// a `reasoning_end` is out: then none until its answer).
     pub fn handle_bytes(&mut self, now: Duration, input: &[u8]) -> usize {
-        let Phase::Generating(x) = &mut self.phase else {
+        let Phase::Generating(call) = &mut self.phase else {
             return input.len();
         };
-        let used = x.handle_bytes(now, input);
+        let used = call.handle_bytes(now, input);
         // The head comes as soon as the server takes the request: the worker judges the
         // prefill by CPU time until the first event (appendix J), so that is the first byte.
-        if used > 0 && x.answering() {
+        if used > 0 && call.answering() {
             self.report_progress(now);
         }
         self.pump(now);
@@ -405,24 +422,24 @@ impl<'b> AgentRequest<'b> {
 
     /// The connection ended at `now`.
     pub fn handle_eof(&mut self, now: Duration) {
-        if let Phase::Generating(x) = &mut self.phase {
-            x.handle_eof(now);
+        if let Phase::Generating(call) = &mut self.phase {
+            call.handle_eof(now);
             self.pump(now);
         }
     }
 
     /// What a `/slots` poll said.
     pub fn handle_slots(&mut self, now: Duration, seen: SlotSeen) {
-        if let Phase::Generating(x) = &mut self.phase {
-            x.handle_slots(now, seen);
+        if let Phase::Generating(call) = &mut self.phase {
+            call.handle_slots(now, seen);
             self.pump(now);
         }
     }
 
     /// Whether `reasoning_end` succeeded.
     pub fn handle_control_answer(&mut self, now: Duration, success: bool) {
-        if let Phase::Generating(x) = &mut self.phase {
-            x.handle_control_answer(now, success);
+        if let Phase::Generating(call) = &mut self.phase {
+            call.handle_control_answer(now, success);
             self.pump(now);
         }
     }
@@ -496,10 +513,10 @@ impl<'b> AgentRequest<'b> {
             }
         }
         if std::mem::take(&mut self.judging) {
-            if let Phase::Generating(x) = &mut self.phase {
+            if let Phase::Generating(call) = &mut self.phase {
                 let alive = alive && self.fail.is_none();
                 self.silence_reported = !alive;
-                x.handle_silence_verdict(now, alive);
+                call.handle_silence_verdict(now, alive);
                 self.pump(now);
                 return;
             }
@@ -520,16 +537,17 @@ impl<'b> AgentRequest<'b> {
     }
 
     /// llama-worker's answer to `register` (or why there was none). Registered: the
-    /// generation is sent. Refused: the worker is not ready, the request fails with its
-    /// output so far. No answer: it is sent unregistered (the status poll still watches it).
+    /// attempt is sent, its silent prefill the worker's to judge. Refused: the worker is not
+    /// ready, the request fails with its output so far. No answer: it is sent unregistered
+    /// (the status poll still watches it).
     pub fn handle_registered(
         &mut self,
-        _now: Duration,
+        now: Duration,
         answer: Result<RegisterAnswer, WorkerError>,
     ) {
-        let Some(chat) = self.unsent.take() else {
+        if !std::mem::take(&mut self.registering) {
             return;
-        };
+        }
         if let Ok(RegisterAnswer::Registered(id)) = answer {
             self.generation = Some(id);
         }
@@ -545,11 +563,16 @@ impl<'b> AgentRequest<'b> {
             );
             self.set_fail(reason, detail);
         }
-        if let Some((reason, detail)) = self.fail.clone() {
-            self.end(Outcome::Failed { reason, detail });
+        if self.fail.is_some() {
+            self.abort(now);
             return;
         }
-        self.actions.push_back(Action::Send(chat));
+        let registered = self.generation.is_some();
+        if let Phase::Generating(call) = &mut self.phase {
+            call.judge_prefill(registered);
+            let chat = call.request().clone();
+            self.actions.push_back(Action::Send(chat));
+        }
     }
 
     /// llama-worker pushed the failure of generation `id` on its watch channel (and forgot
@@ -583,8 +606,8 @@ impl<'b> AgentRequest<'b> {
     pub fn handle_timeout(&mut self, now: Duration) {
         match &mut self.phase {
             Phase::Done => return,
-            Phase::Generating(x) => {
-                x.handle_timeout(now);
+            Phase::Generating(call) => {
+                call.handle_timeout(now);
                 self.pump(now);
             }
             Phase::Tools { running, .. } if running.as_ref().is_some_and(|r| now >= r.deadline) => {
@@ -623,7 +646,7 @@ impl<'b> AgentRequest<'b> {
     /// When a stall report is next due: while generating with a worker socket and no report
     /// out, one `stall_ms` after the later of the last progress and the last report.
     fn stall_due(&self) -> Option<Duration> {
-        let generating = matches!(self.phase, Phase::Generating(_));
+        let generating = matches!(&self.phase, Phase::Generating(call) if call.in_flight());
         (generating && self.worker() && !self.stall_out && self.fail.is_none()).then(|| {
             self.reported
                 .unwrap_or(self.last_progress)
@@ -665,15 +688,12 @@ impl<'b> AgentRequest<'b> {
             return;
         };
         match &mut self.phase {
-            Phase::Sending | Phase::Done => {}
-            Phase::Generating(x) => {
-                x.cancel();
+            Phase::Between | Phase::Done => {}
+            Phase::Generating(call) => {
+                call.cancel(now);
                 self.pump(now);
             }
-            Phase::Concluding { error, .. } => {
-                let detail = format!("{detail} ({error})");
-                self.end(Outcome::Failed { reason, detail });
-            }
+            Phase::Concluding { .. } => self.conclude(now),
             Phase::Tools { running, .. } => {
                 if let Some(run) = running.take() {
                     self.actions.push_back(Action::CancelTool {
@@ -734,13 +754,15 @@ impl<'b> AgentRequest<'b> {
                 number,
                 budget_left: self.r.budget_left,
             }));
-        if self.worker() {
-            self.unsent = Some(chat);
-            self.actions.push_back(Action::RegisterGeneration);
-        } else {
-            self.actions.push_back(Action::Send(chat));
-        }
-        self.phase = Phase::Sending;
+        let Some(storage) = self.storage.take() else {
+            return;
+        };
+        let jitter = Arc::clone(&self.jitter);
+        let mut call = ChatCall::new(now, self.limits, &self.retry, jitter, chat, storage);
+        // Each failed attempt waits for the failure policy (the worker's word) before the
+        // schedule may retry it.
+        call.hold();
+        self.phase = Phase::Generating(Box::new(call));
         self.started = now;
         // The config was validated, so the detector accepts it; an invalid one in code is a
         // detector that never fires rather than a panic.
@@ -748,51 +770,48 @@ impl<'b> AgentRequest<'b> {
         self.loops = (LoopDetector::new(loops).ok(), LoopDetector::new(loops).ok());
         self.last_progress = now;
         self.reported = None;
+        self.pump(now);
     }
 
-    /// Hands on what the exchange asked for, then ends the generation if it is over.
+    /// Hands on what the call asked for; then a failed attempt goes to the failure policy,
+    /// and a call that is over ends the generation.
     fn pump(&mut self, now: Duration) {
-        let Phase::Generating(x) = &mut self.phase else {
-            return;
-        };
-        let mut outputs = Vec::new();
-        while let Some(o) = x.poll_output() {
-            outputs.push(o);
-        }
-        for o in outputs {
-            match o {
-                Output::Event(e) => self.on_chat_event(now, e),
-                Output::PollSlots => self.actions.push_back(Action::PollSlots),
-                Output::EndReasoning { id } => self.actions.push_back(Action::EndReasoning { id }),
-                Output::JudgeSilence => {
-                    self.judging = true;
-                    self.stall_out = true;
-                    let generation = self.generation;
-                    self.actions.push_back(Action::ReportStall { generation });
-                }
+        loop {
+            let Phase::Generating(call) = &mut self.phase else {
+                return;
+            };
+            let mut outputs = Vec::new();
+            while let Some(o) = call.poll_output() {
+                outputs.push(o);
+            }
+            let drained = outputs.is_empty();
+            for o in outputs {
+                self.on_call_output(now, o);
+            }
+            let Phase::Generating(call) = &mut self.phase else {
+                return;
+            };
+            if self.fail.is_some() && !call.is_over() && call.held().is_none() {
+                call.cancel(now);
+                continue;
+            }
+            if call.held().is_some() {
+                self.generation_failed(now);
+                return;
+            }
+            if call.is_over() {
+                break;
+            }
+            if drained {
+                return;
             }
         }
-        let Phase::Generating(x) = &mut self.phase else {
+        let Phase::Generating(mut call) = std::mem::replace(&mut self.phase, Phase::Between) else {
             return;
         };
-        if self.fail.is_some() && !x.is_over() {
-            x.cancel();
-        }
-        if !x.is_over() {
-            return;
-        }
-        let Phase::Generating(mut x) = std::mem::replace(&mut self.phase, Phase::Sending) else {
-            return;
-        };
-        let result = x.take_result();
-        let partial = x.partial();
-        self.storage = Some(x.into_storage());
-        let abandoned = match &result {
-            Some(Err(e)) => e.may_leave_slot_busy(),
-            Some(Ok(_)) => false,
-            None => true,
-        };
-        self.actions.push_back(Action::Close { abandoned });
+        let result = call.take_result();
+        let sent = call.sent();
+        self.storage = Some(call.into_storage());
         match (result, self.fail.clone()) {
             (Some(Ok(done)), None) => self.answered(now, done),
             // Stopped by the machine while the rest of the stream was in hand: its reason
@@ -802,8 +821,55 @@ impl<'b> AgentRequest<'b> {
                 self.unregister();
                 self.end(Outcome::Failed { reason, detail });
             }
-            (Some(Err(e)), _) => self.generation_failed(now, e, partial),
-            (None, _) => self.generation_failed(now, InferError::Cancelled, partial),
+            (Some(Err(Failed { error, partial })), fail) => {
+                // A generation stopped before anything went out is no generation.
+                if sent || !matches!(error, InferError::Cancelled) {
+                    self.keep_partial(now, partial);
+                }
+                let (reason, detail) = match (fail, error) {
+                    (Some(f), _) => f,
+                    (None, InferError::Cancelled) => (FailReason::Cancelled, "cancelled".into()),
+                    (None, e) => (FailReason::Client(e.clone()), e.to_string()),
+                };
+                self.end(Outcome::Failed { reason, detail });
+            }
+            (None, _) => {
+                let (reason, detail) = self
+                    .fail
+                    .clone()
+                    .unwrap_or((FailReason::Cancelled, "cancelled".into()));
+                self.end(Outcome::Failed { reason, detail });
+            }
+        }
+    }
+
+    /// One output of the generation's call, as the machine's action.
+    fn on_call_output(&mut self, now: Duration, o: CallOutput) {
+        match o {
+            CallOutput::Event(e) => self.on_chat_event(now, e),
+            CallOutput::Acquire => self.actions.push_back(Action::Acquire),
+            CallOutput::PollSlots => self.actions.push_back(Action::PollSlots),
+            // With a worker, each attempt is registered first; its answer sends it.
+            CallOutput::Send if self.worker() => {
+                self.registering = true;
+                self.actions.push_back(Action::RegisterGeneration);
+            }
+            CallOutput::Send => {
+                if let Phase::Generating(call) = &self.phase {
+                    self.actions.push_back(Action::Send(call.request().clone()));
+                }
+            }
+            CallOutput::EndReasoning { id } => self.actions.push_back(Action::EndReasoning { id }),
+            CallOutput::JudgeSilence => {
+                self.judging = true;
+                self.stall_out = true;
+                let generation = self.generation;
+                self.actions.push_back(Action::ReportStall { generation });
+            }
+            CallOutput::Close { abandoned } => {
+                self.registering = false;
+                self.actions.push_back(Action::Close { abandoned });
+            }
         }
     }
 
@@ -819,6 +885,23 @@ impl<'b> AgentRequest<'b> {
         ) {
             self.last_progress = now;
             self.reported = None;
+        }
+        if let ChatEvent::Retrying {
+            attempt,
+            after_ms,
+            error,
+        } = &e
+        {
+            // What the failed attempt streamed is dropped: the retry starts over.
+            let loops = self.settings.loop_detector;
+            self.loops = (LoopDetector::new(loops).ok(), LoopDetector::new(loops).ok());
+            self.r.retries.push(RetryRecord {
+                generation: self.r.generations.len() as u32 + 1,
+                attempt: *attempt,
+                after_ms: *after_ms,
+                error: self.retrying.take().unwrap_or("unknown"),
+                detail: error.clone(),
+            });
         }
         self.actions.push_back(Action::Event(RequestEvent::Chat(e)));
         if let Some(d) = fired {
@@ -854,24 +937,24 @@ impl<'b> AgentRequest<'b> {
         }
     }
 
-    /// The failure policy for a generation the client ended with `error`: the machine's own
-    /// reason when it has one; with a worker socket, what the worker says (a silent server
-    /// is reported as a stall first); else the client's error.
-    fn generation_failed(&mut self, now: Duration, error: InferError, partial: Partial) {
-        self.keep_partial(now, partial);
-        if let Some((reason, detail)) = self.fail.clone() {
-            self.end(Outcome::Failed { reason, detail });
+    /// The failure policy for an attempt the client ended with an error (held in the
+    /// call): the machine's own reason when it has one; with a worker socket, what the worker
+    /// says (a silent server is reported as a stall first) before the retry schedule may try
+    /// again; without one, the schedule decides at once.
+    fn generation_failed(&mut self, now: Duration) {
+        let Phase::Generating(call) = std::mem::replace(&mut self.phase, Phase::Between) else {
             return;
-        }
-        if matches!(error, InferError::Cancelled) {
-            let (reason, detail) = (FailReason::Cancelled, "cancelled".into());
-            self.end(Outcome::Failed { reason, detail });
+        };
+        let Some(error) = call.held().cloned() else {
+            self.phase = Phase::Generating(call);
             return;
-        }
-        if !self.worker() {
-            let detail = error.to_string();
-            let reason = FailReason::Client(error);
-            self.end(Outcome::Failed { reason, detail });
+        };
+        if self.fail.is_some() || !self.worker() {
+            self.phase = Phase::Concluding {
+                call,
+                ask: Ask::Status,
+            };
+            self.conclude(now);
             return;
         }
         let reported = std::mem::take(&mut self.silence_reported);
@@ -883,13 +966,19 @@ impl<'b> AgentRequest<'b> {
         // A stall is reported about the generation, so it stays registered until answered;
         // one that broke off stays registered for the worker to explain (a server death).
         let grace = self.settings.death_grace_ms;
-        let broke_off = !matches!(error, InferError::Stalled(_));
+        // (An attempt that was never sent has nothing for it to explain.)
+        let broke_off = !matches!(
+            error,
+            InferError::Stalled(_)
+                | InferError::Connect { .. }
+                | InferError::TimedOut(Deadline::Connect)
+        );
         if ask == Ask::Status && broke_off && self.generation.is_some() && grace > 0 {
             self.explain_by = Some(now + ms(grace));
         } else if ask == Ask::Status {
             self.unregister();
         }
-        self.phase = Phase::Concluding { error, ask };
+        self.phase = Phase::Concluding { call, ask };
         self.ask_worker(ask);
     }
 
@@ -910,23 +999,40 @@ impl<'b> AgentRequest<'b> {
         }
     }
 
-    /// Ends a generation that failed once the worker has answered.
-    fn conclude(&mut self, _now: Duration) {
-        let Phase::Concluding { error, .. } = std::mem::replace(&mut self.phase, Phase::Sending)
+    /// Concludes an attempt that failed once the worker has answered (or without a worker):
+    /// the machine's reason (a restart, a death, a cancel) ends the request with the
+    /// attempt's output; otherwise the retry schedule decides, and a retry starts over from
+    /// the same messages.
+    fn conclude(&mut self, now: Duration) {
+        let Phase::Concluding { mut call, .. } = std::mem::replace(&mut self.phase, Phase::Between)
         else {
             return;
         };
-        let outcome = match self.fail.clone() {
-            Some((reason, detail)) => Outcome::Failed {
-                reason,
-                detail: format!("{detail} ({error})"),
-            },
-            None => Outcome::Failed {
-                detail: error.to_string(),
-                reason: FailReason::Client(error),
-            },
-        };
-        self.end(outcome);
+        self.explain_by = None;
+        self.unregister();
+        match self.fail.clone() {
+            Some((reason, detail)) => {
+                let error = call.held().map(|e| e.to_string());
+                call.decide(now, false);
+                let partial = match call.take_result() {
+                    Some(Err(f)) => f.partial,
+                    _ => Partial::default(),
+                };
+                self.storage = Some(call.into_storage());
+                self.keep_partial(now, partial);
+                let detail = match error {
+                    Some(e) => format!("{detail} ({e})"),
+                    None => detail,
+                };
+                self.end(Outcome::Failed { reason, detail });
+            }
+            None => {
+                self.retrying = call.held().map(InferError::as_str);
+                call.decide(now, true);
+                self.phase = Phase::Generating(call);
+                self.pump(now);
+            }
+        }
     }
 
     /// A whole answer: complete, or an iteration of tool calls.

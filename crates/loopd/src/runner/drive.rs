@@ -1,5 +1,6 @@
 //! The IO driver of one [`AgentRequest`]: it carries out the machine's actions (the chat
-//! request over the inference socket, `/slots` and `reasoning_end` calls, tool calls on
+//! request's gate, send, `/slots` and `reasoning_end` calls and reads through the client's
+//! one chat IO driver, `ChatIo`, as `Client::run` does; tool calls on
 //! threads of their own, llama-worker's socket: status, stall, register / progress / done) and
 //! feeds the machine what came back (and the failures the runner's watch pushes for its
 //! generation) with the time from the client's clock. It decides nothing: every wait is
@@ -9,12 +10,10 @@
 //! only its own thread: the machine has given up on it at its deadline and the request goes
 //! on.
 
-use std::os::unix::net::UnixStream;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::time::Duration;
 
-use crate::http::{self, READ_CHUNK};
-use crate::llama::{end_reasoning, poll_slot, send, wait_idle, Buffers, Cancel};
+use crate::llama::{wait_until, Buffers, ByteSink, Cancel, ChatIo};
 
 use super::agent::{Action, AgentRequest, Setup};
 use super::watch::Pushed;
@@ -52,6 +51,8 @@ pub(super) fn drive(
         id,
         slot,
         limits: config.limits,
+        retry: config.retry.clone(),
+        jitter: client.shared_jitter(),
         settings: &shared.settings,
         tools: &shared.tools,
         bios: shared.bios.clone(),
@@ -63,13 +64,8 @@ pub(super) fn drive(
             o(e);
         }
     };
-    let mut stream: Option<UnixStream> = None;
-    let mut permit = None;
+    let mut io = ChatIo::new(client, slot);
     let mut tool: Option<ToolRun> = None;
-    let mut buf = crate::heap::array::<READ_CHUNK>();
-    let (mut pos, mut len) = (0, 0);
-    // The socket's read timeout as last set; `None` for a new connection.
-    let mut timeout: Option<Duration> = None;
     let mut cancelled = false;
     // The generation registered with the worker, and where the watch sends its failure.
     let mut registered: Option<u64> = None;
@@ -86,47 +82,27 @@ pub(super) fn drive(
         while let Some(action) = m.poll_action() {
             match action {
                 Action::Event(e) => emit(&e),
-                Action::Send(chat) => {
-                    let busy = Duration::from_millis(config.limits.busy_wait_ms);
+                Action::Acquire => {
                     let mut queued =
                         |e: &crate::llama::ChatEvent| emit(&RequestEvent::Chat(e.clone()));
-                    let acquired = client
-                        .gate()
-                        .acquire(slot, busy, poll, cancel, clock, &mut queued)
-                        .and_then(|mut p| {
-                            wait_idle(config, &mut p, clock, cancel, &mut queued).map(|()| p)
-                        });
-                    match acquired {
-                        Ok(p) => permit = Some(p),
-                        Err(e) => {
-                            m.handle_send_error(clock.now(), e);
-                            continue;
-                        }
-                    }
-                    match send(config, &chat, cancel) {
-                        Ok(s) => {
-                            (stream, timeout, pos, len) = (Some(s), None, 0, 0);
-                            m.handle_sent(clock.now());
-                        }
-                        Err(e) => m.handle_send_error(clock.now(), e),
-                    }
+                    let acquired = io.acquire(cancel, &mut queued);
+                    m.handle_acquired(clock.now(), acquired);
                 }
+                Action::Send(chat) => match io.send(&chat, cancel) {
+                    Ok(()) => m.handle_sent(clock.now()),
+                    Err(e) => m.handle_send_error(clock.now(), e),
+                },
                 Action::PollSlots => {
-                    let seen = poll_slot(config, slot, cancel);
+                    let seen = io.poll_slots(cancel);
                     m.handle_slots(clock.now(), seen);
                 }
                 Action::EndReasoning { id } => {
-                    let ok = end_reasoning(config, &id, cancel);
+                    let ok = io.end_reasoning(&id, cancel);
                     m.handle_control_answer(clock.now(), ok);
                 }
                 // Dropping the connection closes it: the server stops generating, and the
                 // slot's next request checks that it did.
-                Action::Close { abandoned } => {
-                    if let Some(p) = permit.as_mut().filter(|_| abandoned) {
-                        p.abandon();
-                    }
-                    (stream, permit, pos, len) = (None, None, 0, 0);
-                }
+                Action::Close { abandoned } => io.close(abandoned),
                 Action::RunTool {
                     id,
                     name,
@@ -186,7 +162,7 @@ pub(super) fn drive(
                 }
                 Action::Done(result) => {
                     unroute(shared, &mut registered);
-                    drop(permit);
+                    io.close(false);
                     return *result;
                 }
             }
@@ -214,21 +190,11 @@ pub(super) fn drive(
             Some(_) => poll.min(PUSHED_WITHIN),
             None => poll,
         };
-        let wait = due
-            .map_or(most, |at| at.saturating_sub(now))
-            .clamp(Duration::from_millis(1), most);
-        if let Some(s) = stream.as_mut() {
-            if pos < len {
-                pos += m.handle_bytes(now, &buf[pos..len]);
-                continue;
-            }
-            match http::read_within(s, &mut buf[..], wait, &mut timeout) {
-                http::StreamRead::Bytes(n) => (pos, len) = (0, n),
-                http::StreamRead::Eof => m.handle_eof(clock.now()),
-                http::StreamRead::TimedOut => m.handle_timeout(clock.now()),
-                http::StreamRead::Interrupted => {}
-            }
-        } else if let Some(t) = &tool {
+        let wait = wait_until(now, due, most);
+        if io.read(clock, wait, &mut m) {
+            continue;
+        }
+        if let Some(t) = &tool {
             match t.result.recv_timeout(wait) {
                 Ok(r) => {
                     let id = t.id.clone();
@@ -247,6 +213,18 @@ pub(super) fn drive(
             cancel.sleep(clock, wait);
             m.handle_timeout(clock.now());
         }
+    }
+}
+
+impl ByteSink for AgentRequest<'_> {
+    fn handle_bytes(&mut self, now: Duration, input: &[u8]) -> usize {
+        AgentRequest::handle_bytes(self, now, input)
+    }
+    fn handle_eof(&mut self, now: Duration) {
+        AgentRequest::handle_eof(self, now)
+    }
+    fn handle_timeout(&mut self, now: Duration) {
+        AgentRequest::handle_timeout(self, now)
     }
 }
 

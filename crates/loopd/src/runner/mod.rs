@@ -49,7 +49,7 @@ pub use bios::{BiosContext, BiosProvider, StandardBios};
 pub use builtin::{builtin_tools, Arithmetic, CurrentTime, Finish, ReadFile, READ_FILE_CAP};
 pub use result::{
     CallSource, ExitSignal, FailReason, GenerationStats, Outcome, RequestEvent, RequestResult,
-    ToolRecord,
+    RetryRecord, ToolRecord,
 };
 pub use tools::{RegistryError, Tool, ToolError, ToolRegistry};
 pub use worker::{StallAnswer, WorkerState, WorkerStatus};

@@ -137,6 +137,23 @@ pub struct GenerationStats {
     pub elapsed: Duration,
 }
 
+/// One failed attempt of a generation that was tried again (M2a section 4): what it streamed
+/// was dropped, and the same messages were sent again after `after_ms`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RetryRecord {
+    /// The generation it belongs to (1 for the first).
+    pub generation: u32,
+    /// The attempt that followed (2 for the first retry).
+    pub attempt: u32,
+    /// The wait before it, jitter included.
+    pub after_ms: u64,
+    /// The failed attempt's error kind ([`InferError::as_str`]: `connect_error`,
+    /// `stream_closed_early`, `stalled`, ...).
+    pub error: &'static str,
+    /// The failed attempt's error, in words.
+    pub detail: String,
+}
+
 /// The terminal result of a request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RequestResult {
@@ -163,6 +180,8 @@ pub struct RequestResult {
     pub budget_left: u32,
     /// The worker's answers to the stalls this request reported.
     pub stalls: Vec<StallAnswer>,
+    /// The attempts tried again, in order (a retry never spends budget).
+    pub retries: Vec<RetryRecord>,
 }
 
 impl RequestResult {
