@@ -11,11 +11,14 @@ use std::time::Duration;
 
 use loopd::clock::FakeJitter;
 use loopd::config::{Config, Retry, RunnerConfig};
-use loopd::llama::{AssistantMessage, Buffers, ChatMessage, InferError, Silence, SlotSeen};
+use loopd::llama::{
+    AssistantMessage, Buffers, ChatEvent, ChatMessage, FinishReason, InferError, Silence, SlotSeen,
+};
 use loopd::runner::worker::{RegisterAnswer, WorkerError, WorkerFailReason};
 use loopd::runner::{
     Action, AgentRequest, BiosContext, BiosProvider, FailReason, Outcome, RequestEvent, RequestId,
-    RequestResult, Setup, StallAnswer, Submission, ToolRegistry, WorkerState, WorkerStatus,
+    RequestResult, RetryRecord, Setup, StallAnswer, Submission, ToolRegistry, WorkerState,
+    WorkerStatus,
 };
 use scripted::{ms, tool_call_deltas, Named};
 use serde_json::{json, Value};
@@ -72,6 +75,20 @@ fn machine<'b>(
     req: Submission,
     spawns: Option<u64>,
 ) -> AgentRequest<'b> {
+    let mut m = retrying(buffers, settings, req, spawns, Retry::once());
+    // The slot gate lets generation 1 in at once; later ones are let in by `respond`.
+    m.handle_acquired(Duration::ZERO, Ok(false));
+    m
+}
+
+/// A machine whose generations are tried again under `retry` (no jitter), at the gate.
+fn retrying<'b>(
+    buffers: &'b mut Buffers,
+    settings: &RunnerConfig,
+    req: Submission,
+    spawns: Option<u64>,
+    retry: Retry,
+) -> AgentRequest<'b> {
     let tools = tools();
     let setup = Setup {
         id: RequestId(7),
@@ -81,13 +98,10 @@ fn machine<'b>(
         tools: &tools,
         bios: Arc::new(Fixed),
         spawns,
-        retry: Retry::once(),
+        retry,
         jitter: Arc::new(FakeJitter::new(&[])),
     };
-    let mut m = AgentRequest::new(Duration::ZERO, setup, req, buffers.storage());
-    // The slot gate lets generation 1 in at once; later ones are let in by `respond`.
-    m.handle_acquired(Duration::ZERO, Ok(false));
-    m
+    AgentRequest::new(Duration::ZERO, setup, req, buffers.storage())
 }
 
 fn drain(m: &mut AgentRequest<'_>) -> Vec<Action> {
@@ -1011,4 +1025,158 @@ fn a_generation_that_broke_off_waits_death_grace_ms_for_the_worker_to_explain_it
             FailReason::Client(InferError::StreamClosedEarly)
         );
     }
+}
+
+/// M2a section 4 reconciled with seed 003 I: a generation that broke off is tried again when
+/// the worker says its server is the one the request was admitted under and ready; a restart
+/// or a death the worker reports (pushed, or on the status poll) ends the request with its
+/// output, never retried.
+#[test]
+fn a_broken_off_generation_is_retried_unless_the_worker_says_the_server_went_away() {
+    let s = RunnerConfig {
+        stall_ms: 60_000,
+        death_grace_ms: 2_500,
+        ..settings(true)
+    };
+    for case in ["ready", "pushed", "died"] {
+        let mut b = Buffers::new();
+        let mut m = retrying(&mut b, &s, ask(None), Some(3), Retry::default());
+        assert_eq!(kinds(&drain(&mut m)), ["acquire"]);
+        m.handle_acquired(ms(1), Ok(false));
+        assert_eq!(kinds(&drain(&mut m)), ["register"]);
+        m.handle_registered(ms(2), Ok(RegisterAnswer::Registered(5)));
+        assert_eq!(kinds(&drain(&mut m)), ["send"]);
+        m.handle_sent(ms(3));
+        m.handle_bytes(ms(10), HEAD);
+        m.handle_bytes(ms(20), &data(json!({"content": "lost"}), None, 0));
+        drain(&mut m);
+        m.handle_eof(ms(30));
+        assert_eq!(kinds(&drain(&mut m)), ["close", "status"], "{case}");
+        match case {
+            "pushed" => {
+                m.handle_worker_failed(ms(900), 5, WorkerFailReason::WorkerRestarted);
+                let r = result(drain(&mut m));
+                assert_eq!(failed(&r).0, FailReason::WorkerRestarted);
+                assert_eq!((r.retries.len(), r.content.as_deref()), (0, Some("lost")));
+            }
+            "died" => {
+                let died = status(WorkerState::Restarting, 4, Some("exited"));
+                m.handle_worker_status(ms(31), Ok(died));
+                let out = drain(&mut m);
+                assert_eq!(kinds(&out), ["generation_done 5", "done"]);
+                let r = result(out);
+                assert_eq!(failed(&r).0, FailReason::ServerDied);
+                assert_eq!((r.retries.len(), r.content.as_deref()), (0, Some("lost")));
+            }
+            _ => {
+                for at in [31, 1_031, 2_031] {
+                    if at > 31 {
+                        m.handle_timeout(ms(at));
+                        assert_eq!(kinds(&drain(&mut m)), ["status"]);
+                    }
+                    m.handle_worker_status(ms(at), Ok(status(WorkerState::Ready, 3, None)));
+                    assert_eq!(kinds(&drain(&mut m)), Vec::<String>::new(), "{at}");
+                }
+                m.handle_timeout(ms(3_031));
+                assert_eq!(kinds(&drain(&mut m)), ["status"]);
+                m.handle_worker_status(ms(3_031), Ok(status(WorkerState::Ready, 3, None)));
+                // Past death_grace_ms with the same server: unregistered, then retried.
+                let out = drain(&mut m);
+                assert_eq!(kinds(&out), ["generation_done 5"]);
+                let said: Vec<(u32, u64)> = out
+                    .iter()
+                    .filter_map(|a| match a {
+                        Action::Event(RequestEvent::Chat(ChatEvent::Retrying {
+                            attempt,
+                            after_ms,
+                            ..
+                        })) => Some((*attempt, *after_ms)),
+                        _ => None,
+                    })
+                    .collect();
+                assert_eq!(said, [(2, 2_000)]);
+                // Back through the gate at 5,031 ms (the status poll comes due first).
+                m.handle_timeout(ms(4_031));
+                assert_eq!(kinds(&drain(&mut m)), ["status"]);
+                m.handle_worker_status(ms(4_031), Ok(status(WorkerState::Ready, 3, None)));
+                assert_eq!(m.poll_timeout(), Some(ms(5_031)));
+                m.handle_timeout(ms(5_030));
+                assert_eq!(kinds(&drain(&mut m)), Vec::<String>::new());
+                m.handle_timeout(ms(5_031));
+                // (The status poll falls due at the same millisecond.)
+                assert_eq!(kinds(&drain(&mut m)), ["acquire", "status"]);
+                m.handle_acquired(ms(5_032), Ok(false));
+                assert_eq!(kinds(&drain(&mut m)), ["register"], "registered anew");
+                m.handle_worker_status(ms(5_032), Ok(status(WorkerState::Ready, 3, None)));
+                m.handle_registered(ms(5_033), Ok(RegisterAnswer::Registered(6)));
+                let sent_again = drain(&mut m);
+                assert_eq!(kinds(&sent_again), ["send"]);
+                m.handle_sent(ms(5_034));
+                let (k, r) = respond_more(&mut m, 5_040, &answer("whole"));
+                assert_eq!(
+                    k,
+                    [
+                        "progress 6 first_byte",
+                        "close",
+                        "generation_done 6",
+                        "done"
+                    ]
+                );
+                assert_eq!(
+                    r.outcome,
+                    Outcome::Completed {
+                        finish_reason: FinishReason::Stop
+                    }
+                );
+                assert_eq!(r.content.as_deref(), Some("whole"));
+                assert_eq!(
+                    r.transcript,
+                    [ChatMessage::Assistant(AssistantMessage {
+                        content: Some("whole".into()),
+                        reasoning_content: None,
+                        tool_calls: vec![],
+                    })],
+                    "nothing of the dropped attempt"
+                );
+                assert_eq!((r.budget, r.budget_left, r.generations.len()), (2, 2, 1));
+                assert_eq!(
+                    r.retries,
+                    [RetryRecord {
+                        generation: 1,
+                        attempt: 2,
+                        after_ms: 2_000,
+                        error: "stream_closed_early",
+                        detail: "the stream ended before its last chunk".into(),
+                    }]
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn a_cancel_during_the_wait_before_a_retry_ends_the_request_cancelled_at_once() {
+    let s = settings(false);
+    let mut b = Buffers::new();
+    let mut m = retrying(&mut b, &s, ask(None), None, Retry::default());
+    drain(&mut m);
+    let socket = "/run/infer.sock".into();
+    let refused = std::io::ErrorKind::ConnectionRefused.into();
+    m.handle_acquired(ms(1), Ok(false));
+    assert_eq!(kinds(&drain(&mut m)), ["send"]);
+    m.handle_send_error(
+        ms(2),
+        InferError::Connect {
+            socket,
+            source: refused,
+        },
+    );
+    assert_eq!(kinds(&drain(&mut m)), ["close"]);
+    assert_eq!(m.poll_timeout(), Some(ms(2_002)));
+    m.cancel(ms(500));
+    let out = drain(&mut m);
+    assert_eq!(kinds(&out), ["done"]);
+    let r = result(out);
+    assert_eq!(failed(&r).0, FailReason::Cancelled);
+    assert_eq!(r.retries.len(), 1, "the retry it was waiting for");
 }

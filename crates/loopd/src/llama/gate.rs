@@ -257,6 +257,9 @@ mod tests {
     }
 
     /// Starts a thread that queues for `slot` and reports its events and when it got in.
+    /// Waiters that have emitted their first `Queued` event.
+    static FIRST_SEEN: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
     fn waiter(
         gate: &'static SlotGate,
         slot: u32,
@@ -266,7 +269,12 @@ mod tests {
         thread::spawn(move || {
             let mut seen = Vec::new();
             let r = take(gate, slot, &mut |e| match e {
-                ChatEvent::Queued { ahead } => seen.push(*ahead),
+                ChatEvent::Queued { ahead } => {
+                    if seen.is_empty() {
+                        FIRST_SEEN.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    }
+                    seen.push(*ahead)
+                }
                 other => panic!("{other:?}"),
             });
             let permit = r.unwrap();
@@ -306,9 +314,14 @@ mod tests {
         let first = take(gate, 3, &mut no_events).unwrap();
         let (tx, rx) = mpsc::channel();
         let mut threads = Vec::new();
+        let before = FIRST_SEEN.load(std::sync::atomic::Ordering::SeqCst);
         for tag in 0..8 {
             threads.push(waiter(gate, 3, tag, tx.clone()));
-            wait_until(|| gate.queued(3) == tag + 1);
+            // Queued, and its first count told (a loaded box may run it late).
+            wait_until(|| {
+                let told = FIRST_SEEN.load(std::sync::atomic::Ordering::SeqCst) - before;
+                gate.queued(3) == tag + 1 && told == tag + 1
+            });
         }
         // At the cap: the ninth is refused at once, without an event.
         assert!(matches!(
