@@ -28,6 +28,7 @@ suites=(
   "loopd-runner-real-server|cargo test -q --features real-server -p loopd --test runner_real_server"
   "loopd-daemon-real-server|cargo test -q --features real-server -p loopd --test daemon_real_server"
   "loopd-broken-model|cargo test -q --features real-server -p loopd --test broken_model"
+  "loopd-retry-real-server|cargo test -q --features real-server -p loopd --test retry_real_server"
   "loopd-rpc-unit|cargo test -q --features real-server -p loopd --test rpc_unit"
   "harness-local-server|cargo test -q --features real-server -p llama-harness --test local_server"
   "worker-real-server|cargo test -q --features real-server -p llama-worker --test real_server"

@@ -1041,3 +1041,34 @@ fn wait_result_waits_on_the_clients_clock() {
     assert_eq!(failed(&r).0, FailReason::Cancelled);
     drop(held);
 }
+
+/// Every connection a generation opens goes through inferproxy's accept bucket (burst 10, then
+/// 2 a second), so the runner opens only what it needs: a generation answered within
+/// `poll_ms` is the chat connection alone (llama-worker is asked on its own socket), each
+/// retry one more, and `/slots` is asked only after an abandoned generation or while no
+/// answer comes.
+#[test]
+fn a_generation_opens_one_connection_through_the_proxy_and_a_retry_one_more() {
+    let server = FakeServer::start(vec![(
+        CHAT,
+        vec![
+            calls(&[("c1", "echo", "{}")]),
+            Reply::sse(vec![content("cut")]).ending(End::Cut),
+            answer("ok"),
+        ],
+    )]);
+    let worker = FakeWorker::start(Script::default());
+    let mut c = config(&server, Some(&worker));
+    // The cut is the worker's to explain first: not for 10 s here.
+    c.runner.death_grace_ms = 100;
+    let s = setup(c, 1);
+    let r = run(&s, ask("x"));
+    assert!(matches!(r.outcome, Outcome::Completed { .. }), "{r:?}");
+    assert_eq!(r.retries.len(), 1, "{r:?}");
+    let paths: Vec<String> = server
+        .requests()
+        .iter()
+        .map(|q| q.path().to_owned())
+        .collect();
+    assert_eq!(paths, [CHAT, CHAT, CHAT], "two generations, one retried");
+}
