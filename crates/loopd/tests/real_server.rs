@@ -368,9 +368,10 @@ fn a_cancelled_generation_frees_its_server_slot() {
 /// as it starts on a request, and its answer only once the whole prompt is processed
 /// (measured on this server: head and `processed: 7` of 1,704 after 22 ms, the first token
 /// after 4 s; 14 s for a 1,500-token prompt on a loaded box). Between the two the request is a
-/// busy slot in its prefill, not a silent stream: with the model instance stopped for 6 s in
-/// the middle of a long prompt, twice `liveness_ms`, the answer still completes. (Liveness
-/// 3 s, not less: on a loaded box the tokens after the prefill come seconds apart.)
+/// busy slot in its prefill, not a silent stream: with the model instance stopped in the
+/// middle of a long prompt for twice `liveness_ms`, the answer still completes. (Liveness is
+/// measured from the box, 3 s at least: on a loaded box the tokens after the prefill come
+/// seconds apart.)
 /// (Before this was so, `config()` had to raise liveness to 180 s for long prompts.)
 #[test]
 fn a_prefill_longer_than_liveness_is_a_busy_slot_not_a_stall() {
@@ -380,7 +381,13 @@ fn a_prefill_longer_than_liveness_is_a_busy_slot_not_a_stall() {
     let proxy = Proxy::start(shared().0.addr());
     let mut c = config();
     c.socket = proxy.socket().to_owned();
-    c.limits.liveness_ms = 3_000;
+    // Liveness as short as this box allows: three times the longest gap between two events of
+    // a short answer measured now (3 s at least), so that the tokens after the prefill come
+    // within it on a loaded box too; the pause is twice it.
+    let gap = longest_event_gap(&Client::new(c.clone()));
+    let liveness = (gap * 3).clamp(Duration::from_millis(3_000), Duration::from_secs(15));
+    eprintln!("longest gap between events {gap:?}: liveness {liveness:?}");
+    c.limits.liveness_ms = liveness.as_millis() as u64;
     c.limits.poll_ms = 500;
     c.limits.max_tokens = 8;
     let client = Client::new(c);
@@ -391,7 +398,7 @@ fn a_prefill_longer_than_liveness_is_a_busy_slot_not_a_stall() {
             other => Err(format!("children of router {router}: {other:?}")),
         }
     });
-    let pause = Duration::from_millis(6_000);
+    let pause = liveness * 2;
     let signal = move |sig: &str| {
         std::process::Command::new("kill")
             .args([sig, &instance.to_string()])
@@ -422,6 +429,24 @@ fn a_prefill_longer_than_liveness_is_a_busy_slot_not_a_stall() {
         "the answer began after {first:?}, before the instance was continued: the pause did \
          not fall in the prefill"
     );
-    let done = r.unwrap_or_else(|e| panic!("a prefill of {first:?} with liveness 3 s: {e:?}"));
+    let done =
+        r.unwrap_or_else(|e| panic!("a prefill of {first:?} with liveness {liveness:?}: {e:?}"));
     assert!(done.timings.is_some_and(|t| t.prompt_n > 1_000), "{done:?}");
+}
+
+/// The longest wait between two events (or before the first) of a short greedy answer on a
+/// fresh prompt: what this box takes now between tokens.
+fn longest_event_gap(client: &Client) -> Duration {
+    let nonce = std::process::id();
+    let mut req = ChatRequest::user(0, format!("Note {nonce}: say hello."));
+    req.options.max_tokens = Some(8);
+    let mut last = std::time::Instant::now();
+    let mut longest = Duration::ZERO;
+    client
+        .chat(&req, &mut |_| {
+            longest = longest.max(last.elapsed());
+            last = std::time::Instant::now();
+        })
+        .expect("a short answer to measure the box");
+    longest
 }
