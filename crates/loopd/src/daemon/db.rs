@@ -349,18 +349,22 @@ impl Db {
         };
         conn.execute_batch(&format!("PRAGMA synchronous = {sync}"))
             .map_err(sql)?;
-        let tx = conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
+        if version < SCHEMA_VERSION {
+            // Only then: an open of a current store writes nothing, so it works on a full disk.
+            let tx = conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(sql)?;
+            for (from, step) in MIGRATIONS.iter().enumerate().skip(version as usize) {
+                tx.execute_batch(step).map_err(|e| {
+                    fail(open_kind(&e), format!("migrating from version {from}: {e}"))
+                })?;
+            }
+            tx.execute_batch(&format!(
+                "PRAGMA user_version = {SCHEMA_VERSION}; PRAGMA application_id = {APPLICATION_ID}"
+            ))
             .map_err(sql)?;
-        for (from, step) in MIGRATIONS.iter().enumerate().skip(version as usize) {
-            tx.execute_batch(step)
-                .map_err(|e| fail(open_kind(&e), format!("migrating from version {from}: {e}")))?;
+            tx.commit().map_err(sql)?;
         }
-        tx.execute_batch(&format!(
-            "PRAGMA user_version = {SCHEMA_VERSION}; PRAGMA application_id = {APPLICATION_ID}"
-        ))
-        .map_err(sql)?;
-        tx.commit().map_err(sql)?;
         let check: String = conn
             .query_row("PRAGMA quick_check(1)", [], |r| r.get(0))
             .map_err(sql)?;
