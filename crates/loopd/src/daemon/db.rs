@@ -226,7 +226,9 @@ pub struct Interrupted<'a> {
     pub output: Option<&'a str>,
 }
 
-/// The durable store; see the [module docs](self).
+/// The durable store: one SQLite table of requests and results. What it promises (written
+/// before acknowledged, ids never reused, restart recovery, TTL and cap, one owner, a full
+/// disk) is in the docs at the top of `daemon/db.rs`.
 #[derive(Debug)]
 pub struct Db {
     conn: Connection,
