@@ -10,7 +10,7 @@ NOSTD_CRATES := -p sse-nostd -p http-nostd -p llama-proto
 DEVICE_TARGET := thumbv7em-none-eabihf
 FUZZ_SECONDS ?= 60
 
-.PHONY: help check hermetic test selftest ask run up verify-device verify-local fuzz bench bench-rpc socat serve fixtures soak chaos llama fmt-check clippy unit no-std embedded
+.PHONY: help check hermetic test selftest ask run up verify-device verify-local fuzz fuzz-cmin fuzz-tools bench bench-rpc socat serve fixtures soak chaos llama fmt-check clippy unit no-std embedded
 
 ## help: this list of targets
 help:
@@ -31,7 +31,8 @@ fmt-check:
 clippy:
 	$(CARGO) clippy --workspace --all-targets --all-features -- -D warnings
 
-## hermetic: every test that needs no real llama-server (what a plain `cargo test` runs)
+## hermetic: every test that needs no real llama-server (what a plain `cargo test` runs), the
+## replay of every committed fuzz input (fuzz/corpus-min, fuzz/seeds, fuzz/regressions) included
 hermetic:
 	$(CARGO) test --workspace
 
@@ -109,14 +110,35 @@ verify-device:
 verify-local: llama
 	scripts/local-stack.sh verify
 
-## fuzz: every cargo-fuzz target for FUZZ_SECONDS each, from its corpus and the committed
-## seeds in fuzz/seeds/<target> (installs cargo-fuzz when missing)
-fuzz:
-	command -v cargo-fuzz >/dev/null || $(CARGO) install --locked cargo-fuzz
+## fuzz: every cargo-fuzz target for FUZZ_SECONDS each, from its working corpus (fuzz/corpus,
+## not committed), the committed minimized corpus fuzz/corpus-min/<target> and the seeds in
+## fuzz/seeds/<target>; a crash input is also copied to fuzz/regressions/<target>, where the
+## replay test in `cargo test` keeps failing on it until it is fixed (commit it with the fix).
+## Then `make fuzz-cmin` to refresh the committed corpus (fuzz/README.md)
+fuzz: fuzz-tools
 	cd fuzz && for t in $$($(CARGO) +nightly fuzz list); do \
-	  mkdir -p corpus/$$t seeds/$$t; \
-	  $(CARGO) +nightly fuzz run $$t corpus/$$t seeds/$$t -- -max_total_time=$(FUZZ_SECONDS) || exit 1; \
+	  mkdir -p corpus/$$t seeds/$$t corpus-min/$$t; \
+	  $(CARGO) +nightly fuzz run $$t corpus/$$t corpus-min/$$t seeds/$$t -- \
+	    -max_total_time=$(FUZZ_SECONDS) || { \
+	    mkdir -p regressions/$$t; cp artifacts/$$t/* regressions/$$t/; exit 1; }; \
 	done
+
+## fuzz-cmin: minimize each target's working corpus (fuzz/corpus/<target>, with the committed
+## fuzz/corpus-min/<target> merged in) to the smallest inputs that keep its edge coverage and
+## write it back to fuzz/corpus-min/<target>, the corpus every test run replays; run after
+## `make fuzz`, then commit fuzz/corpus-min
+fuzz-cmin: fuzz-tools
+	cd fuzz && for t in $$($(CARGO) +nightly fuzz list); do \
+	  mkdir -p corpus/$$t corpus-min/$$t; \
+	  cp -n corpus-min/$$t/* corpus/$$t/ 2>/dev/null || true; \
+	  $(CARGO) +nightly fuzz cmin $$t corpus/$$t -- -use_counters=0; \
+	  rm -rf corpus-min/$$t; cp -r corpus/$$t corpus-min/$$t; \
+	done
+	du -sh fuzz/corpus-min; find fuzz/corpus-min -type f | wc -l
+
+fuzz-tools:
+	command -v cargo-fuzz >/dev/null || $(CARGO) install --locked cargo-fuzz
+	rustup toolchain list | grep -q '^nightly' || rustup toolchain install nightly --profile minimal
 
 ## bench: every benchmark, each against its peer in the same run (figures go into docs/benchmarks.md)
 bench: socat

@@ -147,8 +147,11 @@ pub enum ConfigError {
     /// `[[rpc.local]]` entry number `.0` (from 1) has no `command`.
     RpcNoCommand(usize),
     /// This port is named twice in `[rpc]` (two local servers, or a local and a remote one on
-    /// 127.0.0.1, or a remote endpoint listed twice), or is the server's own port.
+    /// 127.0.0.1, or a remote endpoint listed twice).
     RpcDuplicatePort(u16),
+    /// `[[rpc.local]]` entry number `.0` (from 1) has the fixed port `.1`, which is the
+    /// server's own `--port`.
+    RpcServerPort(usize, u16),
     /// This remote endpoint is not `ip:port` (a host name is refused: see [`crate::rpc`]).
     RpcBadEndpoint(String),
     /// `args` hold this flag, which the worker adds itself when `[rpc]` is set.
@@ -207,6 +210,10 @@ impl fmt::Display for ConfigError {
                 "config: [[rpc.local]] entry {i} has no `command` (the ggml-rpc-server to start)"
             ),
             Self::RpcDuplicatePort(p) => write!(f, "config: RPC port {p} is named twice in [rpc]"),
+            Self::RpcServerPort(i, p) => write!(
+                f,
+                "config: [[rpc.local]] entry {i} has port {p}, the server's own --port"
+            ),
             Self::RpcBadEndpoint(e) => write!(
                 f,
                 "config: RPC endpoint {e:?} in `rpc.remote` is not ip:port (IPv6: [ip]:port)"
@@ -299,6 +306,19 @@ impl Config {
             }
         }
         self.timings().map(|_| ())
+    }
+
+    /// [`Config::validate`], and what only the server's `port` shows: no `[[rpc.local]]`
+    /// server may take it. [`crate::Worker::new`] refuses what this refuses; `llama-worker
+    /// run` and `check-config` call it (with [`Config::check_files`]) before anything starts,
+    /// so the two commands cannot disagree on a config.
+    pub fn validate_for_port(&self, port: u16) -> Result<(), ConfigError> {
+        self.validate()?;
+        let locals = self.rpc.iter().flat_map(|r| &r.local);
+        if let Some(i) = locals.clone().position(|l| l.port == Some(port)) {
+            return Err(ConfigError::RpcServerPort(i + 1, port));
+        }
+        Ok(())
     }
 
     /// Checks what [`Config::validate`] cannot see in the text: that `command` is an executable

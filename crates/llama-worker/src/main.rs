@@ -98,7 +98,8 @@ enum Cmd {
     /// Validate the config and print the command line it would run
     ///
     /// Validates FILE, checks that its command is an executable file and that log_file's folder
-    /// exists, and prints the command line it would run.
+    /// exists, and prints the command line it would run. Refuses what `run --port PORT` would
+    /// refuse before starting anything, with the same message.
     #[command(verbatim_doc_comment)]
     CheckConfig(CheckArgs),
 }
@@ -189,13 +190,17 @@ fn load(a: &Args) -> Result<Config, String> {
     Config::from_file(path).map_err(|e| format!("{}: {e}", path.display()))
 }
 
-/// [`load`], and the files the config names must be there (`command`, `log_file`'s folder).
-fn load_checked(a: &Args) -> Result<Config, String> {
+/// [`load`], checked as `run` on `port` needs it: everything [`Config::validate_for_port`]
+/// refuses, and the files the config names must be there (`command`, `log_file`'s folder).
+/// `run` and `check-config` both go through here, so one refuses what the other does.
+fn load_to_run(a: &Args, port: u16) -> Result<Config, String> {
     let cfg = load(a)?;
-    cfg.check_files().map_err(|e| {
-        let path = a.config.as_deref().unwrap_or(std::path::Path::new(""));
-        format!("{}: {e}", path.display())
-    })?;
+    cfg.validate_for_port(port)
+        .and_then(|()| cfg.check_files())
+        .map_err(|e| {
+            let path = a.config.as_deref().unwrap_or(std::path::Path::new(""));
+            format!("{}: {e}", path.display())
+        })?;
     Ok(cfg)
 }
 
@@ -209,8 +214,8 @@ fn socket_path(a: &Args) -> Result<PathBuf, String> {
 }
 
 fn run(a: &Args) -> Result<ExitCode, String> {
-    let cfg = load_checked(a)?;
     let port = a.port.ok_or("--port PORT is required")?;
+    let cfg = load_to_run(a, port)?;
     let socket = a.socket.clone().or_else(|| cfg.status_socket.clone());
     // Before anything is bound or spawned, so a signal at any later point still cleans up.
     let signals =
@@ -302,8 +307,9 @@ fn main_inner() -> Result<ExitCode, String> {
                 port: c.port,
                 ..Args::default()
             };
-            let cfg = load_checked(&a)?;
-            let mut spec = cfg.command_spec(a.port.unwrap_or(0));
+            let port = a.port.unwrap_or(0);
+            let cfg = load_to_run(&a, port)?;
+            let mut spec = cfg.command_spec(port);
             if let Some(rpc) = &cfg.rpc {
                 // The local RPC servers first, as the worker starts them; a port chosen at each
                 // start is shown as its placeholder.

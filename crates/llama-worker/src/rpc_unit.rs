@@ -9,7 +9,6 @@ use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
-use crate::config::ConfigError;
 use crate::policy::Endpoints;
 use crate::process::{Exit, Lingering, ServerProcess};
 use crate::rpc::{connect, EndpointStatus, Place, RpcConfig, LOCAL_HOST};
@@ -35,16 +34,9 @@ pub struct RpcExit {
 }
 
 impl RpcUnit {
-    /// The unit for `config` (validated); the server listens on `server_port`, which no fixed
-    /// local port may take.
-    pub fn new(
-        config: RpcConfig,
-        log_file: Option<PathBuf>,
-        server_port: u16,
-    ) -> Result<Self, ConfigError> {
-        if config.local.iter().any(|l| l.port == Some(server_port)) {
-            return Err(ConfigError::RpcDuplicatePort(server_port));
-        }
+    /// The unit for `config` (validated with the server's port:
+    /// [`crate::Config::validate_for_port`]).
+    pub fn new(config: RpcConfig, log_file: Option<PathBuf>) -> Self {
         let mut endpoints: Vec<EndpointStatus> = config
             .local
             .iter()
@@ -69,12 +61,12 @@ impl RpcUnit {
                     last_probe: None,
                 }),
         );
-        Ok(Self {
+        Self {
             locals: config.local.iter().map(|_| None).collect(),
             config,
             log_file,
             endpoints,
-        })
+        }
     }
 
     /// Every endpoint with its latest probe.

@@ -454,13 +454,13 @@ pub struct Worker<C: SharedClock> {
 impl<C: SharedClock> Worker<C> {
     /// A stopped worker for `config`, its server on `port`; call [`WorkerHandle::start`].
     pub fn new(config: Config, port: u16, clock: C) -> Result<Self, ConfigError> {
-        config.validate()?;
+        config.validate_for_port(port)?;
         let timings = config.timings()?;
         let spec = config.command_spec(port);
-        let rpc = match &config.rpc {
-            Some(r) => Some(RpcUnit::new(r.clone(), config.log_file.clone(), port)?),
-            None => None,
-        };
+        let rpc = config
+            .rpc
+            .as_ref()
+            .map(|r| RpcUnit::new(r.clone(), config.log_file.clone()));
         Ok(Self {
             shared: Arc::new(Shared {
                 inner: Mutex::new(Inner {

@@ -526,6 +526,96 @@ fn check_config_names_a_missing_command_and_a_missing_log_folder() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// docs/rpc.md's refused `[rpc]` configs: `check-config --port 8099` refuses each with the
+/// reason `run --port 8099` gives, the local RPC server on the server's own port included
+/// (which check-config once passed).
+#[test]
+fn check_config_refuses_every_rpc_config_that_run_refuses() {
+    let dir = temp_dir("checkrpc");
+    let config = dir.join("worker.toml");
+    let head = "command = \"/bin/sh\"\n";
+    let local = |extra: &str| format!("[[rpc.local]]\ncommand = \"/bin/sh\"\n{extra}");
+    let remotes: Vec<String> = (1..=17).map(|i| format!("\"10.0.0.{i}:50052\"")).collect();
+    let cases = [
+        (
+            "[rpc]\nremote = []\n".to_string(),
+            "config: [rpc] names no endpoint: add [[rpc.local]] servers or `remote` endpoints",
+        ),
+        (
+            format!("[rpc]\nremote = [{}]\n", remotes.join(", ")),
+            "config: [rpc] names 17 endpoints, more than 16",
+        ),
+        (
+            format!("{}[[rpc.local]]\nargs = []\n", local("")),
+            "config: [[rpc.local]] entry 2 has no `command` (the ggml-rpc-server to start)",
+        ),
+        (
+            format!("{}{}", local("port = 50052\n"), local("port = 50052\n")),
+            "config: RPC port 50052 is named twice in [rpc]",
+        ),
+        (
+            format!(
+                "[rpc]\nremote = [\"127.0.0.1:50052\"]\n{}",
+                local("port = 50052\n")
+            ),
+            "config: RPC port 50052 is named twice in [rpc]",
+        ),
+        (
+            "[rpc]\nremote = [\"10.0.0.2:50052\", \"10.0.0.2:50052\"]\n".to_string(),
+            "config: RPC port 50052 is named twice in [rpc]",
+        ),
+        (
+            format!("{}{}", local("port = 50053\n"), local("port = 8099\n")),
+            "config: [[rpc.local]] entry 2 has port 8099, the server's own --port",
+        ),
+        (
+            "[rpc]\nremote = [\"rpc-host:50052\"]\n".to_string(),
+            "config: RPC endpoint \"rpc-host:50052\" in `rpc.remote` is not ip:port (IPv6: \
+             [ip]:port)",
+        ),
+        (
+            format!("args = [\"--rpc\", \"10.0.0.2:50052\"]\n{}", local("")),
+            "config: `args` hold --rpc, which the worker adds itself when [rpc] is set",
+        ),
+        (
+            format!("args = [\"--cache-ram=0\"]\n{}", local("")),
+            "config: `args` hold --cache-ram, which the worker adds itself when [rpc] is set",
+        ),
+        (
+            local("port = 0\n"),
+            "config: `rpc.local.port` must be greater than 0",
+        ),
+    ];
+    for (rpc, reason) in cases {
+        let text = format!("{head}{rpc}");
+        std::fs::write(&config, &text).unwrap();
+        let want = format!("llama-worker: {}: {reason}\n", config.display());
+        let path = config.to_str().unwrap();
+        for cmd in ["check-config", "run"] {
+            let args = [cmd, "--port", "8099", "--config", path];
+            // Bounded: a config run did not refuse would start the unit.
+            let got = run_bounded(&args, Duration::from_secs(10));
+            assert_eq!(got, (Some(2), want.clone()), "{cmd} on\n{text}");
+        }
+    }
+    // The same local port is fine on another server port: only the clash is refused.
+    let text = format!("{head}{}", local("port = 8099\n"));
+    std::fs::write(&config, &text).unwrap();
+    let out = Command::new(BIN)
+        .args(["check-config", "--port", "8100", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert_eq!(
+        (out.status.code(), String::from_utf8(out.stdout).unwrap()),
+        (
+            Some(0),
+            "rpc: /bin/sh \n/bin/sh --rpc 127.0.0.1:8099 --cache-ram 0\n".to_string()
+        )
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// Starts `llama-worker run` with `config` on `ep`, stderr discarded.
 fn spawn_run(config: &Path, ep: &Endpoint) -> KillOnDrop {
     KillOnDrop(

@@ -228,9 +228,14 @@ fn a_fixed_rpc_port_equal_to_the_server_port_is_refused() {
     )
     .unwrap();
     assert_eq!(
-        Worker::new(c, 50052, SystemClock::new()).err(),
-        Some(ConfigError::RpcDuplicatePort(50052))
+        Worker::new(c.clone(), 50052, SystemClock::new()).err(),
+        Some(ConfigError::RpcServerPort(1, 50052))
     );
+    assert_eq!(
+        c.validate_for_port(50052),
+        Err(ConfigError::RpcServerPort(1, 50052))
+    );
+    assert_eq!(c.validate_for_port(50053), Ok(()));
 }
 
 /// `check-config` shows what the worker would run: each local RPC server (a port chosen at

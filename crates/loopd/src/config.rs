@@ -1,8 +1,10 @@
 //! `config.toml` into a typed [`Config`].
 //!
 //! Unknown keys are errors. Every limit of the design's section 4 is a field with the default
-//! given there, so a config file names only what it changes. A [`ConfigError`] names the file,
-//! the line and the dotted key that was wrong.
+//! given there, so a config file names only what it changes. A default that depends on another
+//! key follows that key when the file leaves it out (`runner.stall_ms` is `limits.liveness_ms`,
+//! `retry.delays_ms` fits `retry.attempts`), so only a value the file wrote is refused. A
+//! [`ConfigError`] names the file, the line and the dotted key that was wrong.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -103,9 +105,10 @@ impl Default for Limits {
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Retry {
-    /// Attempts in all, the first included (4).
+    /// Attempts in all, the first included (4; at most [`Retry::MAX_ATTEMPTS`]).
     pub attempts: u32,
-    /// The wait before attempt 2, 3, ... (2 s, 8 s, 30 s); one fewer than `attempts`.
+    /// The wait before attempt 2, 3, ... (2 s, 8 s, 30 s); one fewer than `attempts`. Left out
+    /// of the file it follows `attempts` ([`Retry::delays_for`]).
     pub delays_ms: Vec<u64>,
     /// Each wait varies by up to this percentage either way (25).
     pub jitter_percent: u64,
@@ -221,7 +224,7 @@ impl Config {
 
     /// Parses `text`, naming `path` in any error.
     pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
-        let config: Config = toml::from_str(text).map_err(|e| {
+        let mut config: Config = toml::from_str(text).map_err(|e| {
             let offset = e.span().map_or(0, |s| s.start);
             let (line, mut key) = key_at(text, offset);
             let message = e.message().to_owned();
@@ -247,19 +250,42 @@ impl Config {
                 message,
             }
         })?;
+        // The text parsed as `Config`, so it parses as a table: which keys the file wrote.
+        let written: toml::Table = text.parse().unwrap_or_default();
+        config.follow_defaults(&written);
         config
             .validate()
             .map_err(|(table, field, message)| ConfigError {
                 path: path.to_owned(),
                 line: line_of(text, table, field),
                 key: join(table, field),
-                message: message.to_owned(),
+                message,
             })?;
         Ok(config)
     }
 
+    /// Gives each key whose default depends on another key, where the file left it out, the
+    /// value that follows that key; so changing one key alone never makes a pair contradict,
+    /// and only a value the file wrote is refused.
+    fn follow_defaults(&mut self, written: &toml::Table) {
+        let set = |table: &str, key: &str| is_written(written, table, key);
+        if !set("retry", "delays_ms") {
+            self.retry.delays_ms = Retry::delays_for(self.retry.attempts);
+        }
+        if !set("runner", "stall_ms") {
+            self.runner.stall_ms = self.limits.liveness_ms;
+        }
+        let tiers = "runner.loop_detector";
+        let detector = &mut self.runner.loop_detector;
+        match (set(tiers, "medium_from"), set(tiers, "long_from")) {
+            (true, false) => detector.long_from = detector.long_from.max(detector.medium_from),
+            (false, true) => detector.medium_from = detector.medium_from.min(detector.long_from),
+            _ => {}
+        }
+    }
+
     /// Checks what the types cannot: `(table, key, message)` of the first bad value.
-    fn validate(&self) -> Result<(), (&'static str, &'static str, &'static str)> {
+    fn validate(&self) -> Result<(), (&'static str, &'static str, String)> {
         let l = &self.limits;
         let ms = [
             ("poll_ms", l.poll_ms),
@@ -272,44 +298,89 @@ impl Config {
         ];
         // A zero read timeout means "block forever" to std, the opposite of what was asked.
         if let Some((key, _)) = ms.iter().find(|(_, v)| *v == 0) {
-            return Err(("limits", key, "must be at least 1 ms"));
+            return Err(("limits", key, "must be at least 1 ms".into()));
         }
         if l.thinking_cap == 0 {
-            return Err(("limits", "thinking_cap", "must be at least 1 token"));
+            return Err(("limits", "thinking_cap", "must be at least 1 token".into()));
         }
         if l.max_tokens == 0 {
-            return Err(("limits", "max_tokens", "must be at least 1 token"));
+            return Err(("limits", "max_tokens", "must be at least 1 token".into()));
         }
         let r = &self.retry;
         if r.attempts == 0 {
-            return Err(("retry", "attempts", "must be at least 1"));
+            return Err(("retry", "attempts", "must be at least 1".into()));
+        }
+        if r.attempts > Retry::MAX_ATTEMPTS {
+            let max = Retry::MAX_ATTEMPTS;
+            return Err(("retry", "attempts", format!("must be at most {max}")));
         }
         if r.delays_ms.len() + 1 != r.attempts as usize {
+            let (attempts, entries) = (r.attempts, r.delays_ms.len());
             return Err((
                 "retry",
                 "delays_ms",
-                "must have one entry fewer than attempts",
+                format!(
+                    "has {entries} entries and must have one fewer than retry.attempts \
+                     ({attempts}); leave it out to take the default schedule's first {}",
+                    attempts - 1
+                ),
             ));
         }
         if r.jitter_percent > 100 {
-            return Err(("retry", "jitter_percent", "must be at most 100"));
+            return Err(("retry", "jitter_percent", "must be at most 100".into()));
         }
         if self.model.is_empty() {
-            return Err(("", "model", "must not be empty"));
+            return Err(("", "model", "must not be empty".into()));
         }
-        self.runner.validate()?;
+        self.runner
+            .validate()
+            .map_err(|(table, key, message)| (table, key, message.to_owned()))?;
         // One timeline (docs/runner.md): a silent generation is reported to the worker no
-        // later than the client gives up on it.
-        if self.runner.stall_ms > l.liveness_ms {
+        // later than the client gives up on it. Left out, stall_ms is liveness_ms, so only a
+        // stall_ms the file wrote can be past it.
+        let (stall, liveness) = (self.runner.stall_ms, l.liveness_ms);
+        if stall > liveness {
             return Err((
                 "runner",
                 "stall_ms",
-                "must not be greater than limits.liveness_ms (the client would end the \
-                 generation as stalled before the stall report was due)",
+                format!(
+                    "{stall} is greater than limits.liveness_ms ({liveness}): the client would \
+                     end the generation as stalled before the stall report was due; lower \
+                     runner.stall_ms to at most {liveness} (or leave it out to follow \
+                     limits.liveness_ms), or raise limits.liveness_ms to at least {stall}"
+                ),
             ));
         }
         Ok(())
     }
+}
+
+impl Retry {
+    /// The most attempts a config may ask for: a bound on the schedule it is given.
+    pub const MAX_ATTEMPTS: u32 = 100;
+
+    /// The default waits for `attempts` attempts: the default schedule's first
+    /// `attempts - 1`, its last (30 s) repeated past its end. Empty for 0 or 1 attempt.
+    pub fn delays_for(attempts: u32) -> Vec<u64> {
+        let schedule = Retry::default().delays_ms;
+        let last = schedule.last().copied().unwrap_or(0);
+        let retries = attempts.clamp(1, Retry::MAX_ATTEMPTS) as usize - 1;
+        (0..retries)
+            .map(|i| schedule.get(i).copied().unwrap_or(last))
+            .collect()
+    }
+}
+
+/// Whether the file wrote `key` in `table` (dotted: `runner.loop_detector`).
+fn is_written(written: &toml::Table, table: &str, key: &str) -> bool {
+    let mut at = written;
+    for name in table.split('.') {
+        match at.get(name) {
+            Some(toml::Value::Table(t)) => at = t,
+            _ => return false,
+        }
+    }
+    at.contains_key(key)
 }
 
 /// `table.key`, or `key` at the top level.
@@ -486,12 +557,47 @@ mod tests {
 
     #[test]
     fn retry_schedule_must_match_attempts() {
-        let e = parse(&format!("{MINIMAL}[retry]\nattempts = 3\n")).unwrap_err();
-        assert_eq!(e.key, "retry.delays_ms");
-        assert_eq!(e.line, 1, "delays_ms is not written, so no line holds it");
+        let e = parse(&format!(
+            "{MINIMAL}[retry]\nattempts = 3\ndelays_ms = [1]\n"
+        ))
+        .unwrap_err();
+        assert_eq!((e.line, e.key.as_str()), (5, "retry.delays_ms"));
+        assert_eq!(
+            e.message,
+            "has 1 entries and must have one fewer than retry.attempts (3); leave it out to \
+             take the default schedule's first 2"
+        );
+        assert!(parse(&format!(
+            "{MINIMAL}[retry]\nattempts = 3\ndelays_ms = [1, 2]\n"
+        ))
+        .is_ok());
         let e = parse(&format!("{MINIMAL}[retry]\njitter_percent = 101\n")).unwrap_err();
         assert_eq!((e.line, e.key.as_str()), (4, "retry.jitter_percent"));
         assert!(parse(&format!("{MINIMAL}[retry]\njitter_percent = 100\n")).is_ok());
+    }
+
+    #[test]
+    fn delays_left_out_follow_attempts() {
+        let delays = |attempts: u32| {
+            parse(&format!("{MINIMAL}[retry]\nattempts = {attempts}\n"))
+                .unwrap()
+                .retry
+                .delays_ms
+        };
+        assert_eq!(delays(1), [0u64; 0]);
+        assert_eq!(delays(3), [2_000, 8_000]);
+        assert_eq!(delays(4), [2_000, 8_000, 30_000]);
+        assert_eq!(delays(6), [2_000, 8_000, 30_000, 30_000, 30_000]);
+        let at = delays(Retry::MAX_ATTEMPTS);
+        assert_eq!((at.len(), at[98]), (99, 30_000));
+        let e = parse(&format!("{MINIMAL}[retry]\nattempts = 101\n")).unwrap_err();
+        assert_eq!((e.line, e.key.as_str()), (4, "retry.attempts"));
+        assert_eq!(e.message, "must be at most 100");
+        let e = parse(&format!("{MINIMAL}[retry]\nattempts = 0\n")).unwrap_err();
+        assert_eq!(
+            (e.key.as_str(), e.message.as_str()),
+            ("retry.attempts", "must be at least 1")
+        );
     }
 
     #[test]

@@ -1,6 +1,6 @@
 // The feed loop over a `ChatStream`, with the push shape checked on the way: the one copy
-// behind llama-proto's stream tests and the `chat_stream` fuzz target, each of which includes
-// this file. Paths are spelled out in full for the includers' sake.
+// behind llama-proto's stream tests and the `chat_stream` fuzz target (`crates/fuzz-entries`),
+// each of which includes this file. Paths are spelled out in full for the includers' sake.
 
 /// Feeds `pieces` to `stream` in order, handing each event to `on_event` until it returns
 /// false (at `End`, say). Checks that no call consumes more than it was given, that `Partial`

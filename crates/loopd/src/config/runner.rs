@@ -25,8 +25,8 @@ pub struct RunnerConfig {
     /// How long one status or stall call to the worker may take (2 s).
     pub worker_timeout_ms: u64,
     /// A generating request with no stream progress for this long reports a stall to the
-    /// worker, and again after each further such period (30 s, `limits.liveness_ms`'s
-    /// default; never more than `limits.liveness_ms`).
+    /// worker, and again after each further such period. Left out of the file it is
+    /// `limits.liveness_ms` (30 s by default); a value written there must not exceed it.
     pub stall_ms: u64,
     /// A registered generation whose stream broke off (closed early, cut mid-event) is the
     /// worker's to explain for this long: a `server_died` it pushes meanwhile is the reason,
@@ -50,7 +50,8 @@ impl Default for RunnerConfig {
             worker_socket: None,
             worker_poll_ms: 1_000,
             worker_timeout_ms: 2_000,
-            stall_ms: 30_000,
+            // What a config file that leaves it out gets with the default limits.
+            stall_ms: super::Limits::default().liveness_ms,
             death_grace_ms: 10_000,
             loop_detector: LoopThresholds::default(),
             result_ttl_s: 3_600,
@@ -159,17 +160,85 @@ mod tests {
             (4, "runner.loop_detector.long_repeats")
         );
         assert!(parse("[runner.loop_detector]\nlong_repeats = 2\n").is_ok());
-        let e = parse("[runner.loop_detector]\nmedium_from = 65\n").unwrap_err();
-        assert_eq!(e.key, "runner.loop_detector.medium_from");
-        let e = parse("[limits]\nliveness_ms = 20000\n[runner]\nstall_ms = 20001\n").unwrap_err();
-        assert_eq!((e.line, e.key.as_str()), (6, "runner.stall_ms"));
-        assert!(e
-            .message
-            .starts_with("must not be greater than limits.liveness_ms"));
-        assert!(parse("[limits]\nliveness_ms = 20000\n[runner]\nstall_ms = 20000\n").is_ok());
+        let e = parse("[runner.loop_detector]\nmedium_from = 20\nlong_from = 19\n").unwrap_err();
+        assert_eq!(
+            (e.line, e.key.as_str()),
+            (4, "runner.loop_detector.medium_from")
+        );
         let e = parse("[runner]\nbudgett = 1\n").unwrap_err();
         assert_eq!(e.key, "runner.budgett");
         let e = parse("[runner]\nbudget = -1\n").unwrap_err();
         assert_eq!(e.key, "runner.budget");
+    }
+
+    #[test]
+    fn stall_ms_left_out_follows_limits_liveness_ms() {
+        let c = parse("[limits]\nliveness_ms = 3000\n").unwrap();
+        assert_eq!((c.limits.liveness_ms, c.runner.stall_ms), (3_000, 3_000));
+        let c = parse("[limits]\nliveness_ms = 120000\n").unwrap();
+        assert_eq!(c.runner.stall_ms, 120_000);
+        assert_eq!(parse("").unwrap().runner.stall_ms, 30_000);
+        let c = parse("[limits]\nliveness_ms = 3000\n[runner]\nstall_ms = 1000\n").unwrap();
+        assert_eq!(c.runner.stall_ms, 1_000, "a value written is kept");
+    }
+
+    #[test]
+    fn stall_ms_written_past_liveness_is_refused_at_one_past() {
+        let at = parse("[limits]\nliveness_ms = 3000\n[runner]\nstall_ms = 3000\n").unwrap();
+        assert_eq!(at.runner.stall_ms, 3_000);
+        let e = parse("[limits]\nliveness_ms = 3000\n[runner]\nbudget = 2\nstall_ms = 3001\n")
+            .unwrap_err();
+        assert_eq!((e.line, e.key.as_str()), (7, "runner.stall_ms"));
+        assert_eq!(
+            e.message,
+            "3001 is greater than limits.liveness_ms (3000): the client would end the \
+             generation as stalled before the stall report was due; lower runner.stall_ms to \
+             at most 3000 (or leave it out to follow limits.liveness_ms), or raise \
+             limits.liveness_ms to at least 3001"
+        );
+        // Against liveness_ms's default: still the written key is the one named.
+        assert!(parse("[runner]\nstall_ms = 30000\n").is_ok());
+        let e = parse("[runner]\nstall_ms = 30001\n").unwrap_err();
+        assert_eq!((e.line, e.key.as_str()), (4, "runner.stall_ms"));
+        assert!(e.to_string().starts_with(
+            "/etc/loopd.toml:4: key `runner.stall_ms`: 30001 is greater than \
+             limits.liveness_ms (30000): "
+        ));
+    }
+
+    #[test]
+    fn a_loop_tier_left_out_follows_the_one_written() {
+        let l = parse("[runner.loop_detector]\nlong_from = 10\n")
+            .unwrap()
+            .runner
+            .loop_detector;
+        assert_eq!((l.medium_from, l.long_from), (10, 10));
+        let l = parse("[runner.loop_detector]\nlong_from = 17\n")
+            .unwrap()
+            .runner
+            .loop_detector;
+        assert_eq!(
+            (l.medium_from, l.long_from),
+            (16, 17),
+            "no contradiction: kept"
+        );
+        let l = parse("[runner.loop_detector]\nmedium_from = 65\n")
+            .unwrap()
+            .runner
+            .loop_detector;
+        assert_eq!((l.medium_from, l.long_from), (65, 65));
+        let l = parse("[runner.loop_detector]\nmedium_from = 8\n")
+            .unwrap()
+            .runner
+            .loop_detector;
+        assert_eq!((l.medium_from, l.long_from), (8, 64));
+        // Both written: at the limit accepted, one past refused.
+        let both = "[runner.loop_detector]\nmedium_from = 20\nlong_from = 20\n";
+        assert!(parse(both).is_ok());
+        let past = "[runner.loop_detector]\nmedium_from = 21\nlong_from = 20\n";
+        assert_eq!(
+            parse(past).unwrap_err().key,
+            "runner.loop_detector.medium_from"
+        );
     }
 }

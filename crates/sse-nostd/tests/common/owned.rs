@@ -1,7 +1,8 @@
 // What the parser hands out, owned, and the feed loop that collects it: the one copy behind
-// sse-nostd's unit, property and fixture tests, its fuzz target and llama-proto's fixture
-// tests, each of which includes this file (`#[path]` or `include!`). Paths are spelled out in
-// full so that it also compiles inside the `no_std` crate's own unit tests.
+// sse-nostd's unit, property and fixture tests, its fuzz target (`crates/fuzz-entries`) and
+// llama-proto's fixture tests, each of which includes this file (`#[path]` or `include!`).
+// Paths are spelled out in full so that it also compiles inside the `no_std` crate's own unit
+// tests.
 
 /// One event, or the error that ended the stream, owned.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,0 +1,34 @@
+//! The body of every cargo-fuzz target in `fuzz/fuzz_targets/`: one function per target, named
+//! as the target, which panics when its input breaks one of the target's checks (as the target
+//! would crash). The fuzzer (nightly, `fuzz/`) and the replay test (stable, `tests/replay.rs`,
+//! part of a plain `cargo test`) call the same functions, so an input the fuzzer once found
+//! keeps being checked by every test run.
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+
+mod chat_stream;
+mod http_response;
+mod loop_detect;
+mod proto_assemble;
+mod sse_parse;
+mod text_calls;
+
+pub use chat_stream::chat_stream;
+pub use http_response::http_response;
+pub use loop_detect::loop_detect;
+pub use proto_assemble::proto_assemble;
+pub use sse_parse::sse_parse;
+pub use text_calls::text_calls;
+
+/// A target's body: returns on an input that passes every check, panics on one that does not.
+pub type Entry = fn(&[u8]);
+
+/// Every target by its name in `fuzz/fuzz_targets/<name>.rs`, with its entry function.
+pub const TARGETS: [(&str, Entry); 6] = [
+    ("chat_stream", chat_stream),
+    ("http_response", http_response),
+    ("loop_detect", loop_detect),
+    ("proto_assemble", proto_assemble),
+    ("sse_parse", sse_parse),
+    ("text_calls", text_calls),
+];
