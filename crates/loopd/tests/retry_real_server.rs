@@ -126,17 +126,20 @@ fn a_refused_or_cut_generation_is_retried_and_completes() {
 
     // 1. The bucket emptied, then two requests at once.
     let took = empty_bucket(proxy.socket());
-    let mut conn = Conn::open(&socket);
+    // One command per connection (docs/loopd.md).
+    let ask = |cmd: &Value| {
+        let mut conn = Conn::open(&socket);
+        conn.send(cmd);
+        conn.line()
+    };
     let mut ids = Vec::new();
     for prompt in ["What is the capital of France?", "Name a colour."] {
-        conn.send(&submit(prompt, 16, false));
-        let reply = conn.line();
+        let reply = ask(&submit(prompt, 16, false));
         assert_eq!(reply["ok"], true, "{reply}");
         ids.push(reply["id"].as_u64().unwrap());
     }
     for id in ids {
-        conn.send(&json!({"cmd": "wait", "id": id, "timeout_ms": 600000}));
-        let reply = conn.line();
+        let reply = ask(&json!({"cmd": "wait", "id": id, "timeout_ms": 600000}));
         let r = &reply["result"];
         eprintln!(
             "bucket emptied after {took} connections; req-{id}: {} {} retries {}",
