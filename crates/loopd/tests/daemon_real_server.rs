@@ -18,10 +18,7 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use llama_harness::{LocalServer, Proxy};
-use loopd::config::Config;
-use loopd::llama::Client;
-use loopd::selftest::SAMPLING;
-use real_serve::start_serve;
+use real_serve::{start_serve, write_config};
 use serde_json::{json, Value};
 
 const PROMPT: &str = "Read the file start.txt.";
@@ -65,32 +62,14 @@ fn loopd(args: &[&str], config: &Path) -> Output {
 fn a_two_iteration_read_file_request_through_loopd_submit_and_loopd_result() {
     let server = LocalServer::start();
     let proxy = Proxy::start(server.addr());
-    let props = Client::new(Config::new(proxy.socket(), server.model()))
-        .props()
-        .expect("GET /props through inferproxy");
     let dir = llama_harness::temp_dir("loopd-daemon-real");
-    let socket = dir.join("loopd.sock");
-    let config = dir.join("loopd.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "socket = {:?}\nmodel = {:?}\n\
-             [limits]\npoll_ms = 500\nliveness_ms = 300000\nmax_tokens = 48\n\
-             [sampling]\ntemperature = 0.0\nseed = {}\n\
-             [runner]\nbudget = 2\nworker_socket = {:?}\nstall_ms = 300000\n\
-             [daemon]\nsocket = {:?}\n\
-             [expect]\nchat_template_sha256 = \"{}\"\nn_ctx = {}\ntotal_slots = {}\n",
-            proxy.socket().display().to_string(),
-            server.model(),
-            SAMPLING.seed.unwrap(),
-            server.status_socket().display().to_string(),
-            socket.display().to_string(),
-            llama_proto::hash::sha256(props.chat_template.as_bytes()).unwrap(),
-            props.n_ctx,
-            props.total_slots,
-        ),
-    )
-    .unwrap();
+    let (config, _socket) = write_config(
+        &dir,
+        &server,
+        &proxy,
+        "poll_ms = 500\nliveness_ms = 300000\nmax_tokens = 48",
+        "budget = 2\nstall_ms = 300000",
+    );
     // The folder read_file reads under: one file that points to the other.
     let folder = dir.join("folder");
     std::fs::create_dir(&folder).unwrap();

@@ -18,10 +18,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use llama_harness::{LocalServer, Proxy};
-use loopd::config::Config;
-use loopd::llama::Client;
-use loopd::selftest::SAMPLING;
-use real_serve::start_serve;
+use real_serve::{start_serve, write_config};
 use serde_json::{json, Value};
 
 /// One daemon connection's line reader and writer.
@@ -93,32 +90,14 @@ fn retries(r: &Value) -> Vec<(String, u64)> {
 fn a_refused_or_cut_generation_is_retried_and_completes() {
     let server = LocalServer::start();
     let mut proxy = Proxy::start(server.addr());
-    let props = Client::new(Config::new(proxy.socket(), server.model()))
-        .props()
-        .expect("GET /props through inferproxy");
     let dir = llama_harness::temp_dir("loopd-retry-real");
-    let socket = dir.join("loopd.sock");
-    let config = dir.join("loopd.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "socket = {:?}\nmodel = {:?}\n\
-             [limits]\npoll_ms = 500\nliveness_ms = 300000\nmax_tokens = 400\n\
-             [sampling]\ntemperature = 0.0\nseed = {}\n\
-             [runner]\nbudget = 0\nworker_socket = {:?}\nstall_ms = 300000\ndeath_grace_ms = 1000\n\
-             [daemon]\nsocket = {:?}\n\
-             [expect]\nchat_template_sha256 = \"{}\"\nn_ctx = {}\ntotal_slots = {}\n",
-            proxy.socket().display().to_string(),
-            server.model(),
-            SAMPLING.seed.unwrap(),
-            server.status_socket().display().to_string(),
-            socket.display().to_string(),
-            llama_proto::hash::sha256(props.chat_template.as_bytes()).unwrap(),
-            props.n_ctx,
-            props.total_slots,
-        ),
-    )
-    .unwrap();
+    let (config, socket) = write_config(
+        &dir,
+        &server,
+        &proxy,
+        "poll_ms = 500\nliveness_ms = 300000\nmax_tokens = 400",
+        "budget = 0\nstall_ms = 300000\ndeath_grace_ms = 1000",
+    );
     let folder = dir.join("folder");
     std::fs::create_dir(&folder).unwrap();
     let (_serve, log) = start_serve(&config, &folder, &dir);

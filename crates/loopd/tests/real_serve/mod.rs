@@ -6,6 +6,52 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use llama_harness::{LocalServer, Proxy};
+use loopd::config::Config;
+use loopd::llama::Client;
+use loopd::selftest::SAMPLING;
+
+/// Writes `dir/loopd.toml` for `loopd serve` on `server` through `proxy`: greedy sampling with
+/// the self-test's seed, the worker's status socket, the daemon's socket `dir/loopd.sock`, the
+/// `[expect]` the server itself reports, and the test's own `limits` and `runner` lines.
+/// Returns the config's path and the daemon's socket.
+// `make chaos` writes a config of its own, on its scaled timers.
+#[allow(dead_code)]
+pub fn write_config(
+    dir: &Path,
+    server: &LocalServer,
+    proxy: &Proxy,
+    limits: &str,
+    runner: &str,
+) -> (PathBuf, PathBuf) {
+    let props = Client::new(Config::new(proxy.socket(), server.model()))
+        .props()
+        .expect("GET /props through inferproxy");
+    let socket = dir.join("loopd.sock");
+    let config = dir.join("loopd.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "socket = {:?}\nmodel = {:?}\n\
+             [limits]\n{limits}\n\
+             [sampling]\ntemperature = 0.0\nseed = {}\n\
+             [runner]\nworker_socket = {:?}\n{runner}\n\
+             [daemon]\nsocket = {:?}\n\
+             [expect]\nchat_template_sha256 = \"{}\"\nn_ctx = {}\ntotal_slots = {}\n",
+            proxy.socket().display().to_string(),
+            server.model(),
+            SAMPLING.seed.unwrap(),
+            server.status_socket().display().to_string(),
+            socket.display().to_string(),
+            llama_proto::hash::sha256(props.chat_template.as_bytes()).unwrap(),
+            props.n_ctx,
+            props.total_slots,
+        ),
+    )
+    .unwrap();
+    (config, socket)
+}
+
 /// `loopd serve`, killed and reaped when dropped.
 pub struct Serve(pub Child);
 
