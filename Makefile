@@ -139,4 +139,5 @@ bench-rpc: llama
 
 ## socat: install socat with apt when missing (the peer of inferproxy's benchmark)
 socat:
-	command -v socat >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq socat; }
+	command -v socat >/dev/null || { $(SUDO) apt-get update -qq && \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq socat; }
