@@ -10,7 +10,7 @@ NOSTD_CRATES := -p sse-nostd -p http-nostd -p llama-proto
 DEVICE_TARGET := thumbv7em-none-eabihf
 FUZZ_SECONDS ?= 60
 
-.PHONY: help check hermetic test selftest ask run up verify-device verify-local fuzz fuzz-cmin fuzz-tools bench bench-rpc socat serve fixtures soak chaos llama fmt-check clippy unit no-std embedded
+.PHONY: help check hermetic test units-check install-check selftest ask run up verify-device verify-local fuzz fuzz-cmin fuzz-tools bench bench-rpc socat serve fixtures soak chaos llama fmt-check clippy unit no-std embedded
 
 ## help: this list of targets
 help:
@@ -22,8 +22,18 @@ help:
 check: fmt-check clippy hermetic no-std
 
 ## test: format, lints, every test (the end-to-end ones against a real llama-server), the no_std
-## build, the firmware image under QEMU, and verify-device against the local router
-test: fmt-check clippy llama unit no-std embedded verify-local
+## build, the firmware image under QEMU, verify-device against the local router, the systemd units and the install
+test: fmt-check clippy llama unit no-std embedded verify-local units-check install-check
+
+## units-check: the systemd units, sysusers and tmpfiles files in docs/: `systemd-analyze verify`
+## clean, `security --offline` below 4 and as docs/production.md states (scripts/units-check.sh)
+units-check:
+	scripts/units-check.sh
+
+## install-check: docs/production.md's install in a temporary root, the three daemons started
+## with the units' exact ExecStart= lines, one agent request completed through them
+install-check: llama
+	scripts/install-check.sh
 
 fmt-check:
 	$(CARGO) fmt --all -- --check
@@ -151,4 +161,5 @@ bench-rpc: llama
 
 ## socat: install socat with apt when missing (the peer of inferproxy's benchmark)
 socat:
-	command -v socat >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq socat; }
+	command -v socat >/dev/null || { $(SUDO) apt-get update -qq && \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq socat; }

@@ -56,7 +56,11 @@ need() {
   for tool in "${missing[@]}"; do
     case $tool in ninja) pkgs+=(ninja-build) ;; c++) pkgs+=(g++) ;; *) pkgs+=("$tool") ;; esac
   done
-  apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${pkgs[@]}" >&2
+  # As the Makefile's $(SUDO): root runs apt-get itself, anyone else through sudo.
+  local sudo=()
+  [ "$(id -u)" -eq 0 ] || sudo=(sudo)
+  "${sudo[@]}" apt-get update -qq >&2 &&
+    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${pkgs[@]}" >&2
 }
 
 verify() { # file sha256

@@ -14,47 +14,75 @@
 # started on the way out, also on failure or Ctrl-C. On failure it prints the worker's status
 # and the last lines of the worker's and the server's logs (the router's and its model
 # instances' output). MODEL_FILE=path serves another GGUF under the same model id (serve.sh).
+# The logs are in one folder (the `up` banner names it), deleted on a clean exit and kept when
+# something failed.
+#
+# Only this script signals its children: each runs in a session of its own (setsid), so Ctrl-C
+# reaches the script alone, which sends each child one SIGTERM. `up` runs itself as a terminal
+# job of its own (set -m), so make does not see the Ctrl-C either: it exits 0 and says so.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 cmd=${1:-selftest}
 shift || true
 
+if [ "$cmd" = up ] && [ -t 0 ] && [ -z "${LOCAL_STACK_JOB:-}" ]; then
+  set -m
+  LOCAL_STACK_JOB=1 "$0" up "$@"
+  exit
+fi
+
 "$root/scripts/llama-server.sh" all >/dev/null
-cargo build -q -p loopd -p inferproxy -p llama-worker
+# Not -q: the first build takes minutes and shows its progress; a warm one prints one line.
+cargo build -p loopd -p inferproxy -p llama-worker
 bin=${CARGO_TARGET_DIR:-$root/target}/debug
 
 run=$(mktemp -d "${TMPDIR:-/tmp}/boxmaker-stack-XXXXXX")
 pids=()
+interrupted=
 cleanup() {
-  local status=$? worker_status=
+  local status=$? worker_status= pid rc
+  if [ -n "$interrupted" ] && [ "$cmd" = up ]; then status=0; fi
   if [ $status -ne 0 ] && [ -S "$run/worker.sock" ]; then
     worker_status=$(timeout 5 "$bin/llama-worker" status --socket "$run/worker.sock" 2>/dev/null || true)
   fi
   for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+  for pid in "${pids[@]}"; do
+    rc=0
+    wait "$pid" 2>/dev/null || rc=$?
+    # 143: it was already gone when the script looked (or died of the TERM): not a failure.
+    if [ $rc -ne 0 ] && [ $rc -ne 143 ] && [ $rc -ne 127 ] && [ $status -eq 0 ]; then
+      echo "local-stack: a child (pid $pid) exited $rc on SIGTERM" >&2
+      status=1
+    fi
+  done
   if [ $status -ne 0 ]; then
     if [ -n "$worker_status" ]; then
       echo "local-stack: llama-worker status: $worker_status" >&2
     fi
-    for log in worker.log llama-server.log; do
+    for log in worker.log llama-server.log proxy.log loopd.log; do
       [ -s "$run/$log" ] || continue
       echo "local-stack: last lines of $log:" >&2
       tail -n 15 "$run/$log" | sed 's/^/  | /' >&2 || true
     done
+    echo "local-stack: logs kept in $run" >&2
+  else
+    rm -rf "$run"
   fi
-  rm -rf "$run"
+  if [ -n "$interrupted" ] && [ "$cmd" = up ] && [ $status -eq 0 ]; then
+    echo "local-stack: stopped by Ctrl-C; llama-worker, inferproxy and loopd serve stopped cleanly"
+  fi
   exit $status
 }
 trap cleanup EXIT
-trap 'exit 130' INT
+trap 'interrupted=1; exit 130' INT
 trap 'exit 143' TERM
 
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-LLAMA_WORKER_BIN=$bin/llama-worker "$root/scripts/serve.sh" --port "$port" \
+LLAMA_WORKER_BIN=$bin/llama-worker setsid "$root/scripts/serve.sh" --port "$port" \
   --status-socket "$run/worker.sock" --server-log "$run/llama-server.log" >"$run/worker.log" 2>&1 &
 pids+=($!)
-"$bin/inferproxy" --listen "$run/infer.sock" --upstream "127.0.0.1:$port" 2>"$run/proxy.log" &
+setsid "$bin/inferproxy" --listen "$run/infer.sock" --upstream "127.0.0.1:$port" 2>"$run/proxy.log" &
 pids+=($!)
 
 # Only the two sockets are waited for here: loopd's own load wait covers the model load, and it
@@ -93,7 +121,7 @@ start_loopd() {
     [ "$prev" = --folder ] && folder=(--folder "$a")
     prev=$a
   done
-  "$bin/loopd" serve --config "$run/loopd.toml" "${folder[@]}" 2>"$run/loopd.log" &
+  setsid "$bin/loopd" serve --config "$run/loopd.toml" "${folder[@]}" 2>"$run/loopd.log" &
   loopd_pid=$!
   pids+=($loopd_pid)
   for _ in $(seq 3000); do
@@ -136,7 +164,8 @@ MSG
   up)
     start_loopd "$@"
     cat <<MSG
-local-stack: llama-worker, inferproxy and loopd serve are up (Ctrl-C stops all three):
+local-stack: llama-worker, inferproxy and loopd serve are up (Ctrl-C stops all three).
+Logs: $run (worker.log, llama-server.log, proxy.log, loopd.log; kept if something fails)
   $bin/loopd status --socket $run/loopd.sock
   $bin/loopd submit --socket $run/loopd.sock --budget 2 "What is 17 times 23? Use the arithmetic tool."
   $bin/loopd result --socket $run/loopd.sock --wait 120 req-1

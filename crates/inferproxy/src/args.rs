@@ -1,4 +1,5 @@
-//! The command line: `--listen <socket path> --upstream <host:port>`, `--help`, `--version`.
+//! The command line: `--listen <socket path> --upstream <host:port> [--socket-mode 0600|0660]`,
+//! `--help`, `--version`.
 //!
 //! Promise: parsing reads nothing but the arguments it is given; every rejection names the
 //! argument that was wrong, in one line. The grammar and the help text are clap's (derive);
@@ -10,6 +11,8 @@ use std::path::PathBuf;
 
 use clap::error::{ContextKind, ContextValue, ErrorKind};
 use clap::{CommandFactory, Parser};
+
+use crate::listen::Mode;
 
 /// Longest `--listen` path in bytes: `sun_path` holds 107 plus a NUL, and the socket is first
 /// bound under the same name plus [`crate::listen::STAGING_SUFFIX`] (4 bytes).
@@ -24,11 +27,11 @@ pub const MAX_LISTEN_PATH: usize = 103;
     about = "Forwards each connection on a Unix socket to one TCP upstream, byte for byte.\n\
              At most 8 connections at a time; accepts limited to a burst of 10, then 2 per second.\n\
              No config file; nothing about the traffic is logged.",
-    override_usage = "inferproxy --listen <socket path> --upstream <host:port>",
+    override_usage = "inferproxy --listen <socket path> --upstream <host:port> [--socket-mode 0600|0660]",
     help_template = "usage: {usage}\n\n{about}\n\n{all-args}\n"
 )]
 struct Cli {
-    /// Unix socket to create (mode 0600); a stale socket there is replaced
+    /// Unix socket to create (mode 0600, see --socket-mode); a stale socket there is replaced
     // An OsString, not a PathBuf: clap's path parser rejects an empty value before we can
     // say that the path is empty.
     #[arg(long, value_name = "path")]
@@ -36,6 +39,10 @@ struct Cli {
     /// TCP address to forward to, e.g. 127.0.0.1:8080 or [::1]:8080
     #[arg(long, value_name = "host:port")]
     upstream: Option<String>,
+    /// 0600: only this user may connect; 0660: this user's primary group too (a loopd of
+    /// another user in that group) [default: 0600]
+    #[arg(long, value_name = "mode")]
+    socket_mode: Option<String>,
 }
 
 /// The help text printed by `--help`.
@@ -61,6 +68,8 @@ pub struct Config {
     pub listen: PathBuf,
     /// `host:port`, resolved again for each connection so a moved upstream is followed.
     pub upstream: String,
+    /// Who may connect to the socket (0600 unless `--socket-mode 0660`).
+    pub socket_mode: Mode,
 }
 
 /// Why the command line was rejected. Each names the argument.
@@ -79,6 +88,8 @@ pub enum ArgError {
     ListenPath(usize),
     /// `--upstream` not of the form `host:port` with a port from 1 to 65535.
     Upstream(String),
+    /// `--socket-mode` neither 0600 nor 0660 (the value given).
+    SocketMode(String),
     /// Any other rejection by the parser, in its own first line.
     Other(String),
 }
@@ -99,6 +110,9 @@ impl fmt::Display for ArgError {
                 f,
                 "--upstream `{value}` is not host:port with a port from 1 to 65535"
             ),
+            Self::SocketMode(value) => {
+                write!(f, "--socket-mode `{value}` is not 0600 or 0660")
+            }
             Self::Other(line) => write!(f, "{line} (see --help)"),
         }
     }
@@ -133,7 +147,15 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Command, ArgErr
     if !is_host_port(&upstream) {
         return Err(ArgError::Upstream(upstream));
     }
-    Ok(Command::Run(Config { listen, upstream }))
+    let socket_mode = match cli.socket_mode {
+        None => Mode::Owner,
+        Some(m) => m.parse().map_err(|_| ArgError::SocketMode(m))?,
+    };
+    Ok(Command::Run(Config {
+        listen,
+        upstream,
+        socket_mode,
+    }))
 }
 
 /// Our flag named in a clap error's context (clap writes it as `--listen <path>`).
@@ -141,7 +163,7 @@ fn flag_of(e: &clap::Error) -> Option<&'static str> {
     let Some(ContextValue::String(arg)) = e.get(ContextKind::InvalidArg) else {
         return None;
     };
-    ["--listen", "--upstream"]
+    ["--listen", "--upstream", "--socket-mode"]
         .into_iter()
         .find(|f| arg.split(' ').next() == Some(*f))
 }
@@ -196,6 +218,7 @@ mod tests {
         Command::Run(Config {
             listen: PathBuf::from(listen),
             upstream: upstream.to_owned(),
+            socket_mode: Mode::Owner,
         })
     }
 
@@ -219,6 +242,30 @@ mod tests {
     }
 
     #[test]
+    fn socket_mode_0660_or_0600_only() {
+        let base = ["--listen", "/run/x/infer.sock", "--upstream", "h:1"];
+        let with = |mode: &str| {
+            let mut a = base.to_vec();
+            a.extend(["--socket-mode", mode]);
+            p(&a)
+        };
+        let Ok(Command::Run(c)) = with("0660") else {
+            panic!("0660 refused")
+        };
+        assert_eq!(c.socket_mode, Mode::Group);
+        let Ok(Command::Run(c)) = with("0600") else {
+            panic!("0600 refused")
+        };
+        assert_eq!(c.socket_mode, Mode::Owner);
+        assert_eq!(p(&base), Ok(run("/run/x/infer.sock", "h:1")));
+        assert_eq!(with("0666"), Err(ArgError::SocketMode("0666".into())));
+        assert_eq!(
+            with("0666").unwrap_err().to_string(),
+            "--socket-mode `0666` is not 0600 or 0660"
+        );
+    }
+
+    #[test]
     fn help_and_version_win() {
         assert_eq!(p(&["--help"]), Ok(Command::Help));
         assert_eq!(p(&["--bogus", "--help"]), Ok(Command::Help));
@@ -238,6 +285,10 @@ mod tests {
             ),
             (&["--upstream", "h:1"], "--listen is required (see --help)"),
             (&["--listen", "a"], "--upstream is required (see --help)"),
+            (
+                &["--listen", "a", "--upstream", "h:1", "--socket-mode"],
+                "--socket-mode needs a value",
+            ),
             (
                 &["--listen", "", "--upstream", "h:1"],
                 "--listen path is empty",

@@ -1,4 +1,5 @@
-//! `inferproxy --listen <socket path> --upstream <host:port>`; see `--help`.
+//! `inferproxy --listen <socket path> --upstream <host:port> [--socket-mode 0600|0660]`; see
+//! `--help`.
 
 #![forbid(unsafe_code)]
 
@@ -43,7 +44,7 @@ fn run(config: &Config) -> ExitCode {
         }
     };
     let path = config.listen.display();
-    let bound = match listen::bind(&config.listen) {
+    let bound = match listen::bind_with_mode(&config.listen, config.socket_mode) {
         Ok(bound) => bound,
         Err(e) => {
             eprintln!("inferproxy: {path}: {e}");
@@ -68,8 +69,9 @@ fn run(config: &Config) -> ExitCode {
         return ExitCode::from(EXIT_START);
     }
     eprintln!(
-        "inferproxy {}: listening on {path} (mode 0600), forwarding to {}",
+        "inferproxy {}: listening on {path} (mode {}), forwarding to {}",
         env!("CARGO_PKG_VERSION"),
+        config.socket_mode,
         config.upstream
     );
     // Blocks until SIGTERM, SIGINT, SIGHUP or SIGQUIT (the same four that stop llama-worker).

@@ -18,7 +18,10 @@ fn os<'a>(args: &[&'a str]) -> Vec<&'a OsStr> {
 fn help_and_version_exit_zero() {
     let (status, out, err) = run_to_exit(&os(&["--help"]));
     assert_eq!(status.code(), Some(0));
-    assert!(out.starts_with("usage: inferproxy --listen <socket path> --upstream <host:port>\n"));
+    assert!(out.starts_with(
+        "usage: inferproxy --listen <socket path> --upstream <host:port> \
+         [--socket-mode 0600|0660]\n"
+    ));
     assert_eq!(err, "");
     let (status, out, err) = run_to_exit(&os(&["--version"]));
     assert_eq!(status.code(), Some(0));
@@ -35,6 +38,7 @@ fn help_names_every_flag() {
         for flag in [
             "--listen <path>",
             "--upstream <host:port>",
+            "--socket-mode <mode>",
             "--help",
             "--version",
         ] {
@@ -84,6 +88,21 @@ fn socket_is_mode_0600() {
     assert_eq!(meta.permissions().mode() & 0o7777, 0o600);
     // The staging name is gone once the socket is in place.
     assert!(!dir.join("infer.sock.new").exists());
+}
+
+/// `--socket-mode 0660`: the socket's group (the process's primary group) may connect too, so a
+/// loopd running as another user of that group reaches it (docs/production.md).
+#[test]
+fn socket_mode_0660_lets_the_group_in() {
+    let _s = serial();
+    let dir = TempDir::new();
+    let path = dir.join("infer.sock");
+    let up = Upstream::start(echo);
+    let _proxy = Proxy::start_with_mode(&path, &up.addr, "0660");
+    let meta = fs::symlink_metadata(&path).unwrap();
+    assert!(meta.file_type().is_socket());
+    assert_eq!(meta.permissions().mode() & 0o7777, 0o660);
+    assert_eq!(ping(&mut client(&path)), Probe::Forwarded);
 }
 
 #[test]

@@ -82,7 +82,8 @@ enum Cmd {
     /// Runs the server from FILE ({port} in its args/env becomes PORT) until SIGTERM, SIGINT,
     /// SIGHUP or SIGQUIT, then stops its process group (SIGTERM, stop_grace_s, SIGKILL) and
     /// exits 0; a second such signal sends SIGKILL at once. Serves status on PATH (or the
-    /// config's status_socket), mode 0600; refused if a live process listens there.
+    /// config's status_socket), mode 0600 (or --socket-mode 0660); refused if a live process
+    /// listens there.
     #[command(verbatim_doc_comment)]
     Run(RunArgs),
     /// Print the state as JSON (one line)
@@ -115,9 +116,16 @@ struct RunArgs {
     /// The status socket to create (default: the config's status_socket)
     #[arg(long, value_name = "PATH")]
     socket: Option<PathBuf>,
+    /// The status socket's mode: 0600 (only this user) or 0660 (this user's primary group too)
+    #[arg(long, value_name = "MODE", default_value = "0600", value_parser = socket_mode)]
+    socket_mode: listen::Mode,
     /// Exit with status 3 when crash-loop protection trips
     #[arg(long)]
     exit_on_failed: bool,
+}
+
+fn socket_mode(s: &str) -> Result<listen::Mode, String> {
+    s.parse().map_err(|_| "not 0600 or 0660".to_string())
 }
 
 #[derive(clap::Args, Debug)]
@@ -150,6 +158,7 @@ struct Args {
     config: Option<PathBuf>,
     port: Option<u16>,
     socket: Option<PathBuf>,
+    socket_mode: listen::Mode,
     exit_on_failed: bool,
 }
 
@@ -225,8 +234,8 @@ fn run(a: &Args) -> Result<ExitCode, String> {
     let handle = worker.handle();
     let bound = match &socket {
         Some(path) => {
-            let b =
-                listen::bind(path).map_err(|e| format!("status socket {}: {e}", path.display()))?;
+            let b = listen::bind_with_mode(path, a.socket_mode)
+                .map_err(|e| format!("status socket {}: {e}", path.display()))?;
             let l = b
                 .listener
                 .try_clone()
@@ -298,6 +307,7 @@ fn main_inner() -> Result<ExitCode, String> {
                 config: r.config,
                 port: r.port,
                 socket: r.socket,
+                socket_mode: r.socket_mode,
                 exit_on_failed: r.exit_on_failed,
             })
         }

@@ -142,6 +142,51 @@ stop_grace_s = 1
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// `--socket-mode 0660`: the status socket is group-connectable, so loopd running as another
+/// user of the worker's group (the units in docs/) can read the worker's state.
+#[test]
+fn socket_mode_0660_makes_a_group_socket() {
+    let ep = Endpoint::start(Mode::Ok);
+    let dir = temp_dir("mode");
+    let socket = dir.join("worker.sock");
+    let config = dir.join("worker.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "command = \"/bin/sh\"\nargs = [\"-c\", \"exec sleep 300\"]\n\
+             log_file = {:?}\nstartup_probe_interval_s = 0.05\nstop_grace_s = 1\n",
+            dir.join("server.log")
+        ),
+    )
+    .unwrap();
+    let mut child = KillOnDrop(
+        Command::new(BIN)
+            .args([
+                "run",
+                "--socket-mode",
+                "0660",
+                "--port",
+                &ep.port.to_string(),
+            ])
+            .arg("--socket")
+            .arg(&socket)
+            .arg("--config")
+            .arg(&config)
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    wait_status(&socket, "ready");
+    let meta = std::fs::symlink_metadata(&socket).unwrap();
+    assert!(meta.file_type().is_socket());
+    assert_eq!(meta.permissions().mode() & 0o7777, 0o660);
+    assert!(sigterm(child.0.id()));
+    let (exit, _) = exit_within(&mut child, Duration::from_secs(10));
+    assert!(exit.success(), "{exit:?}");
+    assert!(!socket.exists(), "socket left behind");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// A failing assertion must not leave the daemon (and its server) running: SIGKILL, after which
 /// the worker's guard kills the server's group.
 struct KillOnDrop(std::process::Child);
@@ -239,6 +284,10 @@ fn usage_errors_exit_2_with_one_line_naming_them() {
         (
             &["run", "--port", "1"],
             "llama-worker: --config FILE is required\n",
+        ),
+        (
+            &["run", "--socket-mode", "0666"],
+            "llama-worker: --socket-mode 0666: not 0600 or 0660\n",
         ),
     ];
     for (args, want) in cases {

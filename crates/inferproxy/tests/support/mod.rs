@@ -60,9 +60,15 @@ pub struct Proxy {
 impl Proxy {
     /// Starts the binary and waits for its start line.
     pub fn start(path: &Path, upstream: &str) -> Self {
+        Self::start_with_mode(path, upstream, "0600")
+    }
+
+    /// [`Proxy::start`] with `--socket-mode mode`.
+    pub fn start_with_mode(path: &Path, upstream: &str, mode: &str) -> Self {
         let mut child = Command::new(BIN)
             .args(["--listen".as_ref(), path.as_os_str()])
             .args(["--upstream", upstream])
+            .args(["--socket-mode", mode])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -85,7 +91,7 @@ impl Proxy {
         };
         let first = proxy.next_line(PATIENCE).expect("a start line");
         let want = format!(
-            "inferproxy 0.1.0: listening on {} (mode 0600), forwarding to {upstream}",
+            "inferproxy 0.1.0: listening on {} (mode {mode}), forwarding to {upstream}",
             path.display()
         );
         assert_eq!(first, want);
