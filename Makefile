@@ -56,8 +56,9 @@ no-std:
 	$(CARGO) build $(NOSTD_CRATES) --target $(DEVICE_TARGET)
 
 ## embedded: the no_std path on an emulated Cortex-M3 (embedded/, QEMU lm3s6965evb): the recorded
-## tool-call response, SHA-256 and every cap checked on the device, peak stack reported
-## (docs/benchmarks/embedded.md); installs the target and qemu-system-arm (apt) when missing
+## tool-call response, SHA-256 and every cap checked on the device, peak stack reported, then
+## each image's flash (embedded/sizes.py; docs/benchmarks/embedded.md); installs the target,
+## the llvm-tools component and qemu-system-arm (apt) when missing
 EMBEDDED_TARGET := thumbv7m-none-eabi
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 embedded:
@@ -66,6 +67,8 @@ embedded:
 	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends qemu-system-arm; }
 	cd embedded && $(CARGO) build --release --bins
 	cd embedded && timeout 120 $(CARGO) run -q --release --bin check
+	rustup component list --installed | grep -q '^llvm-tools' || rustup component add llvm-tools
+	cd embedded && ./sizes.py
 
 ## llama: fetch, verify, build and cache llama-server and the test model (a no-op once cached)
 llama:

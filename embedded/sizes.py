@@ -11,7 +11,8 @@ Prints, in the release profile (opt-level "z", LTO, one codegen unit):
 3. the `path` image's flash attributed to crates by its DWARF line table: every byte of .text
    to the source file of the (innermost inlined) code it was compiled from, so code that LTO
    inlined into the caller still counts for the crate it came from; .rodata by symbol name.
-Standard library only; llvm-size, llvm-nm and llvm-objdump come from rustup's llvm-tools.
+Standard library only; llvm-size, llvm-nm and llvm-objdump come from rustup's llvm-tools, which
+this script adds (`rustup component add llvm-tools`) when they are missing.
 """
 import collections
 import os
@@ -30,7 +31,11 @@ def tool(name):
     host = re.search(r"host: (\S+)", subprocess.check_output(["rustc", "-vV"], text=True))[1]
     path = os.path.join(sysroot, "lib", "rustlib", host, "bin", name)
     if not os.path.exists(path):
-        sys.exit(f"{path} missing: rustup component add llvm-tools")
+        # As `make test` adds its targets: the component of the pinned toolchain, when missing.
+        print(f"sizes.py: {name} missing; rustup component add llvm-tools", file=sys.stderr)
+        subprocess.check_call(["rustup", "component", "add", "llvm-tools"], stdout=sys.stderr)
+    if not os.path.exists(path):
+        sys.exit(f"{path} still missing after rustup component add llvm-tools")
     return path
 
 

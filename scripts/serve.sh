@@ -19,6 +19,10 @@
 # (the tests that scale the worker's timers down).
 # $PRESET_EXTRA names a file of preset lines (llama-server flags without dashes: `b = 4096`)
 # appended to the model's section (the long-prefill test evaluates its prompt in one batch).
+# The preset and the worker's config are written to a temp folder that is removed before the
+# worker starts; the worker (this script's pid, after exec) holds them open as fds 8 and 9 and
+# names them /proc/PID/fd/8 and 9, so nothing is left on disk however the run ends
+# (`cat /proc/PID/fd/9` shows the config while it runs).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 MODEL_ID=${MODEL_ID:-smollm2}
@@ -31,7 +35,7 @@ while [ $# -gt 0 ]; do
     --port) port=$2; shift 2 ;;
     --status-socket) status_socket=$2; shift 2 ;;
     --server-log) server_log=$2; shift 2 ;;
-    -h | --help) sed -n '2,17p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,21p' "$0"; exit 0 ;;
     *) echo "serve.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -42,7 +46,9 @@ if [ -z "$port" ]; then
 fi
 cache=${BOXMAKER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/boxmaker}
 mkdir -p "$cache/run"
-preset=$cache/run/preset-$port.ini
+files=$(mktemp -d "${TMPDIR:-/tmp}/serve-$port.XXXXXX")
+trap 'rm -rf "$files"' EXIT
+preset=$files/preset.ini
 cat >"$preset" <<INI
 version = 1
 
@@ -61,15 +67,19 @@ if [ -z "$worker" ]; then
   (cd "$root" && cargo build -q -p llama-worker)
   worker=${CARGO_TARGET_DIR:-$root/target}/debug/llama-worker
 fi
-config=$cache/run/worker-$port.toml
+exec 8<"$preset"
+config=$files/worker.toml
 cat >"$config" <<TOML
 command = "$server"
-args = ["--models-preset", "$preset", "--models-max", "1", "--host", "127.0.0.1", "--port", "{port}",
+args = ["--models-preset", "/proc/$$/fd/8", "--models-max", "1", "--host", "127.0.0.1", "--port", "{port}",
         "--slots", "--jinja"]
 status_socket = "$status_socket"
 models = ["$MODEL_ID"]
 TOML
 if [ -n "$server_log" ]; then echo "log_file = \"$server_log\"" >>"$config"; fi
 if [ -n "${WORKER_CONFIG_EXTRA:-}" ]; then cat "$WORKER_CONFIG_EXTRA" >>"$config"; fi
+exec 9<"$config"
+rm -rf "$files"
+trap - EXIT
 echo "serve.sh: llama-server router on 127.0.0.1:$port, model id $MODEL_ID, under llama-worker (status: $status_socket)" >&2
-exec "$worker" run --config "$config" --port "$port"
+exec "$worker" run --config "/proc/$$/fd/9" --port "$port"

@@ -212,6 +212,17 @@ fn pin_this_thread(cpu: usize) {
         .unwrap_or_else(|e| panic!("INFERPROXY_BENCH_PIN: cannot pin to CPU {cpu}: {e}"));
 }
 
+/// Whether a Unix socket bound at `path` is listening: `/proc/net/unix` lists it with the
+/// `__SO_ACCEPTCON` flag (00010000) once `listen()` was called.
+fn listening(path: &Path) -> bool {
+    let table = fs::read_to_string("/proc/net/unix").unwrap_or_default();
+    let want = path.to_string_lossy();
+    table.lines().skip(1).any(|line| {
+        let cols: Vec<&str> = line.split_whitespace().collect();
+        cols.len() == 8 && cols[3] == "00010000" && cols[7] == want
+    })
+}
+
 impl Forwarder {
     fn start(peer: Peer, dir: &Path, upstream: &str) -> Self {
         // A child inherits the affinity of the thread that starts it.
@@ -255,8 +266,17 @@ impl Forwarder {
             upstream: upstream.to_owned(),
         };
         if peer != Peer::Direct {
+            // socat's socket file appears at bind(), before listen(), and a connection in
+            // between is refused: wait for the kernel's listening flag on that path.
+            // inferproxy listens on a staging name and renames it into place (socket-file), so
+            // its file appearing means it listens. No probe connection: it would spend one of
+            // inferproxy's admissions or fork a socat child.
             let deadline = Instant::now() + Duration::from_secs(10);
-            while !f.path.exists() {
+            let ready = |p: &Path| match peer {
+                Peer::Inferproxy => p.exists(),
+                _ => listening(p),
+            };
+            while !ready(&f.path) {
                 assert!(Instant::now() < deadline, "{} did not start", peer.name());
                 thread::sleep(Duration::from_millis(10));
             }

@@ -69,3 +69,63 @@ fn a_streamed_chat_request_gets_chunks_then_done() {
         },
     );
 }
+
+/// `scripts/serve.sh` leaves no preset or worker config on disk: both live in a folder it
+/// removes before the worker starts, and the worker names them by its own open fds.
+#[test]
+fn serve_sh_leaves_no_files_behind() {
+    let server = LocalServer::start();
+    let port = server.addr().port();
+    let status = server.wait_worker("state ready", Duration::from_secs(30), |s| {
+        s["state"] == "ready"
+    });
+    let router = status["pid"].as_u64().expect("server pid");
+    let cmdline = std::fs::read(format!("/proc/{router}/cmdline")).expect("router cmdline");
+    let args: Vec<String> = cmdline
+        .split(|&b| b == 0)
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect();
+    let at = args
+        .iter()
+        .position(|a| a == "--models-preset")
+        .expect("--models-preset");
+    let preset = &args[at + 1];
+    let worker_pid = std::fs::read_to_string(format!("/proc/{router}/stat"))
+        .expect("router stat")
+        .rsplit(')')
+        .next()
+        .and_then(|r| r.split_whitespace().nth(1).map(str::to_owned))
+        .expect("ppid");
+    assert_eq!(preset, &format!("/proc/{worker_pid}/fd/8"));
+    let text = std::fs::read_to_string(preset).expect("the preset, through the worker's fd");
+    assert!(text.starts_with("version = 1\n\n[smollm2]\n"), "{text}");
+    let target = std::fs::read_link(preset).expect("fd link");
+    assert!(
+        target.to_string_lossy().ends_with("/preset.ini (deleted)"),
+        "{}",
+        target.display()
+    );
+
+    let tmp = std::env::temp_dir();
+    let prefix = format!("serve-{port}.");
+    let left: Vec<_> = std::fs::read_dir(&tmp)
+        .expect("temp dir")
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        .map(|e| e.path())
+        .collect();
+    assert_eq!(left, Vec::<std::path::PathBuf>::new());
+    let cache = std::env::var_os("BOXMAKER_CACHE")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::env::var_os("XDG_CACHE_HOME")
+                .map(std::path::PathBuf::from)
+                .unwrap_or_else(|| {
+                    std::path::PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache")
+                })
+                .join("boxmaker")
+        });
+    for old in [format!("preset-{port}.ini"), format!("worker-{port}.toml")] {
+        assert!(!cache.join("run").join(&old).exists(), "{old} in the cache");
+    }
+}

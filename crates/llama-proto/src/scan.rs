@@ -241,6 +241,7 @@ impl<'a> Scan<'a> {
     /// Skips one value inside `outer` enclosing arrays and objects; returns it. Strings are
     /// skipped as strings; arrays and objects up to their matching close (refused past
     /// [`MAX_NESTING`] in all); anything else up to the next `,`, `}` or `]`.
+    #[cfg_attr(target_pointer_width = "64", inline(always))]
     fn value(&mut self, outer: usize) -> Result<&'a [u8]> {
         let start = self.i;
         match self.ws().ok_or(Error::EofWhileParsingValue)? {
@@ -262,7 +263,9 @@ impl<'a> Scan<'a> {
     /// One pass over eight bytes at a time: the quotes, backslashes and brackets of a word are
     /// handled from its masks without going back to memory, so a word with no bracket
     /// outside a string is passed in one step whatever its quotes. `outer` arrays and
-    /// objects enclose this one.
+    /// objects enclose this one. Out of line: llama-server's chunks skip no array or object,
+    /// and the callers of [`value`](Self::value) stay small.
+    #[inline(never)]
     fn nested(&mut self, outer: usize) -> Result<()> {
         let mut st = Nesting {
             room: MAX_NESTING.saturating_sub(outer),
@@ -332,6 +335,7 @@ impl<'a> Scan<'a> {
     }
 
     /// `null` or a string, as `Option<&str>` from `serde-json-core` (escapes kept).
+    #[cfg_attr(target_pointer_width = "64", inline(always))]
     fn opt_str(&mut self) -> Result<Option<&'a str>> {
         match self.ws().ok_or(Error::EofWhileParsingValue)? {
             b'"' => {

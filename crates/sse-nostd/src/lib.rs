@@ -36,6 +36,7 @@ extern crate std;
 
 mod error;
 mod event;
+mod moves;
 mod parser;
 mod read;
 #[cfg(test)]

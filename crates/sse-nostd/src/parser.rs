@@ -8,6 +8,7 @@ use core::borrow::BorrowMut;
 
 use memchr::{memchr, memchr2};
 
+use crate::moves;
 use crate::{Event, Message, SseError, Status};
 
 const BOM: [u8; 3] = [0xEF, 0xBB, 0xBF];
@@ -259,7 +260,7 @@ impl<S: BorrowMut<[u8; N]>, const N: usize> Parser<S, N> {
     fn compact(&mut self) {
         if self.data_start > 0 {
             let (start, end) = (self.data_start, self.data_end() + self.line_len);
-            self.buf_mut().copy_within(start..end, 0);
+            moves::move_within(self.buf_mut(), start..end, 0);
             self.data_start = 0;
         }
     }
@@ -542,7 +543,7 @@ impl<S: BorrowMut<[u8; N]>, const N: usize> Parser<S, N> {
                 let at = self.data_end();
                 let buf = self.buf_mut();
                 buf[at] = b'\n';
-                buf.copy_within(s..e, at + 1);
+                moves::move_within(buf, s..e, at + 1);
                 self.data_len += 1 + (e - s);
             }
         }
@@ -559,7 +560,7 @@ impl<S: BorrowMut<[u8; N]>, const N: usize> Parser<S, N> {
                 self.event_len = e - s;
             }
             Span::Buffer(s, e) => {
-                self.buf_mut().copy_within(s..e, id_start - (e - s));
+                moves::move_within(self.buf_mut(), s..e, id_start - (e - s));
                 self.event_len = e - s;
             }
         }
@@ -575,7 +576,7 @@ impl<S: BorrowMut<[u8; N]>, const N: usize> Parser<S, N> {
                     self.compact();
                 }
                 let buf = self.buf_mut();
-                buf.copy_within(event.0..event.1, N - len - event_len);
+                moves::move_within(buf, event.0..event.1, N - len - event_len);
                 buf[N - len..].copy_from_slice(&input[s..e]);
                 self.id_len = len;
             }
@@ -584,9 +585,9 @@ impl<S: BorrowMut<[u8; N]>, const N: usize> Parser<S, N> {
                 // next to the value, swap the two in place, then move both to the end.
                 let len = e - s;
                 let buf = self.buf_mut();
-                buf.copy_within(event.0..event.1, e);
-                buf[s..e + event_len].rotate_left(len);
-                buf.copy_within(s..e + event_len, N - len - event_len);
+                moves::move_within(buf, event.0..event.1, e);
+                moves::rotate_left(&mut buf[s..e + event_len], len);
+                moves::move_within(buf, s..e + event_len, N - len - event_len);
                 self.id_len = len;
             }
         }
