@@ -105,6 +105,11 @@ chat_template_sha256 = "$(sha256sum "$template" | cut -d' ' -f1)"
 n_ctx = 4096
 total_slots = 2
 
+[sampling]
+# Greedy, seeded: the showcase commands answer the same way each time.
+temperature = 0.0
+seed = 42
+
 [runner]
 worker_socket = "$run/worker.sock"
 
@@ -159,7 +164,13 @@ MSG
   run)
     start_loopd "$@"
     without_folder "$@"
-    "$bin/loopd" run --config "$run/loopd.toml" --daemon "${run_args[@]}"
+    # Worked examples first (scripts/run-example.json: a question, its arithmetic call, the
+    # result with the runner's budget note and the answer; then two calls alone, since
+    # SmolLM2-135M copies what came last): without them it answered from memory, calling no
+    # tool (3 runs of 3).
+    "$bin/loopd" submit --socket "$run/loopd.sock" --follow \
+      --system "You answer every question by calling a tool." \
+      --history "$root/scripts/run-example.json" "${run_args[@]}"
     ;;
   up)
     start_loopd "$@"
