@@ -50,6 +50,13 @@ pub struct Daemon {
     /// A file the daemon writes its metrics to (atomically, every second) for
     /// node_exporter's textfile collector; none by default.
     pub metrics_file: Option<PathBuf>,
+    /// The durable store of requests and results (SQLite). Unset: `loopd.db` in
+    /// `$STATE_DIRECTORY` (systemd's `StateDirectory=`), else in `$XDG_STATE_HOME/loopd/`,
+    /// else in `~/.local/state/loopd/` ([`store_path`](crate::daemon::store_path)).
+    pub store: Option<PathBuf>,
+    /// `normal` (the default: a commit survives the daemon's death, not always a power loss)
+    /// or `full` (an fsync per commit: it survives a power loss too).
+    pub store_sync: crate::daemon::Durability,
 }
 
 /// The limits of section 4, in milliseconds or tokens.
