@@ -422,6 +422,23 @@ mod tests {
     }
 
     #[test]
+    fn the_daemons_store_and_its_sync_parse_and_a_bad_sync_is_refused() {
+        let c = parse(MINIMAL).unwrap();
+        assert_eq!(c.daemon.store, None);
+        assert_eq!(c.daemon.store_sync, crate::daemon::Durability::Normal);
+        let c = parse(&format!(
+            "{MINIMAL}[daemon]\nstore = \"/var/lib/loopd/x.db\"\nstore_sync = \"full\"\n"
+        ))
+        .unwrap();
+        assert_eq!(
+            c.daemon.store.as_deref(),
+            Some(Path::new("/var/lib/loopd/x.db"))
+        );
+        assert_eq!(c.daemon.store_sync, crate::daemon::Durability::Full);
+        assert!(parse(&format!("{MINIMAL}[daemon]\nstore_sync = \"off\"\n")).is_err());
+    }
+
+    #[test]
     fn every_section_parses() {
         let text = format!(
             "{MINIMAL}[limits]\npoll_ms = 50\nqueue = 2\n[retry]\nattempts = 2\ndelays_ms = [10]\n\

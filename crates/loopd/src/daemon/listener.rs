@@ -34,8 +34,12 @@ pub const MAX_CONNECTIONS: usize = 64;
 pub const EVENT_QUEUE: usize = 4096;
 /// How often the accept loop looks at the stop flag, the store's expiry and the metrics file.
 pub const TICK: Duration = Duration::from_millis(50);
-/// How often, at most, the store gives freed pages back and truncates its WAL.
+/// How often, at most, the store gives freed pages back and truncates its WAL while nothing
+/// runs. A compaction syncs the disk under the store's lock, so a submit would wait on it.
 pub const COMPACT_EVERY: Duration = Duration::from_secs(1);
+/// How often it compacts anyway while requests keep running. Between compactions the file is
+/// still bounded: SQLite reuses freed pages, and checkpoints the WAL at 1,000 pages.
+pub const COMPACT_BUSY_EVERY: Duration = Duration::from_secs(60);
 
 /// What the daemon needs besides the runner and the store.
 #[derive(Debug, Clone)]
@@ -154,6 +158,11 @@ impl Daemon {
         self.state.metrics.render()
     }
 
+    /// The bytes the store takes on disk now (its file and its WAL).
+    pub fn store_bytes(&self) -> u64 {
+        lock(&self.state.inner).db.file_bytes()
+    }
+
     /// Asks the accept loop to stop (the first stop signal).
     pub fn stop(&self) {
         self.state.stopping.store(true, Ordering::SeqCst);
@@ -172,7 +181,7 @@ impl Daemon {
         listener.set_nonblocking(!bounded)?;
         let clock = self.state.clock.clone();
         let mut next_metrics = clock.now();
-        let mut next_compact = clock.now();
+        let mut compacted = clock.now();
         while !self.stopping() {
             match listener.accept() {
                 Ok((stream, _)) => self.accept(stream),
@@ -185,11 +194,10 @@ impl Daemon {
                 }
             }
             let now = clock.now();
-            let compact = now >= next_compact;
-            if compact {
-                next_compact = now + COMPACT_EVERY;
+            let since = now.saturating_sub(compacted);
+            if self.tick(since >= COMPACT_EVERY, since >= COMPACT_BUSY_EVERY) {
+                compacted = now;
             }
-            self.tick(compact);
             if now >= next_metrics {
                 self.write_metrics_file();
                 next_metrics = now + self.settings.metrics_every;
@@ -222,20 +230,24 @@ impl Daemon {
         }
     }
 
-    /// Deletes expired results; with `compact`, gives freed pages back to the file system.
-    fn tick(&self, compact: bool) {
+    /// Deletes expired results; gives freed pages back to the file system when rows were
+    /// freed and `idle` (if nothing runs) or `anyway` allow. Whether it compacted.
+    fn tick(&self, idle: bool, anyway: bool) -> bool {
         let s = &self.state;
         let mut inner = lock(&s.inner);
         if let Err(e) = inner.db.expire(s.clock.wall()) {
             eprintln!("loopd serve: expiring results: {e}");
         }
         s.drain_evicted(&mut inner);
-        if compact && std::mem::take(&mut inner.freed) {
-            if let Err(e) = inner.db.compact() {
-                inner.freed = true;
-                eprintln!("loopd serve: compacting the store: {e}");
-            }
+        if !inner.freed || !(anyway || idle && inner.live.is_empty()) {
+            return false;
         }
+        inner.freed = false;
+        if let Err(e) = inner.db.compact() {
+            inner.freed = true;
+            eprintln!("loopd serve: compacting the store: {e}");
+        }
+        true
     }
 
     fn write_metrics_file(&self) {

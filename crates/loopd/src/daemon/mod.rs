@@ -28,8 +28,8 @@ pub use db::{
     NoStorePath, OpenError, OpenErrorKind, APPLICATION_ID, FILE_NAME, RESTARTED, SCHEMA_VERSION,
 };
 pub use listener::{
-    write_atomically, Daemon, Settings, StartError, COMPACT_EVERY, EVENT_QUEUE, MAX_CONNECTIONS,
-    READ_DEADLINE, TICK, WRITE_DEADLINE,
+    write_atomically, Daemon, Settings, StartError, COMPACT_BUSY_EVERY, COMPACT_EVERY, EVENT_QUEUE,
+    MAX_CONNECTIONS, READ_DEADLINE, TICK, WRITE_DEADLINE,
 };
 pub use metrics::Metrics;
 pub use output::CHECKPOINT_EVERY;
