@@ -54,11 +54,16 @@ impl Running {
         let tools = builtin_tools(None, client.shared_clock()).unwrap();
         let names = tools.schemas().into_iter().map(|s| s.name).collect();
         let runner = Runner::new(client, tools, Arc::new(StandardBios), slots);
-        // The store in the test's own directory, never the user's.
+        // The store in the test's own directory, never the user's; `LOOPD_STORE_SYNC=full`
+        // measures the soak's submit-to-ack with an fsync per commit (docs/benchmarks.md).
+        let durability = match std::env::var("LOOPD_STORE_SYNC").as_deref() {
+            Ok("full") => Durability::Full,
+            _ => Durability::Normal,
+        };
         let db = Db::open(
             &dir.join("loopd.db"),
             DbSettings {
-                durability: Durability::Normal,
+                durability,
                 ttl,
                 cap: 100,
             },
