@@ -115,6 +115,7 @@ worker_socket = "$run/worker.sock"
 
 [daemon]
 socket = "$run/loopd.sock"
+store = "$run/loopd.db"
 TOML
 
 # `loopd serve` in the background (its --folder taken from the arguments); waits for its

@@ -52,6 +52,13 @@ pub struct Daemon {
     /// A file the daemon writes its metrics to (atomically, every second) for
     /// node_exporter's textfile collector; none by default.
     pub metrics_file: Option<PathBuf>,
+    /// The durable store of requests and results (SQLite). Unset: `loopd.db` in
+    /// `$STATE_DIRECTORY` (systemd's `StateDirectory=`), else in `$XDG_STATE_HOME/loopd/`,
+    /// else in `~/.local/state/loopd/` ([`store_path`](crate::daemon::store_path)).
+    pub store: Option<PathBuf>,
+    /// `normal` (the default: a commit survives the daemon's death, not always a power loss)
+    /// or `full` (an fsync per commit: it survives a power loss too).
+    pub store_sync: crate::daemon::Durability,
 }
 
 /// The limits of section 4, in milliseconds or tokens.
@@ -483,6 +490,23 @@ mod tests {
         assert_eq!(c.retry.attempts, 4);
         assert_eq!(c.retry.delays_ms, [2_000, 8_000, 30_000]);
         assert_eq!((c.retry.jitter_percent, c.retry.total_ms), (25, 300_000));
+    }
+
+    #[test]
+    fn the_daemons_store_and_its_sync_parse_and_a_bad_sync_is_refused() {
+        let c = parse(MINIMAL).unwrap();
+        assert_eq!(c.daemon.store, None);
+        assert_eq!(c.daemon.store_sync, crate::daemon::Durability::Normal);
+        let c = parse(&format!(
+            "{MINIMAL}[daemon]\nstore = \"/var/lib/loopd/x.db\"\nstore_sync = \"full\"\n"
+        ))
+        .unwrap();
+        assert_eq!(
+            c.daemon.store.as_deref(),
+            Some(Path::new("/var/lib/loopd/x.db"))
+        );
+        assert_eq!(c.daemon.store_sync, crate::daemon::Durability::Full);
+        assert!(parse(&format!("{MINIMAL}[daemon]\nstore_sync = \"off\"\n")).is_err());
     }
 
     #[test]

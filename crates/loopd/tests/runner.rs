@@ -590,6 +590,65 @@ fn a_result_is_handed_out_once_then_not_found() {
     assert_eq!(s.runner.records(), 0, "the record is released");
 }
 
+/// With a completion sink the runner keeps no result: each ending goes to the sink once, on
+/// the request's thread, after its slot was freed, under the id the caller gave.
+#[test]
+fn a_completion_sink_gets_each_result_once_under_the_callers_id_with_the_slot_free() {
+    let server = FakeServer::start(vec![(CHAT, vec![answer("one"), answer("two")])]);
+    let s = setup(config(&server, None), 1);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let runner = Arc::new(s.runner);
+    let seen = Arc::downgrade(&runner);
+    let sink = Box::new(move |r: RequestResult| {
+        // The slot is free by the time the sink hears of the ending.
+        let busy = seen.upgrade().map(|run| run.busy_slots());
+        let _ = tx.send((r, busy));
+    });
+    runner.complete_into(sink).unwrap();
+    let again = runner.complete_into(Box::new(|_| {}));
+    assert_eq!(again, Err(loopd::runner::SinkAlreadySet));
+    for (given, text) in [(41, "one"), (7, "two")] {
+        let id = runner
+            .submit_named::<SubmitError>(ask("x"), || Ok((RequestId(given), None)))
+            .unwrap();
+        assert_eq!(id, RequestId(given));
+        let (r, busy) = rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        assert_eq!(
+            (r.id, r.content.as_deref(), busy),
+            (id, Some(text), Some(0))
+        );
+        assert_eq!(runner.get_result(id), Err(ResultError::NotFound));
+    }
+    assert_eq!(runner.records(), 0, "the runner keeps nothing");
+    assert!(
+        rx.recv_timeout(Duration::from_millis(100)).is_err(),
+        "once each"
+    );
+}
+
+/// A caller that cannot name the request (its store refused) refuses the submit with its own
+/// error, and no slot is used.
+#[test]
+fn a_naming_error_refuses_the_submit_and_uses_no_slot() {
+    #[derive(Debug, PartialEq)]
+    enum Refused {
+        Runner(SubmitError),
+        Store,
+    }
+    impl From<SubmitError> for Refused {
+        fn from(e: SubmitError) -> Self {
+            Refused::Runner(e)
+        }
+    }
+    let server = FakeServer::start(vec![(CHAT, vec![answer("one")])]);
+    let s = setup(config(&server, None), 1);
+    let refused = s.runner.submit_named(ask("x"), || Err(Refused::Store));
+    assert_eq!(refused, Err(Refused::Store));
+    assert_released(&s.runner);
+    assert_eq!(s.runner.records(), 0);
+    assert!(server.requests().is_empty());
+}
+
 #[test]
 fn cancel_ends_a_silent_stream_with_its_partial_output() {
     let server = FakeServer::start(vec![(

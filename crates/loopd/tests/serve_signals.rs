@@ -18,7 +18,7 @@ use llama_proto::hash::sha256;
 use loopd::daemon::client;
 use serde_json::{json, Value};
 use support::daemon::serve_to_exit;
-use support::{done, json_chunk, json_content, FakeServer, Reply};
+use support::{done, json_answer, json_chunk, json_content, End, FakeServer, Reply};
 
 const CHAT: &str = "/v1/chat/completions";
 const TEMPLATE: &str = "{{ messages }}";
@@ -87,11 +87,15 @@ impl Served {
         let dir = server.socket().parent().unwrap().to_owned();
         let (config, socket) = write_config(server, &dir, poll_ms, extra);
         let notify_path = dir.join("notify.sock");
+        // Left bound by an earlier daemon of the same test.
+        let _ = std::fs::remove_file(&notify_path);
         let notify = UnixDatagram::bind(&notify_path).unwrap();
         let mut child = Command::new(env!("CARGO_BIN_EXE_loopd"))
             .args(["serve", "--config"])
             .arg(&config)
             .env("NOTIFY_SOCKET", &notify_path)
+            // The store in the test's directory, never the user's.
+            .env("STATE_DIRECTORY", &dir)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -315,7 +319,7 @@ fn a_second_signal_during_a_slow_shutdown_exits_at_once() {
 }
 
 #[test]
-fn a_second_loopd_serve_on_a_live_socket_refuses_to_start() {
+fn a_second_loopd_serve_on_a_live_store_or_socket_refuses_to_start() {
     let mut chat = passing_self_test();
     chat.extend(passing_self_test());
     let server = FakeServer::start(vec![("/props", vec![props()]), (CHAT, chat)]);
@@ -326,6 +330,28 @@ fn a_second_loopd_serve_on_a_live_socket_refuses_to_start() {
     );
     let dir = server.socket().parent().unwrap().to_owned();
     let (config, socket) = write_config(&server, &dir, 200, "");
+    // The same store: refused at once, naming the file and what is wrong with it.
+    let (code, stderr) = serve_to_exit(&config);
+    assert_eq!(code, Some(1), "{stderr}");
+    let store = dir.join("loopd.db");
+    assert!(
+        stderr.lines().last().unwrap().starts_with(&format!(
+            "loopd serve: refusing to start: store {}: locked by another process (is another \
+             loopd serve using this store?): ",
+            store.display()
+        )),
+        "{stderr}"
+    );
+    // A store of its own but the same socket: refused when it comes to bind it.
+    let other = dir.join("other");
+    let text = std::fs::read_to_string(&config).unwrap().replace(
+        "[daemon]\n",
+        &format!(
+            "[daemon]\nstore = {:?}\n",
+            other.join("loopd.db").display().to_string()
+        ),
+    );
+    std::fs::write(&config, text).unwrap();
     let (code, stderr) = serve_to_exit(&config);
     assert_eq!(code, Some(1), "{stderr}");
     assert!(
@@ -341,4 +367,150 @@ fn a_second_loopd_serve_on_a_live_socket_refuses_to_start() {
     first.signal("TERM");
     let (status, stderr) = first.exit_within(Duration::from_secs(30));
     assert_eq!(status.code(), Some(0), "{stderr}");
+}
+
+/// A request that streams `a0 ` and, `every` later, `a1 `, then is silent for good.
+fn two_pieces_then_silence(every: Duration) -> Reply {
+    Reply::sse(vec![json_content("a0 "), json_content("a1 ")])
+        .each_after(every)
+        .ending(End::Silence)
+}
+
+fn call(socket: &Path, cmd: Value) -> Value {
+    client::call(socket, &cmd, Duration::from_secs(30)).unwrap()
+}
+
+/// `kill -9` of `loopd serve` with two requests running and three results unfetched, then a
+/// new `loopd serve` on the same store: the three results are fetched intact, the two running
+/// ones are `failed`/`daemon_restarted` with the output they had streamed (checkpointed before
+/// their followers saw it), and new ids are greater than every old one.
+#[test]
+fn kill_9_loses_nothing_acknowledged_and_running_requests_come_back_daemon_restarted() {
+    let mut chat = passing_self_test();
+    chat.extend(["one", "two", "three"].map(json_answer));
+    // A second apart, so the second piece is past the once-a-second checkpoint rate.
+    let every = Duration::from_millis(1_200);
+    chat.extend([
+        two_pieces_then_silence(every),
+        two_pieces_then_silence(every),
+    ]);
+    chat.extend(passing_self_test());
+    chat.push(json_answer("after"));
+    let server = FakeServer::start(vec![("/props", vec![props(), props()]), (CHAT, chat)]);
+    let first = Served::start(&server, 200, "");
+    assert_eq!(
+        first.notified(Duration::from_secs(60)).as_deref(),
+        Some("READY=1")
+    );
+    let socket = first.socket.clone();
+    let submit = |text: &str| {
+        let r = call(
+            &socket,
+            json!({"cmd": "submit", "messages": [{"role": "user", "content": text}]}),
+        );
+        r["id"].as_u64().unwrap_or_else(|| panic!("{r}"))
+    };
+    // Three that end and are never fetched, one at a time (the script's order).
+    let mut done = Vec::new();
+    for (i, text) in ["q1", "q2", "q3"].into_iter().enumerate() {
+        done.push(submit(text));
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while call(&socket, json!({"cmd": "status"}))["status"]["kept"] != i + 1 {
+            assert!(Instant::now() < deadline, "{text} never ended");
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+    // Two running, each followed until its second piece: by then it is checkpointed.
+    let running: Vec<u64> = (0..2).map(|i| submit(&format!("slow{i}"))).collect();
+    let followers: Vec<_> = running
+        .iter()
+        .map(|id| {
+            let (tx, rx) = mpsc::channel();
+            let (socket, id) = (socket.clone(), *id);
+            thread::spawn(move || {
+                let _ = client::follow(
+                    &socket,
+                    &json!({"cmd": "follow", "id": id}),
+                    Duration::from_secs(60),
+                    &mut |_| {},
+                    &mut |e| {
+                        let _ = tx.send(e.clone());
+                    },
+                );
+            });
+            rx
+        })
+        .collect();
+    for rx in &followers {
+        wait_event(rx, |e| e["event"] == "content" && e["text"] == "a1 ", "a1");
+    }
+    let status = call(&socket, json!({"cmd": "status"}))["status"].clone();
+    assert_eq!(status["running"], json!(running), "{status}");
+    assert_eq!(status["kept"], 3, "{status}");
+    first.signal("KILL");
+    let (status, _) = first.exit_within(Duration::from_secs(10));
+    assert_eq!(status.code(), None, "killed by SIGKILL");
+
+    let second = Served::start(&server, 200, "");
+    assert_eq!(
+        second.notified(Duration::from_secs(60)).as_deref(),
+        Some("READY=1")
+    );
+    for (id, text) in done.iter().zip(["one", "two", "three"]) {
+        let r = call(&socket, json!({"cmd": "result", "id": id}));
+        let r = &r["result"];
+        assert_eq!(
+            (&r["id"], &r["outcome"], &r["content"], &r["finish_reason"]),
+            (
+                &json!(id),
+                &json!("completed"),
+                &json!(text),
+                &json!("stop")
+            ),
+            "{r}"
+        );
+    }
+    for id in &running {
+        let r = call(&socket, json!({"cmd": "result", "id": id}));
+        let r = &r["result"];
+        assert_eq!(
+            (&r["id"], &r["outcome"], &r["fail_reason"], &r["content"]),
+            (
+                &json!(id),
+                &json!("failed"),
+                &json!("daemon_restarted"),
+                &json!("a0 a1 ")
+            ),
+            "{r}"
+        );
+        // Fetched once, as any result.
+        let again = call(&socket, json!({"cmd": "result", "id": id}));
+        assert_eq!(again["error"], "NOT_FOUND", "{again}");
+    }
+    let metrics = call(&socket, json!({"cmd": "metrics"}));
+    assert!(
+        metrics["metrics"]
+            .as_str()
+            .unwrap()
+            .contains("loopd_requests_total{outcome=\"failed\",reason=\"daemon_restarted\"} 2"),
+        "{metrics}"
+    );
+    let new = submit("after");
+    let old_max = running.iter().chain(&done).max().copied().unwrap();
+    assert_eq!((old_max, new), (5, 6), "ids are never reused");
+    let r = call(
+        &socket,
+        json!({"cmd": "wait", "id": new, "timeout_ms": 30_000}),
+    );
+    assert_eq!(r["result"]["content"], "after", "{r}");
+    second.signal("TERM");
+    let (status, stderr) = second.exit_within(Duration::from_secs(30));
+    assert_eq!(status.code(), Some(0), "{stderr}");
+    for id in &running {
+        let line = format!(
+            "loopd serve: req-{id} was running when the last daemon stopped: failed \
+             (daemon_restarted) with the output it had streamed"
+        );
+        assert!(stderr.lines().any(|l| l == line), "no `{line}` in {stderr}");
+    }
 }

@@ -11,7 +11,7 @@
 //! - a request still running when the daemon died is, after [`Db::recover`], a result with
 //!   reason [`RESTARTED`] and the output it had checkpointed;
 //! - a result is kept at most `ttl` after it ended and at most `cap` of them, the oldest going
-//!   first, as [`ResultStore`](super::ResultStore) did in memory: each eviction is reported
+//!   first: each eviction is reported
 //!   once by [`Db::poll_evicted`], and [`Db::poll_timeout`] says when the next one is due;
 //! - the file stays bounded in a long run: rows are deleted when fetched or evicted, and
 //!   [`Db::compact`] gives freed pages back (incremental vacuum) and truncates the WAL;
@@ -36,8 +36,6 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rusqlite::{params, Connection, ErrorCode, OptionalExtension, TransactionBehavior};
-
-use super::store::{EvictReason, Evicted, Lookup};
 
 /// The schema this binary writes (`PRAGMA user_version`). A file with a newer one is refused.
 pub const SCHEMA_VERSION: u32 = 1;
@@ -72,8 +70,9 @@ const MIGRATIONS: [&str; SCHEMA_VERSION as usize] = [
     CREATE INDEX requests_ended ON requests (ended_ms, id) WHERE state = 'ended';",
 ];
 
-/// How long a commit waits for the disk (`PRAGMA synchronous`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// How long a commit waits for the disk (`PRAGMA synchronous`); `[daemon] store_sync`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Durability {
     /// `NORMAL`: a commit survives the process's death; the last commits before a power loss
     /// may be lost (never the file's consistency). No fsync per commit.
@@ -211,6 +210,45 @@ impl From<rusqlite::Error> for DbError {
             },
         }
     }
+}
+
+/// Why a result left the store without being fetched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EvictReason {
+    /// It was kept for the whole `result_ttl_s`.
+    Expired,
+    /// A newer result came in with `max_results` already kept; the oldest went.
+    OverCap,
+}
+
+impl EvictReason {
+    /// `expired` or `over_cap`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EvictReason::Expired => "expired",
+            EvictReason::OverCap => "over_cap",
+        }
+    }
+}
+
+/// One result dropped unfetched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Evicted {
+    /// The request's id.
+    pub id: u64,
+    /// Why.
+    pub reason: EvictReason,
+}
+
+/// What [`Db::take_result`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Lookup<T> {
+    /// The result, now removed from the store.
+    Done(T),
+    /// The request is still running.
+    Pending,
+    /// Never submitted, already fetched, or evicted.
+    NotFound,
 }
 
 /// A request found running by [`Db::recover`]: what its result is made from.
@@ -397,6 +435,19 @@ impl Db {
             params![t, submission],
         )?;
         Ok(id_of(self.conn.last_insert_rowid()))
+    }
+
+    /// Deletes the running request `id` that was never acknowledged (the daemon could not
+    /// start it after all), so it does not come back as `daemon_restarted`.
+    pub fn forget(&mut self, id: u64) -> Result<(), DbError> {
+        let n = self.conn.execute(
+            "DELETE FROM requests WHERE id = ?1 AND state = 'running'",
+            [id_sql(id)],
+        )?;
+        if n == 0 {
+            return Err(DbError::NotRunning { id });
+        }
+        Ok(())
     }
 
     /// Replaces the running request's checkpointed output with `output` (all of it so far).

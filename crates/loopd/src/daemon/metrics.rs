@@ -144,6 +144,16 @@ impl Metrics {
             .inc();
     }
 
+    /// A request the last daemon left running, failed at start as `daemon_restarted`.
+    pub fn restarted(&self) {
+        self.requests
+            .get_or_create(&RequestLabels {
+                outcome: "failed".into(),
+                reason: super::db::RESTARTED.into(),
+            })
+            .inc();
+    }
+
     /// A result dropped unfetched.
     pub fn evicted(&self, reason: &str) {
         self.evicted

@@ -1,30 +1,35 @@
 //! `loopd serve`: the agent daemon. One [`Runner`](crate::runner::Runner) (one slot table)
-//! for every client, reached over a Unix socket ([docs/loopd.md](../../../docs/loopd.md)).
+//! for every client, reached over a Unix socket ([docs/loopd.md](../../../docs/loopd.md)),
+//! laid out as tokio's mini-redis:
 //!
-//! - [`protocol`]: the command lines and replies, parsed and written without IO.
-//! - [`ResultStore`]: finished results kept until fetched, within `runner.result_ttl_s` and
-//!   `runner.max_results`; sans-IO, time as input.
+//! - [`Daemon`] (`listener.rs`): the accept loop, its tick and the shutdown;
+//! - `connection.rs`: one connection: its command line read within a deadline and a cap;
+//! - `commands.rs`: each command applied to the store, and its reply;
 //! - [`Db`] (`db.rs`): the durable store, one SQLite table of requests and results, written
-//!   before a submit is acknowledged; time as input. Not wired in yet (issue 30): it is to
-//!   replace [`ResultStore`] and the runner's result table.
-//! - [`Metrics`]: the counters in the Prometheus text format.
-//! - [`Daemon`] (`serve.rs`): the thin IO loop around them.
+//!   before a submit is acknowledged; the runner's completion sink writes each result into it
+//!   (`state.rs` holds it behind one lock with the followers' channels); a running request's
+//!   output is checkpointed into its row (`output.rs`);
+//! - [`protocol`]: the command lines and replies, parsed and written without IO;
+//! - [`Metrics`]: the counters in the Prometheus text format;
 //! - [`client`]: how `loopd submit|result|cancel|status` and `loopd run` talk to it.
 
 pub mod client;
+mod commands;
+mod connection;
 mod db;
+mod listener;
 mod metrics;
+mod output;
 pub mod protocol;
-mod serve;
-mod store;
+mod state;
 
 pub use db::{
-    store_path, Db, DbError, DbSettings, Durability, Interrupted, NoStorePath, OpenError,
-    OpenErrorKind, APPLICATION_ID, FILE_NAME, RESTARTED, SCHEMA_VERSION,
+    store_path, Db, DbError, DbSettings, Durability, EvictReason, Evicted, Interrupted, Lookup,
+    NoStorePath, OpenError, OpenErrorKind, APPLICATION_ID, FILE_NAME, RESTARTED, SCHEMA_VERSION,
+};
+pub use listener::{
+    write_atomically, Daemon, Settings, StartError, COMPACT_BUSY_EVERY, COMPACT_EVERY, EVENT_QUEUE,
+    MAX_CONNECTIONS, READ_DEADLINE, TICK, WRITE_DEADLINE,
 };
 pub use metrics::Metrics;
-pub use serve::{
-    write_atomically, Daemon, Settings, EVENT_QUEUE, MAX_CONNECTIONS, READ_DEADLINE, TICK,
-    WRITE_DEADLINE,
-};
-pub use store::{EvictReason, Evicted, Lookup, ResultStore};
+pub use output::CHECKPOINT_EVERY;

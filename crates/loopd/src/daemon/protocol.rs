@@ -5,7 +5,7 @@
 
 use std::fmt;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use crate::llama::{AssistantMessage, ChatEvent, ChatMessage, ChatOptions, ToolCall};
@@ -133,46 +133,95 @@ impl fmt::Display for ProtoError {
 
 impl std::error::Error for ProtoError {}
 
-#[derive(Deserialize)]
+/// One message of a `submit`'s `messages`, as on the wire.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct WireMessage {
-    role: String,
+pub struct WireMessage {
+    /// `user`, `system`, `assistant` or `tool`.
+    pub role: String,
+    /// Its text.
     #[serde(default)]
-    content: String,
+    pub content: String,
     /// An assistant turn's calls (an earlier turn of the conversation, or a worked example).
-    #[serde(default)]
-    tool_calls: Vec<WireCall>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<WireCall>,
     /// A tool turn: the call it answers.
-    #[serde(default)]
-    tool_call_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct WireCall {
-    id: String,
-    name: String,
-    arguments: String,
+impl WireMessage {
+    /// A user message.
+    pub fn user(content: impl Into<String>) -> WireMessage {
+        WireMessage {
+            role: "user".into(),
+            content: content.into(),
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+        }
+    }
 }
 
-#[derive(Deserialize)]
+/// One call of an assistant turn, as on the wire.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct WireSubmit {
-    #[allow(dead_code)]
-    cmd: String,
-    messages: Vec<WireMessage>,
+pub struct WireCall {
+    /// The call's id.
+    pub id: String,
+    /// The tool's name.
+    pub name: String,
+    /// Its arguments, JSON text.
+    pub arguments: String,
+}
+
+/// The `submit` command line, as the daemon reads it and its clients write it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Submit {
+    /// `submit`.
+    pub cmd: String,
+    /// The conversation: at least one user message.
+    pub messages: Vec<WireMessage>,
+    /// A system message, sent after the BIOS.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system: Option<String>,
+    /// Tool iterations allowed (`runner.budget` when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<u32>,
+    /// Let the model think.
     #[serde(default)]
-    system: Option<String>,
+    pub thinking: bool,
+    /// The generations' `max_tokens` (`limits.max_tokens` when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u64>,
+    /// The tools offered, by name (all of the daemon's when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<Vec<String>>,
+    /// Stream the events, then the result, on this connection.
     #[serde(default)]
-    budget: Option<u32>,
-    #[serde(default)]
-    thinking: bool,
-    #[serde(default)]
-    max_tokens: Option<u64>,
-    #[serde(default)]
-    tools: Option<Vec<String>>,
-    #[serde(default)]
-    follow: bool,
+    pub follow: bool,
+}
+
+impl Submit {
+    /// A submit of `messages`, everything else left to the daemon's defaults.
+    pub fn new(messages: Vec<WireMessage>) -> Submit {
+        Submit {
+            cmd: "submit".into(),
+            messages,
+            system: None,
+            budget: None,
+            thinking: false,
+            max_tokens: None,
+            tools: None,
+            follow: false,
+        }
+    }
+
+    /// The command line, without its newline.
+    pub fn to_line(&self) -> String {
+        // Strings, numbers and lists of them always serialize.
+        serde_json::to_string(self).unwrap_or_default()
+    }
 }
 
 #[derive(Deserialize)]
@@ -214,7 +263,7 @@ pub fn parse(line: &[u8]) -> Result<Command, ProtoError> {
     };
     match cmd.as_str() {
         "submit" => {
-            let w: WireSubmit = typed(v)?;
+            let w: Submit = typed(v)?;
             let mut messages = Vec::with_capacity(w.messages.len());
             for m in w.messages {
                 let role = m.role.as_str();
@@ -533,6 +582,28 @@ mod tests {
                 "{line}"
             );
         }
+    }
+
+    /// The clients write their submit with the type the daemon reads it with.
+    #[test]
+    fn a_clients_submit_is_the_line_the_daemon_reads() {
+        let s = Submit {
+            budget: Some(2),
+            max_tokens: Some(64),
+            follow: true,
+            ..Submit::new(vec![WireMessage::user("hi")])
+        };
+        assert_eq!(
+            s.to_line(),
+            r#"{"cmd":"submit","messages":[{"role":"user","content":"hi"}],"budget":2,"thinking":false,"max_tokens":64,"follow":true}"#
+        );
+        let Ok(Command::Submit { request, follow }) = parse(s.to_line().as_bytes()) else {
+            panic!("{}", s.to_line())
+        };
+        assert_eq!(
+            (request.budget, request.options.max_tokens, follow),
+            (Some(2), Some(64), true)
+        );
     }
 
     #[test]

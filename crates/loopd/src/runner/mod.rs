@@ -10,10 +10,15 @@
 //!   slot is busy (there is no queue), `WORKER_NOT_READY` / `WORKER_FAILED` when llama-worker
 //!   (asked on its status socket, when the config names one) is not ready. A refusal uses no
 //!   slot. Runner slot `i` is server slot `i` (`id_slot`).
-//! - The slot is released the moment the request's result is stored, whatever ended it.
-//! - [`Runner::get_result`] hands the terminal [`RequestResult`] out once; later calls are
-//!   `NOT_FOUND`. [`Runner::cancel`] ends a request within one poll interval with its partial
-//!   output.
+//! - The slot is released the moment the request ends, whatever ended it; then its
+//!   [`RequestResult`] goes, from the request's own driver thread, to the runner's completion
+//!   sink. Without one ([`Runner::complete_into`]), the runner keeps results in memory itself:
+//!   [`Runner::get_result`] hands each out once (later calls are `NOT_FOUND`), as `loopd run`
+//!   in process and the tests use it. With one (the daemon's durable store), the runner keeps
+//!   no result at all: the sink is the one result table.
+//! - Ids are the runner's own counter ([`Runner::submit`]) or the caller's
+//!   ([`Runner::submit_named`]: the daemon's store gives them, once a slot is sure).
+//! - [`Runner::cancel`] ends a request within one poll interval with its partial output.
 //! - With a worker socket each request reads the worker's status every
 //!   `runner.worker_poll_ms`: a restart (a new spawn, or a state other than ready) fails it
 //!   with `worker_restarted` (`server_died` when the server exited on its own). A generating
@@ -37,7 +42,8 @@ pub mod worker;
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -159,6 +165,23 @@ impl std::error::Error for ResultError {}
 /// What watches one request live.
 pub type Observer = Box<dyn FnMut(&RequestEvent) + Send>;
 
+/// Where each request's result goes when it ends, called once per request on its driver
+/// thread after its slot was released (so it may take its caller's locks, and a submit that
+/// follows the result finds the slot free).
+pub type Completion = Box<dyn Fn(RequestResult) + Send + Sync>;
+
+/// [`Runner::complete_into`] was called a second time: the first sink stays.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SinkAlreadySet;
+
+impl fmt::Display for SinkAlreadySet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("the runner already has a completion sink")
+    }
+}
+
+impl std::error::Error for SinkAlreadySet {}
+
 enum Record {
     Running {
         cancel: Cancel,
@@ -172,8 +195,8 @@ enum Record {
 
 struct Table {
     slots: Vec<Option<RequestId>>,
+    /// Running requests, and (without a completion sink) results not yet fetched.
     records: HashMap<RequestId, Record>,
-    next_id: u64,
 }
 
 struct Shared {
@@ -185,6 +208,10 @@ struct Shared {
     watch: Option<Arc<watch::Watch>>,
     table: Mutex<Table>,
     stored: Condvar,
+    /// The ids [`Runner::submit`] gives.
+    next_id: AtomicU64,
+    /// Where results go; unset: into `table.records`.
+    completion: OnceLock<Completion>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -230,9 +257,10 @@ impl Runner {
             table: Mutex::new(Table {
                 slots: vec![None; slots.max(1) as usize],
                 records: HashMap::new(),
-                next_id: 1,
             }),
             stored: Condvar::new(),
+            next_id: AtomicU64::new(1),
+            completion: OnceLock::new(),
         });
         Runner { shared }
     }
@@ -256,6 +284,13 @@ impl Runner {
         lock(&self.shared.table).records.len()
     }
 
+    /// From now on each request's result goes to `sink` when it ends, and the runner keeps
+    /// none itself ([`Runner::get_result`] is then `NOT_FOUND`). Set it before the first
+    /// submit; a second call is refused and the first sink stays.
+    pub fn complete_into(&self, sink: Completion) -> Result<(), SinkAlreadySet> {
+        self.shared.completion.set(sink).map_err(|_| SinkAlreadySet)
+    }
+
     /// Starts `req` on a free slot, or refuses at once.
     pub fn submit(&self, req: Submission) -> Result<RequestId, SubmitError> {
         self.submit_observed(req, None)
@@ -267,10 +302,27 @@ impl Runner {
         req: Submission,
         observer: Option<Observer>,
     ) -> Result<RequestId, SubmitError> {
+        let next = &self.shared.next_id;
+        self.submit_named(req, || {
+            Ok((RequestId(next.fetch_add(1, Ordering::Relaxed)), observer))
+        })
+    }
+
+    /// Starts `req` on a free slot under the id (and with the observer) that `name` gives,
+    /// or refuses at once. `name` is called only once a slot is sure (llama-worker asked, a
+    /// slot free), with the runner's table locked, so the caller can record the request
+    /// (write it to its store) before it runs; its error is returned as it is. After `name`
+    /// the only refusal left is [`SubmitError::NoThread`]: the caller then forgets the id.
+    /// The caller keeps the ids unique.
+    pub fn submit_named<E: From<SubmitError>>(
+        &self,
+        req: Submission,
+        name: impl FnOnce() -> Result<(RequestId, Option<Observer>), E>,
+    ) -> Result<RequestId, E> {
         let s = &self.shared;
         // A full table refuses before anyone is asked anything.
         if lock(&s.table).slots.iter().all(|x| x.is_some()) {
-            return Err(SubmitError::NoSlotAvailable);
+            return Err(SubmitError::NoSlotAvailable.into());
         }
         let spawns = match &s.settings.worker_socket {
             None => None,
@@ -279,18 +331,17 @@ impl Runner {
                 match worker::status(socket, timeout) {
                     Ok(st) => match SubmitError::of_worker_state(st.state) {
                         None => Some(st.spawns),
-                        Some(refused) => return Err(refused),
+                        Some(refused) => return Err(refused.into()),
                     },
-                    Err(_) => return Err(SubmitError::WorkerNotReady),
+                    Err(_) => return Err(SubmitError::WorkerNotReady.into()),
                 }
             }
         };
         let mut t = lock(&s.table);
         let Some(slot) = t.slots.iter().position(|x| x.is_none()) else {
-            return Err(SubmitError::NoSlotAvailable);
+            return Err(SubmitError::NoSlotAvailable.into());
         };
-        let id = RequestId(t.next_id);
-        t.next_id += 1;
+        let (id, observer) = name()?;
         let cancel = Cancel::new();
         let (shared, token) = (s.clone(), cancel.clone());
         let budget = req.budget.unwrap_or(s.settings.budget);
@@ -306,7 +357,7 @@ impl Runner {
                     let detail = "the request's observer or BIOS provider panicked".into();
                     agent::no_output(id, budget, Outcome::Failed { reason, detail })
                 });
-                shared.store(slot, result);
+                shared.end(slot, result);
             })
             .map_err(|_| SubmitError::NoThread)?;
         t.slots[slot] = Some(id);
@@ -388,8 +439,10 @@ impl Runner {
 }
 
 impl Shared {
-    /// Stores a request's result and releases its slot, in one step.
-    fn store(&self, slot: usize, result: RequestResult) {
+    /// Releases a request's slot and hands its result on: into the table in the same step
+    /// (no sink), or to the sink right after (the driver thread, which calls this last,
+    /// then ends on its own: nothing joins it).
+    fn end(&self, slot: usize, result: RequestResult) {
         let mut t = lock(&self.table);
         if t.slots.get(slot).copied().flatten() == Some(result.id) {
             t.slots[slot] = None;
@@ -399,15 +452,24 @@ impl Shared {
             Some(Record::Running { thread, .. }) => thread,
             _ => None,
         };
-        t.records.insert(
-            id,
-            Record::Done {
-                result: Box::new(result),
-                thread,
-            },
-        );
-        drop(t);
-        self.stored.notify_all();
+        match self.completion.get() {
+            Some(sink) => {
+                drop(t);
+                drop(thread);
+                sink(result);
+            }
+            None => {
+                t.records.insert(
+                    id,
+                    Record::Done {
+                        result: Box::new(result),
+                        thread,
+                    },
+                );
+                drop(t);
+                self.stored.notify_all();
+            }
+        }
     }
 }
 

@@ -62,8 +62,9 @@ impl Drop for Serve {
     }
 }
 
-/// Starts `loopd serve --config config --folder folder` with its stderr in `dir/serve.log`,
-/// and returns once it said `READY=1`; panics with what it said otherwise.
+/// Starts `loopd serve --config config --folder folder` with its stderr in `dir/serve.log`
+/// and its store in `dir` (`STATE_DIRECTORY`, unless the config names one), and returns once
+/// it said `READY=1`; panics with what it said otherwise.
 pub fn start_serve(config: &Path, folder: &Path, dir: &Path) -> (Serve, PathBuf) {
     let notify_path = dir.join("notify.sock");
     let log = dir.join("serve.log");
@@ -75,6 +76,7 @@ pub fn start_serve(config: &Path, folder: &Path, dir: &Path) -> (Serve, PathBuf)
             .arg("--folder")
             .arg(folder)
             .env("NOTIFY_SOCKET", &notify_path)
+            .env("STATE_DIRECTORY", dir)
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()

@@ -9,7 +9,7 @@ use std::time::Duration;
 use clock::Clock;
 use loopd::config::Config;
 use loopd::daemon::client;
-use loopd::daemon::{Daemon, Settings};
+use loopd::daemon::{Daemon, Db, DbSettings, Durability, Settings};
 use loopd::llama::Client;
 use loopd::runner::{builtin_tools, Runner, StandardBios};
 use serde_json::{json, Value};
@@ -54,15 +54,29 @@ impl Running {
         let tools = builtin_tools(None, client.shared_clock()).unwrap();
         let names = tools.schemas().into_iter().map(|s| s.name).collect();
         let runner = Runner::new(client, tools, Arc::new(StandardBios), slots);
+        // The store in the test's own directory, never the user's; `LOOPD_STORE_SYNC=full`
+        // measures the soak's submit-to-ack with an fsync per commit (docs/benchmarks.md).
+        let durability = match std::env::var("LOOPD_STORE_SYNC").as_deref() {
+            Ok("full") => Durability::Full,
+            _ => Durability::Normal,
+        };
+        let db = Db::open(
+            &dir.join("loopd.db"),
+            DbSettings {
+                durability,
+                ttl,
+                cap: 100,
+            },
+        )
+        .unwrap();
         let settings = Settings {
-            result_ttl: ttl,
-            max_results: 100,
             tools: names,
+            budget: 3,
             metrics_file: Some(dir.join("loopd.prom")),
             metrics_every: Duration::from_millis(100),
             shutdown_wait: Duration::from_secs(5),
         };
-        let daemon = Daemon::new(runner, clock, settings);
+        let daemon = Daemon::new(runner, clock, settings, db).unwrap();
         let bound = socket_file::bind(&socket).unwrap();
         let d = daemon.clone();
         let thread = thread::spawn(move || {
@@ -114,11 +128,12 @@ pub fn error_of(v: &Value) -> &str {
 }
 
 /// Runs `loopd serve --config config` to its exit (a start-up it refuses): its exit code and
-/// its stderr.
+/// its stderr. A config that names no store gets one next to it (`STATE_DIRECTORY`).
 pub fn serve_to_exit(config: &std::path::Path) -> (Option<i32>, String) {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_loopd"))
         .args(["serve", "--config"])
         .arg(config)
+        .env("STATE_DIRECTORY", config.parent().unwrap())
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();

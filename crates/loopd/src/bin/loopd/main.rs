@@ -240,6 +240,7 @@ fn run_agent(a: RunArgs) -> ExitCode {
         budget: a.budget,
         options: ChatOptions {
             thinking: a.thinking,
+            max_tokens: a.max_tokens,
             ..ChatOptions::default()
         },
         ..Submission::default()

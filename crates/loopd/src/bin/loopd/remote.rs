@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use loopd::daemon::client;
+use loopd::daemon::protocol::{Submit, WireMessage};
 use loopd::Config;
 use serde_json::{json, Value};
 
@@ -189,22 +190,20 @@ fn submit_cmd(
     prompt: &str,
     budget: Option<u32>,
     thinking: bool,
-    system: Option<&str>,
-    tools: &[String],
+    max_tokens: Option<u64>,
     follow: bool,
-) -> Value {
-    let mut cmd = json!({"cmd": "submit", "messages": [{"role": "user", "content": prompt}],
-                         "thinking": thinking, "follow": follow});
-    if let Some(b) = budget {
-        cmd["budget"] = json!(b);
+) -> Submit {
+    Submit {
+        budget,
+        thinking,
+        max_tokens,
+        follow,
+        ..Submit::new(vec![WireMessage::user(prompt)])
     }
-    if let Some(s) = system {
-        cmd["system"] = json!(s);
-    }
-    if !tools.is_empty() {
-        cmd["tools"] = json!(tools);
-    }
-    cmd
+}
+
+fn cmd_of(s: &Submit) -> Value {
+    serde_json::to_value(s).unwrap_or_default()
 }
 
 fn follow(verb: &str, socket: &std::path::Path, cmd: Value) -> ExitCode {
@@ -238,18 +237,13 @@ pub fn submit(a: SubmitArgs) -> ExitCode {
         Ok(s) => s,
         Err(e) => return fail("submit", e),
     };
-    let mut cmd = submit_cmd(
-        &a.prompt,
-        a.budget,
-        a.thinking,
-        a.system.as_deref(),
-        &a.tools,
-        a.follow,
-    );
+    let mut cmd = submit_cmd(&a.prompt, a.budget, a.thinking, a.max_tokens, a.follow);
+    cmd.system = a.system.clone();
+    cmd.tools = (!a.tools.is_empty()).then(|| a.tools.clone());
     if let Some(path) = &a.history {
         let earlier = match std::fs::read(path)
             .map_err(|e| e.to_string())
-            .and_then(|b| serde_json::from_slice::<Vec<Value>>(&b).map_err(|e| e.to_string()))
+            .and_then(|b| serde_json::from_slice::<Vec<WireMessage>>(&b).map_err(|e| e.to_string()))
         {
             Ok(m) => m,
             Err(e) => {
@@ -259,15 +253,13 @@ pub fn submit(a: SubmitArgs) -> ExitCode {
                 )
             }
         };
-        let prompt = cmd["messages"].take();
-        let mut messages = earlier;
-        messages.extend(prompt.as_array().cloned().unwrap_or_default());
-        cmd["messages"] = Value::Array(messages);
+        let prompt = std::mem::replace(&mut cmd.messages, earlier);
+        cmd.messages.extend(prompt);
     }
     if a.follow {
-        return follow("submit", &socket, cmd);
+        return follow("submit", &socket, cmd_of(&cmd));
     }
-    match call("submit", &socket, cmd, REPLY_TIMEOUT) {
+    match call("submit", &socket, cmd_of(&cmd), REPLY_TIMEOUT) {
         Ok(v) => {
             println!("req-{}", v["id"]);
             ExitCode::SUCCESS
@@ -285,7 +277,13 @@ pub fn run(a: RunArgs) -> ExitCode {
     follow(
         "run",
         &socket,
-        submit_cmd(&a.prompt, a.budget, a.thinking, None, &[], true),
+        cmd_of(&submit_cmd(
+            &a.prompt,
+            a.budget,
+            a.thinking,
+            a.max_tokens,
+            true,
+        )),
     )
 }
 

@@ -85,6 +85,9 @@ pub struct RunArgs {
     /// Let the model think before answering.
     #[arg(long)]
     pub thinking: bool,
+    /// The most tokens each generation may produce (default limits.max_tokens).
+    #[arg(long)]
+    pub max_tokens: Option<u64>,
     /// The folder read_file may read under (in-process only; a daemon has its own).
     #[arg(long, conflicts_with = "daemon")]
     pub folder: Option<PathBuf>,
@@ -118,6 +121,9 @@ pub struct SubmitArgs {
     /// Let the model think before answering.
     #[arg(long)]
     pub thinking: bool,
+    /// The most tokens each generation may produce (default limits.max_tokens).
+    #[arg(long)]
+    pub max_tokens: Option<u64>,
     /// A system message, sent after the BIOS.
     #[arg(long)]
     pub system: Option<String>,
@@ -205,6 +211,8 @@ mod tests {
             "--budget",
             "3",
             "--thinking",
+            "--max-tokens",
+            "64",
             "--folder",
             "d",
             "p",
@@ -212,8 +220,8 @@ mod tests {
             panic!()
         };
         assert_eq!(
-            (r.budget, r.thinking, r.prompt.as_str()),
-            (Some(3), true, "p")
+            (r.budget, r.thinking, r.max_tokens, r.prompt.as_str()),
+            (Some(3), true, Some(64), "p")
         );
         let Ok(Cmd::Result(r)) = parse(&["result", "--socket", "s", "req-7"]) else {
             panic!()
@@ -227,11 +235,14 @@ mod tests {
             "arithmetic",
             "--tool",
             "finish",
+            "--max-tokens",
+            "32",
             "hi",
         ]) else {
             panic!()
         };
         assert_eq!(s.tools, ["arithmetic", "finish"]);
+        assert_eq!(s.max_tokens, Some(32));
     }
 
     #[test]

@@ -6,8 +6,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use clock::SystemClock;
-use loopd::daemon::{Daemon, Settings};
+use loopd::daemon::{store_path, Daemon, Db, DbSettings, Settings};
 use loopd::runner::{builtin_tools, Runner, StandardBios};
 use loopd::selftest;
 use signal_hook::consts::{SIGINT, SIGTERM};
@@ -29,6 +28,27 @@ pub fn serve(config: &Path, folder: Option<&Path>) -> ExitCode {
             "{}: [daemon] socket is required by loopd serve",
             config.display()
         ));
+    };
+    // Opened first: a store another daemon holds (or that is corrupt, unwritable, newer)
+    // refuses the start at once, before the wait for the model.
+    let env = |k| std::env::var_os(k);
+    let path = match store_path(
+        client.config().daemon.store.as_deref(),
+        env("STATE_DIRECTORY").as_deref(),
+        env("XDG_STATE_HOME").as_deref(),
+        env("HOME").as_deref(),
+    ) {
+        Ok(p) => p,
+        Err(e) => return fail(format!("refusing to start: {e}")),
+    };
+    let db_settings = DbSettings {
+        durability: client.config().daemon.store_sync,
+        ttl: Duration::from_secs(client.config().runner.result_ttl_s),
+        cap: client.config().runner.max_results,
+    };
+    let db = match Db::open(&path, db_settings) {
+        Ok(db) => db,
+        Err(e) => return fail(format!("refusing to start: {e}")),
     };
     let tools = match builtin_tools(folder, client.shared_clock()) {
         Ok(t) => t,
@@ -59,6 +79,9 @@ pub fn serve(config: &Path, folder: Option<&Path>) -> ExitCode {
         n => n,
     };
     let names: Vec<String> = tools.schemas().into_iter().map(|s| s.name).collect();
+    // The daemon runs on the client's clock: one clock for the runner, the store and the
+    // sockets' deadlines.
+    let clock = client.shared_clock();
     let runner = Runner::new(Arc::new(client), tools, Arc::new(StandardBios), slots);
     let signals = match Signals::new([SIGTERM, SIGINT]) {
         Ok(s) => s,
@@ -76,15 +99,20 @@ pub fn serve(config: &Path, folder: Option<&Path>) -> ExitCode {
         }
     };
     let settings = Settings {
-        result_ttl: Duration::from_secs(cfg.runner.result_ttl_s),
-        max_results: cfg.runner.max_results,
         tools: names,
+        budget: cfg.runner.budget,
         metrics_file: cfg.daemon.metrics_file.clone(),
         metrics_every: Duration::from_secs(1),
         // A cancel takes effect within one poll interval of the request's driver.
         shutdown_wait: Duration::from_millis(cfg.limits.poll_ms.saturating_mul(2) + 1_000),
     };
-    let daemon = Daemon::new(runner, Arc::new(SystemClock::new()), settings);
+    let daemon = match Daemon::new(runner, clock, settings, db) {
+        Ok(d) => d,
+        Err(e) => {
+            bound.remove_file();
+            return fail(format!("refusing to start: store {}: {e}", path.display()));
+        }
+    };
     let d = daemon.clone();
     let mut signals = signals;
     let watcher = std::thread::Builder::new()
@@ -110,8 +138,9 @@ pub fn serve(config: &Path, folder: Option<&Path>) -> ExitCode {
     }
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);
     eprintln!(
-        "loopd serve: ready on {} ({slots} slots, worker socket {})",
+        "loopd serve: ready on {} ({slots} slots, store {}, worker socket {})",
         socket.display(),
+        path.display(),
         cfg.runner
             .worker_socket
             .as_deref()

@@ -1,0 +1,232 @@
+//! Each command of `loopd serve`, applied: what it reads or writes in the store, and its reply.
+//! A submit is written to the store before it is acknowledged; a result is fetched from it.
+
+use std::io;
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{sync_channel, Receiver};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::json;
+
+use super::connection::send;
+use super::db::{DbError, Lookup};
+use super::listener::{Daemon, EVENT_QUEUE, TICK};
+use super::protocol::{Command, ProtoError};
+use super::state::{lock, Hub, Line, Refusal, State};
+use crate::runner::{RequestId, Submission, SubmitError};
+
+/// A `result` reply around the stored result's JSON text.
+fn result_line(result: &str) -> String {
+    format!(r#"{{"ok":true,"result":{result}}}"#)
+}
+
+impl Daemon {
+    /// Applies `cmd` (parsed from `line`) and writes its reply on `stream`.
+    pub(super) fn apply(
+        self: &Arc<Daemon>,
+        stream: &UnixStream,
+        cmd: Command,
+        line: &[u8],
+    ) -> io::Result<()> {
+        match cmd {
+            Command::Submit { request, follow } => self.submit(stream, request, follow, line),
+            Command::Result { id } => send(stream, &self.wait(id, Duration::ZERO)),
+            Command::Wait { id, timeout_ms } => {
+                send(stream, &self.wait(id, Duration::from_millis(timeout_ms)))
+            }
+            Command::Cancel { id } => send(stream, &self.cancel(id)),
+            Command::Follow { id } => self.follow(stream, id),
+            Command::Status => send(stream, &self.status()),
+            Command::Metrics => send(
+                stream,
+                &json!({"ok": true, "metrics": self.metrics()}).to_string(),
+            ),
+        }
+    }
+
+    /// Takes the result of `id` from the store, waiting up to `timeout` for it to end.
+    fn wait(&self, id: u64, timeout: Duration) -> String {
+        let s = &self.state;
+        let deadline = s.clock.now() + timeout;
+        let mut inner = lock(&s.inner);
+        loop {
+            match inner.db.take_result(id, s.clock.wall()) {
+                Ok(Lookup::Done(r)) => {
+                    inner.freed = true;
+                    return result_line(&r);
+                }
+                Ok(Lookup::NotFound) => return ProtoError::NotFound.to_line(),
+                Ok(Lookup::Pending) => {}
+                Err(e) => return State::failed(e).to_line(),
+            }
+            s.drain_evicted(&mut inner);
+            let left = deadline.saturating_sub(s.clock.now());
+            if left.is_zero() {
+                return ProtoError::Pending.to_line();
+            }
+            inner = s
+                .changed
+                .wait_timeout(inner, s.clock.wait_slice(left.min(TICK * 20)))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    fn cancel(&self, id: u64) -> String {
+        let s = &self.state;
+        let found = lock(&s.inner).db.peek_result(id, s.clock.wall());
+        match found {
+            Ok(Lookup::Pending) => {
+                // Outside the store's lock: the runner's table comes first.
+                let _ = self.runner.cancel(RequestId(id));
+                json!({"ok": true, "state": "cancelling"}).to_string()
+            }
+            Ok(Lookup::Done(_)) => json!({"ok": true, "state": "ended"}).to_string(),
+            Ok(Lookup::NotFound) => ProtoError::NotFound.to_line(),
+            Err(e) => State::failed(e).to_line(),
+        }
+    }
+
+    fn status(&self) -> String {
+        let (slots, busy) = (self.runner.slots(), self.runner.busy_slots());
+        let s = &self.state;
+        let inner = lock(&s.inner);
+        let (running, kept) = match (inner.db.running(), inner.db.kept()) {
+            (Ok(r), Ok(k)) => (r, k),
+            (Err(e), _) | (_, Err(e)) => return State::failed(e).to_line(),
+        };
+        drop(inner);
+        json!({"ok": true, "status": {
+            "state": if self.stopping() { "stopping" } else { "serving" },
+            "slots": slots,
+            "busy": busy,
+            "running": running,
+            "kept": kept,
+            "connections": self.connections.load(Ordering::SeqCst),
+            "tools": self.settings.tools,
+        }})
+        .to_string()
+    }
+
+    fn follow(&self, stream: &UnixStream, id: u64) -> io::Result<()> {
+        let s = &self.state;
+        let (tx, rx) = sync_channel(EVENT_QUEUE);
+        {
+            let inner = lock(&s.inner);
+            match inner.live.get(&id) {
+                Some(l) => lock(&l.hub).push(tx),
+                None => {
+                    let reply = match inner.db.knows(id, s.clock.wall()) {
+                        Ok(true) => ProtoError::Refused(
+                            "ENDED",
+                            format!("{} has ended; fetch its result with result", RequestId(id)),
+                        ),
+                        Ok(false) => ProtoError::NotFound,
+                        Err(e) => State::failed(e),
+                    };
+                    return send(stream, &reply.to_line());
+                }
+            }
+        }
+        send(stream, &json!({"ok": true, "id": id}).to_string())?;
+        self.stream_events(stream, rx)
+    }
+
+    fn stream_events(&self, stream: &UnixStream, rx: Receiver<Line>) -> io::Result<()> {
+        let s = &self.state;
+        s.followers.fetch_add(1, Ordering::SeqCst);
+        let sent = pass_on(stream, rx);
+        // Under the store's lock, so a shutdown waiting on the count cannot miss the wake-up.
+        let inner = lock(&s.inner);
+        s.followers.fetch_sub(1, Ordering::SeqCst);
+        drop(inner);
+        s.changed.notify_all();
+        sent
+    }
+
+    fn submit(
+        self: &Arc<Daemon>,
+        stream: &UnixStream,
+        request: Submission,
+        follow: bool,
+        line: &[u8],
+    ) -> io::Result<()> {
+        if self.stopping() {
+            return send(stream, &ProtoError::ShuttingDown.to_line());
+        }
+        if let Some(t) = request
+            .tools
+            .iter()
+            .flatten()
+            .find(|t| !self.settings.tools.contains(t))
+        {
+            return send(stream, &ProtoError::UnknownTool(t.clone()).to_line());
+        }
+        let hub: Hub = Arc::new(Mutex::new(Vec::new()));
+        let rx = follow.then(|| {
+            let (tx, rx) = sync_channel(EVENT_QUEUE);
+            lock(&hub).push(tx);
+            rx
+        });
+        // The line parsed as JSON, so it is UTF-8.
+        let submission = String::from_utf8_lossy(line);
+        let mut named = None;
+        let submitted = self.runner.submit_named(request, || {
+            let (id, observer) = self.state.name(&submission, hub)?;
+            named = Some(id);
+            Ok::<_, Refusal>((id, Some(observer)))
+        });
+        let id = match submitted {
+            Ok(id) => id,
+            Err(e) => {
+                if let Some(id) = named {
+                    self.state.forget(id.0);
+                }
+                self.state.metrics.refused(e.as_str());
+                let detail = match &e {
+                    Refusal::Runner(SubmitError::NoSlotAvailable) => format!(
+                        "every slot is busy ({} of {}); there is no queue",
+                        self.runner.busy_slots(),
+                        self.runner.slots()
+                    ),
+                    Refusal::Runner(other) => format!("llama-worker is not ready: {other}"),
+                    Refusal::Store(DbError::DiskFull) => format!(
+                        "the store's disk is full: no new request is taken; every result \
+                         already acknowledged is kept ({})",
+                        lock(&self.state.inner).db.path().display()
+                    ),
+                    Refusal::Store(other) => format!("the store refused the request: {other}"),
+                };
+                return send(stream, &ProtoError::Refused(e.as_str(), detail).to_line());
+            }
+        };
+        self.state.metrics.set_busy(self.runner.busy_slots());
+        send(stream, &json!({"ok": true, "id": id.0}).to_string())?;
+        match rx {
+            Some(rx) => self.stream_events(stream, rx),
+            None => Ok(()),
+        }
+    }
+}
+
+fn pass_on(stream: &UnixStream, rx: Receiver<Line>) -> io::Result<()> {
+    loop {
+        match rx.recv() {
+            Ok(Line::Event(l)) => send(stream, &l)?,
+            Ok(Line::End(l)) => return send(stream, &l),
+            // The hub dropped this follower: it fell EVENT_QUEUE lines behind.
+            Err(_) => {
+                return send(
+                    stream,
+                    &ProtoError::Refused(
+                        "FOLLOWER_DROPPED",
+                        format!("the client fell {EVENT_QUEUE} events behind"),
+                    )
+                    .to_line(),
+                )
+            }
+        }
+    }
+}

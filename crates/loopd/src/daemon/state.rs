@@ -1,0 +1,237 @@
+//! [`State`]: what every connection and every request's driver thread share. The store
+//! ([`Db`]) is the one table of requests and results, behind one lock; everything else here is
+//! a view of it or a channel into it: the followers of each running request (its hub) and the
+//! time of its first token, both gone when it ends.
+//!
+//! Lock order: the runner's table, then this lock (the runner calls [`State::name`] with its
+//! table locked); so nothing here calls into the runner while holding this lock.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc::{SyncSender, TrySendError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Duration;
+
+use clock::Clock;
+
+use super::db::{Db, DbError};
+use super::metrics::Metrics;
+use super::output::{Checkpoints, Output};
+use super::protocol::{event_json, result_json, ProtoError};
+use crate::runner::{RequestEvent, RequestId, RequestResult, SubmitError};
+
+/// One line for a follower: an event, or the end line (the result).
+pub(super) enum Line {
+    Event(String),
+    End(String),
+}
+
+/// The followers of one running request.
+pub(super) type Hub = Arc<Mutex<Vec<SyncSender<Line>>>>;
+
+/// A running request's channels.
+pub(super) struct Live {
+    pub hub: Hub,
+    first_token: Arc<Mutex<Option<Duration>>>,
+}
+
+pub(super) struct Inner {
+    pub db: Db,
+    pub live: HashMap<u64, Live>,
+    /// Rows were deleted (or a write met a full disk) since the last compaction.
+    pub freed: bool,
+}
+
+/// Why a submit was refused after the runner had its say.
+#[derive(Debug)]
+pub(super) enum Refusal {
+    Runner(SubmitError),
+    Store(DbError),
+}
+
+impl From<SubmitError> for Refusal {
+    fn from(e: SubmitError) -> Self {
+        Refusal::Runner(e)
+    }
+}
+
+impl Refusal {
+    /// The code on the wire: the runner's, `STORE_FULL` or `STORE_FAILED`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Refusal::Runner(e) => e.as_str(),
+            Refusal::Store(DbError::DiskFull) => "STORE_FULL",
+            Refusal::Store(_) => "STORE_FAILED",
+        }
+    }
+}
+
+pub(super) struct State {
+    pub clock: Arc<dyn Clock>,
+    pub inner: Mutex<Inner>,
+    /// Told when a result is stored and when a follower leaves.
+    pub changed: Condvar,
+    pub metrics: Metrics,
+    pub stopping: AtomicBool,
+    /// Connections streaming a request's events: each still owes its client the end line.
+    pub followers: AtomicUsize,
+}
+
+pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl State {
+    /// Writes a new request (its submit line as sent) and opens its hub; called by the
+    /// runner once a slot is sure, before the submit is acknowledged. Returns its id and the
+    /// observer that streams its events to the hub and checkpoints its output.
+    pub fn name(
+        self: &Arc<State>,
+        submission: &str,
+        hub: Hub,
+    ) -> Result<(RequestId, crate::runner::Observer), Refusal> {
+        let submitted = self.clock.now();
+        let mut inner = lock(&self.inner);
+        let id = match inner.db.insert_submitted(submission, self.clock.wall()) {
+            Ok(id) => id,
+            Err(e) => {
+                inner.freed |= e == DbError::DiskFull;
+                return Err(Refusal::Store(e));
+            }
+        };
+        let first_token: Arc<Mutex<Option<Duration>>> = Arc::default();
+        inner.live.insert(
+            id,
+            Live {
+                hub: hub.clone(),
+                first_token: first_token.clone(),
+            },
+        );
+        drop(inner);
+        let me = self.clone();
+        let (mut output, mut checkpoints) = (Output::default(), Checkpoints::default());
+        let observer = Box::new(move |e: &RequestEvent| {
+            let now = me.clock.now();
+            if let RequestEvent::Chat(
+                crate::llama::ChatEvent::Content(_)
+                | crate::llama::ChatEvent::Reasoning(_)
+                | crate::llama::ChatEvent::ToolCallDelta { .. },
+            ) = e
+            {
+                let mut t = lock(&first_token);
+                if t.is_none() {
+                    *t = Some(now.saturating_sub(submitted));
+                }
+            }
+            // Written before a follower sees it: what a client saw, a restart keeps.
+            if checkpoints.due(output.handle(e), now) {
+                me.checkpoint(id, &output);
+            }
+            let mut subs = lock(&hub);
+            if subs.is_empty() {
+                return;
+            }
+            let Some(v) = event_json(e) else { return };
+            let line = v.to_string();
+            subs.retain(|s| match s.try_send(Line::Event(line.clone())) {
+                Ok(()) => true,
+                Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => false,
+            });
+        });
+        Ok((RequestId(id), observer))
+    }
+
+    fn checkpoint(&self, id: u64, output: &Output) {
+        let mut inner = lock(&self.inner);
+        if let Err(e) = inner
+            .db
+            .checkpoint(id, &output.to_json(), self.clock.wall())
+        {
+            inner.freed |= e == DbError::DiskFull;
+            eprintln!(
+                "loopd serve: {}: checkpoint not written: {e}",
+                RequestId(id)
+            );
+        }
+    }
+
+    /// Forgets a request named but never started (no thread for it).
+    pub fn forget(&self, id: u64) {
+        let mut inner = lock(&self.inner);
+        inner.live.remove(&id);
+        if let Err(e) = inner.db.forget(id) {
+            eprintln!(
+                "loopd serve: {}: not removed from the store: {e}",
+                RequestId(id)
+            );
+        }
+    }
+
+    /// The completion sink: stores a request's result in one transaction, ends its hub with
+    /// it, and wakes the waiters. A result the store cannot take (a full disk) leaves the row
+    /// running: it comes back as `daemon_restarted` at the next start.
+    pub fn complete(&self, result: RequestResult) {
+        let id = result.id;
+        let body = result_json(&result).to_string();
+        let reason = match &result.outcome {
+            crate::runner::Outcome::Completed { finish_reason } => finish_reason.as_str(),
+            crate::runner::Outcome::Failed { reason, .. } => reason.as_str(),
+        };
+        if self.stopping.load(Ordering::SeqCst) {
+            let partial = result.content.as_deref().unwrap_or("");
+            eprintln!(
+                "loopd serve: {id} ended at shutdown: {} ({} bytes of output: {:?})",
+                result
+                    .outcome
+                    .fail_reason()
+                    .map_or("completed", |r| r.as_str()),
+                partial.len(),
+                partial.chars().take(80).collect::<String>()
+            );
+        }
+        let mut inner = lock(&self.inner);
+        let live = inner.live.remove(&id.0);
+        let first_token = live.as_ref().and_then(|l| *lock(&l.first_token));
+        self.metrics.finished(&result, first_token);
+        if let Err(e) = inner.db.finish(id.0, reason, &body, self.clock.wall()) {
+            inner.freed |= e == DbError::DiskFull;
+            eprintln!(
+                "loopd serve: {id}: its result could not be stored ({e}); it stays running in \
+                 the store and is failed as daemon_restarted at the next start"
+            );
+        }
+        self.drain_evicted(&mut inner);
+        // Under the lock, so no follower can join the hub after its last line.
+        if let Some(l) = live {
+            let end = format!(r#"{{"ok":true,"result":{body}}}"#);
+            for s in lock(&l.hub).drain(..) {
+                let _ = s.try_send(Line::End(end.clone()));
+            }
+        }
+        drop(inner);
+        self.changed.notify_all();
+    }
+
+    /// Logs and counts each result the store dropped unfetched.
+    pub fn drain_evicted(&self, inner: &mut Inner) {
+        while let Some(e) = inner.db.poll_evicted() {
+            inner.freed = true;
+            eprintln!(
+                "loopd serve: the result of {} was dropped unfetched ({})",
+                RequestId(e.id),
+                e.reason.as_str()
+            );
+            self.metrics.evicted(e.reason.as_str());
+        }
+    }
+
+    /// The store's error as the reply's error.
+    pub fn failed(e: DbError) -> ProtoError {
+        let code = if e == DbError::DiskFull {
+            "STORE_FULL"
+        } else {
+            "STORE_FAILED"
+        };
+        ProtoError::Refused(code, e.to_string())
+    }
+}
