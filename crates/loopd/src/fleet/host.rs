@@ -2,12 +2,16 @@
 //! keeps. [`Fleet::new`] is the only way to a [`Fleet`], so a `Fleet` always has at least one
 //! host, unique well-formed names, and per host a non-empty list of distinct slots, each below
 //! the `[expect] total_slots` every host shares. A refusal is a [`FleetError`] that names the
-//! key to blame (`host[1].slots`, 0-based in file order).
+//! key to blame (`host[1].slots`, 0-based in file order). [`HostState`] is what the daemon
+//! knows of a host: the health machine's word, placement's input.
 
 use std::fmt;
 use std::path::PathBuf;
 
 use serde::Deserialize;
+use worker_proto::State;
+
+use crate::runner::SubmitError;
 
 /// Longest host name, in bytes. A name goes into metric labels, events and the tunnel's
 /// socket paths (`/run/loopd/NAME/infer.sock`), so it is also limited to ASCII letters,
@@ -31,6 +35,42 @@ pub struct HostConfig {
 /// A host's index in `[[host]]` order (0-based); config order breaks placement ties.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct HostId(pub usize);
+
+/// What the daemon knows of a host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HostState {
+    /// No state line yet.
+    Unknown,
+    /// The worker's last state line.
+    Worker(State),
+    /// Lost: silent, refused or ended; ready again only on a new watch's `ready`.
+    Lost,
+}
+
+impl HostState {
+    /// Whether new requests may go there.
+    pub fn is_ready(self) -> bool {
+        self == HostState::Worker(State::Ready)
+    }
+
+    /// The refusal a submit gets from this host alone: none when ready. Unknown and lost are
+    /// `WORKER_NOT_READY`, like a worker whose socket does not answer.
+    pub fn refusal(self) -> Option<SubmitError> {
+        match self {
+            HostState::Worker(s) => SubmitError::of_worker_state(s),
+            HostState::Unknown | HostState::Lost => Some(SubmitError::WorkerNotReady),
+        }
+    }
+
+    /// `unknown`, `lost`, or the worker's state name (`ready`, `restarting`, ...).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HostState::Unknown => "unknown",
+            HostState::Lost => "lost",
+            HostState::Worker(s) => s.as_str(),
+        }
+    }
+}
 
 /// Why a list of hosts was refused. `host` is the 0-based index of the entry to blame.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

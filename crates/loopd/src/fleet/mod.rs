@@ -1,8 +1,15 @@
 //! Several inference hosts behind one daemon (issue 33, design A of
-//! `research/fleet.md`): the `[[host]]` config table ([`host`]).
+//! `research/fleet.md`): the `[[host]]` config table ([`host`]) and where a new request runs
+//! ([`placement`], with its session map in `session.rs`).
 //!
-//! Everything here is sans-IO. Not wired into the daemon yet.
+//! Everything here is sans-IO: time is an input (`now`, a [`Duration`](std::time::Duration)
+//! since any fixed origin), nothing reads a clock or opens a socket, and a daemon drives the
+//! machines with `handle_*` and reads their decisions. Not wired into the daemon yet.
 
 pub mod host;
+pub mod placement;
+mod session;
 
-pub use host::{Fleet, FleetError, HostConfig, HostId, MAX_HOST_NAME_BYTES};
+pub use host::{Fleet, FleetError, HostConfig, HostId, HostState, MAX_HOST_NAME_BYTES};
+pub use placement::{HostSlot, Placed, PlacedBy, Placement, PlacementConfig, PlacementPolicy};
+pub use session::{SessionKey, SESSION_CAPACITY, SESSION_TTL};
