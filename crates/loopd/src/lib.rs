@@ -33,6 +33,7 @@ mod cancel;
 pub mod clock;
 pub mod config;
 pub mod daemon;
+pub mod fleet;
 mod heap;
 pub mod http;
 mod sse;
