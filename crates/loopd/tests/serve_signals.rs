@@ -272,6 +272,18 @@ fn ready_after_the_self_test_and_sigterm_cancels_with_partial_output_and_exits_0
         "{stderr}"
     );
     assert!(!socket.exists(), "the socket file is removed");
+    // One line at the request's end (its format: daemon/state.rs's `end_line` test).
+    let ends: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains(" end outcome="))
+        .collect();
+    assert_eq!(ends.len(), 1, "{stderr}");
+    assert!(
+        ends[0].starts_with(
+            "loopd serve: req-1 end outcome=failed reason=cancelled generations=1 prompt_tokens="
+        ),
+        "{stderr}"
+    );
 }
 
 #[test]
