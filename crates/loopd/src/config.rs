@@ -166,11 +166,14 @@ pub struct Sampling {
     pub seed: Option<u64>,
 }
 
+/// Hex digits in `[expect] chat_template_sha256`: a SHA-256 is 32 bytes.
+pub const SHA256_HEX_DIGITS: usize = 64;
+
 /// What `/props` must say for the self-test to pass.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Expect {
-    /// Lowercase hex SHA-256 of `chat_template`.
+    /// Hex SHA-256 of `chat_template`: [`SHA256_HEX_DIGITS`] digits, either case.
     pub chat_template_sha256: String,
     /// Per-slot context size.
     pub n_ctx: u64,
@@ -338,6 +341,22 @@ impl Config {
         }
         if self.model.is_empty() {
             return Err(("", "model", "must not be empty".into()));
+        }
+        if let Some(e) = &self.expect {
+            let h = &e.chat_template_sha256;
+            // A placeholder (`"020aba33…"`) would only fail at the self-test, on a live server.
+            if h.len() != SHA256_HEX_DIGITS || !h.bytes().all(|b| b.is_ascii_hexdigit()) {
+                let shown: String = h.chars().take(80).collect();
+                return Err((
+                    "expect",
+                    "chat_template_sha256",
+                    format!(
+                        "`{shown}` is not a SHA-256 ({SHA256_HEX_DIGITS} hex digits): set the \
+                         hash of the template the server serves (`loopd probe --socket S` \
+                         prints it)"
+                    ),
+                ));
+            }
         }
         self.runner
             .validate()
@@ -514,7 +533,7 @@ mod tests {
         let text = format!(
             "{MINIMAL}[limits]\npoll_ms = 50\nqueue = 2\n[retry]\nattempts = 2\ndelays_ms = [10]\n\
              [sampling]\ntemperature = 0.5\ntop_k = 40\nseed = 7\n\
-             [expect]\nchat_template_sha256 = \"ab\"\nn_ctx = 4096\ntotal_slots = 2\n"
+             [expect]\nchat_template_sha256 = \"{HASH}\"\nn_ctx = 4096\ntotal_slots = 2\n"
         );
         let c = parse(&text).unwrap();
         assert_eq!(
@@ -533,8 +552,44 @@ mod tests {
         let e = c.expect.unwrap();
         assert_eq!(
             (e.chat_template_sha256.as_str(), e.n_ctx, e.total_slots),
-            ("ab", 4096, 2)
+            (HASH, 4096, 2)
         );
+    }
+
+    /// 64 hex digits: the rule checks the form, the self-test the value.
+    const HASH: &str = "bd1a4e8b6fcd45ee1b5c64bd1e1d6b8e3a1a6c2f2f0ddf2e8ad0f0b4b9e0c1a2";
+
+    #[test]
+    fn a_placeholder_template_hash_is_refused_with_its_line() {
+        let expect = |h: &str| {
+            format!(
+                "{MINIMAL}[expect]\nchat_template_sha256 = \"{h}\"\nn_ctx = 1\ntotal_slots = 1\n"
+            )
+        };
+        assert_eq!(HASH.len(), SHA256_HEX_DIGITS);
+        assert!(parse(&expect(HASH)).is_ok());
+        assert!(parse(&expect(&HASH.to_ascii_uppercase())).is_ok());
+        for bad in [
+            "020aba33\u{2026}",
+            &HASH[1..],
+            &format!("{HASH}0"),
+            &format!("{}g", &HASH[1..]),
+            "",
+        ] {
+            let e = parse(&expect(bad)).unwrap_err();
+            assert_eq!(
+                (e.line, e.key.as_str()),
+                (4, "expect.chat_template_sha256"),
+                "{bad}"
+            );
+            assert_eq!(
+                e.message,
+                format!(
+                    "`{bad}` is not a SHA-256 (64 hex digits): set the hash of the template the \
+                     server serves (`loopd probe --socket S` prints it)"
+                )
+            );
+        }
     }
 
     #[test]

@@ -30,10 +30,11 @@ fn loopd_ask_takes_a_shorter_liveness_alone_and_names_a_stall_ms_past_it() {
     );
 
     std::fs::write(&config, format!("{head}[limits]\nliveness_ms = 3000\n")).unwrap();
+    // Status 6: nothing answers on the socket (docs/loopd.md, exit status).
     assert_eq!(
         ask(&config),
         (
-            Some(1),
+            Some(6),
             format!(
                 "loopd ask: cannot reach the inference socket {}: No such file or directory \
                  (os error 2) (is inferproxy running?)\n",
@@ -44,10 +45,11 @@ fn loopd_ask_takes_a_shorter_liveness_alone_and_names_a_stall_ms_past_it() {
 
     let text = format!("{head}[limits]\nliveness_ms = 3000\n[runner]\nstall_ms = 3001\n");
     std::fs::write(&config, text).unwrap();
+    // Status 2: the config is refused, with its key.
     assert_eq!(
         ask(&config),
         (
-            Some(1),
+            Some(2),
             format!(
                 "loopd ask: bad config: {}:6: key `runner.stall_ms`: 3001 is greater than \
                  limits.liveness_ms (3000): the client would end the generation as stalled \

@@ -285,6 +285,9 @@ fn hostile_clients_get_typed_errors_and_the_others_are_served() {
     }
 }
 
+/// An `[expect]` that no server matches: `serve` needs one to start, and its self-test fails.
+const WRONG_EXPECT: &str = "[expect]\nchat_template_sha256 = \"0000000000000000000000000000000000000000000000000000000000000000\"\nn_ctx = 4096\ntotal_slots = 2\n";
+
 fn serve_config(server: &FakeServer, extra: &str) -> (PathBuf, PathBuf) {
     let dir = server.socket().parent().unwrap().to_owned();
     let socket = dir.join("loopd.sock");
@@ -316,7 +319,7 @@ fn config_with_worker(
     let (config, socket) = serve_config(
         server,
         &format!(
-            "[runner]\nworker_socket = {:?}\n",
+            "[runner]\nworker_socket = {:?}\n{WRONG_EXPECT}",
             worker.socket().display().to_string()
         ),
     );
@@ -359,7 +362,7 @@ fn serve_refuses_to_start_when_the_server_never_loads() {
         "/props",
         vec![Reply::json(503, r#"{"error":{"message":"Loading model"}}"#)],
     )]);
-    let (config, socket) = serve_config(&server, "");
+    let (config, socket) = serve_config(&server, WRONG_EXPECT);
     let (code, stderr) = serve_to_exit(&config);
     assert_eq!(code, Some(1), "{stderr}");
     assert!(
@@ -429,7 +432,7 @@ fn serve_waits_for_a_restarting_worker_and_says_so_once() {
         "{stderr}"
     );
     assert!(server.requests_to("/props").len() >= 4, "{stderr}");
-    // It got past the wait: the self-test ran (and refused: no [expect] section).
+    // It got past the wait: the self-test ran (and refused: the [expect] is wrong).
     assert!(
         stderr.contains("refusing to start: the self-test failed"),
         "{stderr}"
@@ -460,7 +463,8 @@ fn loopd_run_refuses_at_once_with_the_seeds_name_when_the_worker_cannot_serve() 
             .output()
             .unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(1), "{state}: {err}");
+        // Status 3: refused (docs/loopd.md, exit status).
+        assert_eq!(out.status.code(), Some(3), "{state}: {err}");
         assert!(
             err.lines()
                 .last()

@@ -2,7 +2,7 @@
 //! sockets the units create (inferproxy's --listen, llama-worker's --socket, loopd's
 //! RuntimeDirectory), the shared metrics folder, and an [expect] that matches the template and
 //! the preset docs/production.md installs. `make install-check` runs it for real; this is the
-//! quick half. (`loopd check-config` will check it from the command line: issue 32.)
+//! quick half; `loopd check-config` takes it as shipped.
 
 use std::path::{Path, PathBuf};
 
@@ -95,4 +95,30 @@ fn the_examples_expect_is_what_the_installed_server_reports() {
     assert_eq!(expect.total_slots, slots);
     assert_eq!(expect.n_ctx, ctx / u64::from(slots));
     assert!(read("docs/llama-server.preset.ini").contains(&format!("\n[{}]\n", cfg.model)));
+}
+
+#[test]
+fn loopd_check_config_takes_the_example_as_shipped() {
+    let path = repo("docs/loopd.example.toml");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_loopd"))
+        .args(["check-config", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!((out.status.code(), stderr.as_ref()), (Some(0), ""));
+    let sha = Config::load(&path)
+        .unwrap()
+        .expect
+        .unwrap()
+        .chat_template_sha256;
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!(
+            "{}: ok: model smollm2 on /run/inferproxy/infer.sock, serving on \
+             /run/loopd/loopd.sock, template sha256 {sha}, n_ctx 4096, 2 slots, llama-worker \
+             /run/llama-worker/status.sock\n",
+            path.display()
+        )
+    );
 }

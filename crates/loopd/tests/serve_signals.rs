@@ -2,7 +2,7 @@
 //! the self-test: `READY=1` on `NOTIFY_SOCKET` only once the socket answers and the self-test
 //! passed; SIGTERM cancels what runs (its follower gets `cancelled` with the partial output)
 //! and exits 0; a second signal during a slow shutdown exits at once (status 130); and a second
-//! `loopd serve` on a live socket refuses to start.
+//! `loopd serve` on a live socket or store refuses to start, before its self-test.
 
 mod support;
 
@@ -272,6 +272,18 @@ fn ready_after_the_self_test_and_sigterm_cancels_with_partial_output_and_exits_0
         "{stderr}"
     );
     assert!(!socket.exists(), "the socket file is removed");
+    // One line at the request's end (its format: daemon/state.rs's `end_line` test).
+    let ends: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains(" end outcome="))
+        .collect();
+    assert_eq!(ends.len(), 1, "{stderr}");
+    assert!(
+        ends[0].starts_with(
+            "loopd serve: req-1 end outcome=failed reason=cancelled generations=1 prompt_tokens="
+        ),
+        "{stderr}"
+    );
 }
 
 #[test]
@@ -330,7 +342,29 @@ fn a_second_loopd_serve_on_a_live_store_or_socket_refuses_to_start() {
     );
     let dir = server.socket().parent().unwrap().to_owned();
     let (config, socket) = write_config(&server, &dir, 200, "");
-    // The same store: refused at once, naming the file and what is wrong with it.
+    let asked = server.requests().len();
+    // The same socket: refused at once, before the self-test (tests/cli.rs times it).
+    let (code, stderr) = serve_to_exit(&config);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert_eq!(
+        stderr,
+        format!(
+            "loopd serve: refusing to start: a loopd serve is already serving on {s} \
+             (`loopd status --socket {s}`)\n",
+            s = socket.display()
+        )
+    );
+    assert_eq!(server.requests().len(), asked, "the server was asked");
+    // A socket of its own but the same store: refused at once, naming the file and what is
+    // wrong with it.
+    let text = std::fs::read_to_string(&config).unwrap().replace(
+        &format!("socket = {:?}", socket.display().to_string()),
+        &format!(
+            "socket = {:?}",
+            dir.join("other.sock").display().to_string()
+        ),
+    );
+    std::fs::write(&config, text).unwrap();
     let (code, stderr) = serve_to_exit(&config);
     assert_eq!(code, Some(1), "{stderr}");
     let store = dir.join("loopd.db");
@@ -342,26 +376,7 @@ fn a_second_loopd_serve_on_a_live_store_or_socket_refuses_to_start() {
         )),
         "{stderr}"
     );
-    // A store of its own but the same socket: refused when it comes to bind it.
-    let other = dir.join("other");
-    let text = std::fs::read_to_string(&config).unwrap().replace(
-        "[daemon]\n",
-        &format!(
-            "[daemon]\nstore = {:?}\n",
-            other.join("loopd.db").display().to_string()
-        ),
-    );
-    std::fs::write(&config, text).unwrap();
-    let (code, stderr) = serve_to_exit(&config);
-    assert_eq!(code, Some(1), "{stderr}");
-    assert!(
-        stderr
-            .lines()
-            .last()
-            .unwrap()
-            .starts_with(&format!("loopd serve: socket {}: ", socket.display())),
-        "{stderr}"
-    );
+    assert_eq!(server.requests().len(), asked, "the server was asked");
     // The first one still serves.
     assert!(UnixStream::connect(&socket).is_ok());
     first.signal("TERM");

@@ -15,7 +15,7 @@ use super::protocol::MAX_LINE_BYTES;
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum ClientError {
-    /// Nothing listens on the socket (or it cannot be reached).
+    /// Nothing listens on the socket (or it cannot be reached); the message names the path.
     Connect(io::Error),
     /// Writing the command or reading the reply failed (a timeout included).
     Io(io::Error),
@@ -46,7 +46,13 @@ fn open(
     cmd: &Value,
     timeout: Duration,
 ) -> Result<BufReader<UnixStream>, ClientError> {
-    let s = UnixStream::connect(socket).map_err(ClientError::Connect)?;
+    // The path in the error: "No such file or directory" alone does not say which socket.
+    let s = UnixStream::connect(socket).map_err(|e| {
+        ClientError::Connect(io::Error::new(
+            e.kind(),
+            format!("{}: {e}", socket.display()),
+        ))
+    })?;
     s.set_read_timeout(Some(timeout)).map_err(ClientError::Io)?;
     s.set_write_timeout(Some(timeout))
         .map_err(ClientError::Io)?;

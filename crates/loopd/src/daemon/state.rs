@@ -33,6 +33,8 @@ pub(super) type Hub = Arc<Mutex<Vec<SyncSender<Line>>>>;
 pub(super) struct Live {
     pub hub: Hub,
     first_token: Arc<Mutex<Option<Duration>>>,
+    /// When it was named, on the daemon's clock: its end line's wall time counts from here.
+    submitted: Duration,
 }
 
 pub(super) struct Inner {
@@ -105,6 +107,7 @@ impl State {
             Live {
                 hub: hub.clone(),
                 first_token: first_token.clone(),
+                submitted,
             },
         );
         drop(inner);
@@ -167,9 +170,10 @@ impl State {
         }
     }
 
-    /// The completion sink: stores a request's result in one transaction, ends its hub with
-    /// it, and wakes the waiters. A result the store cannot take (a full disk) leaves the row
-    /// running: it comes back as `daemon_restarted` at the next start.
+    /// The completion sink: logs the request's [`end_line`], stores its result in one
+    /// transaction, ends its hub with it, and wakes the waiters. A result the store cannot take
+    /// (a full disk) leaves the row running: it comes back as `daemon_restarted` at the next
+    /// start.
     pub fn complete(&self, result: RequestResult) {
         let id = result.id;
         let body = result_json(&result).to_string();
@@ -192,6 +196,10 @@ impl State {
         let mut inner = lock(&self.inner);
         let live = inner.live.remove(&id.0);
         let first_token = live.as_ref().and_then(|l| *lock(&l.first_token));
+        let wall = live
+            .as_ref()
+            .map(|l| self.clock.now().saturating_sub(l.submitted));
+        eprintln!("loopd serve: {}", end_line(&result, wall));
         self.metrics.finished(&result, first_token);
         if let Err(e) = inner.db.finish(id.0, reason, &body, self.clock.wall()) {
             inner.freed |= e == DbError::DiskFull;
@@ -233,5 +241,120 @@ impl State {
             "STORE_FAILED"
         };
         ProtoError::Refused(code, e.to_string())
+    }
+}
+
+/// The line `loopd serve` logs when a request ends, one per request, `key=value` so the journal
+/// can be searched and split: its id, outcome (`completed`, `failed`), reason (the finish reason
+/// of a completed request, the fail reason of a failed one), generations, tokens summed over the
+/// generations (prompt tokens include the cached ones) and the wall time from its submit to its
+/// end (`-` when it was never named, which the sink does not see in practice).
+pub(super) fn end_line(result: &RequestResult, wall: Option<Duration>) -> String {
+    use crate::runner::Outcome;
+    let (outcome, reason) = match &result.outcome {
+        Outcome::Completed { finish_reason } => ("completed", finish_reason.as_str()),
+        Outcome::Failed { reason, .. } => ("failed", reason.as_str()),
+    };
+    let (mut prompt, mut cached, mut generated) = (0u64, 0u64, 0u64);
+    for t in result.generations.iter().filter_map(|g| g.timings) {
+        prompt = prompt.saturating_add(t.prompt_n).saturating_add(t.cache_n);
+        cached = cached.saturating_add(t.cache_n);
+        generated = generated.saturating_add(t.predicted_n);
+    }
+    let wall = wall.map_or("-".to_owned(), |w| w.as_millis().to_string());
+    format!(
+        "{} end outcome={outcome} reason={reason} generations={} prompt_tokens={prompt} \
+         cached_tokens={cached} generated_tokens={generated} wall_ms={wall}",
+        result.id,
+        result.generations.len()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::llama::{FinishReason, Timings};
+    use crate::runner::{FailReason, GenerationStats, Outcome};
+
+    fn generation(t: Option<(u64, u64, u64)>) -> GenerationStats {
+        GenerationStats {
+            budget_left: 0,
+            timings: t.map(|(cache_n, prompt_n, predicted_n)| Timings {
+                cache_n,
+                prompt_n,
+                predicted_n,
+            }),
+            cache: None,
+            reasoning_tokens: 0,
+            finish_reason: None,
+            elapsed: Duration::ZERO,
+        }
+    }
+
+    fn result(outcome: Outcome, generations: Vec<GenerationStats>) -> RequestResult {
+        RequestResult {
+            id: RequestId(7),
+            outcome,
+            content: None,
+            reasoning_content: None,
+            transcript: Vec::new(),
+            tool_calls: Vec::new(),
+            exits: Vec::new(),
+            generations,
+            budget: 3,
+            budget_left: 2,
+            stalls: Vec::new(),
+            retries: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn the_end_line_sums_the_generations_tokens_and_names_the_reason() {
+        let done = result(
+            Outcome::Completed {
+                finish_reason: FinishReason::Stop,
+            },
+            vec![
+                generation(Some((0, 300, 20))),
+                generation(None),
+                generation(Some((300, 12, 5))),
+            ],
+        );
+        assert_eq!(
+            end_line(&done, Some(Duration::from_micros(1_234_999))),
+            "req-7 end outcome=completed reason=stop generations=3 prompt_tokens=612 \
+             cached_tokens=300 generated_tokens=25 wall_ms=1234"
+        );
+        let cancelled = result(
+            Outcome::Failed {
+                reason: FailReason::Cancelled,
+                detail: "cancelled by a client".into(),
+            },
+            Vec::new(),
+        );
+        assert_eq!(
+            end_line(&cancelled, None),
+            "req-7 end outcome=failed reason=cancelled generations=0 prompt_tokens=0 \
+             cached_tokens=0 generated_tokens=0 wall_ms=-"
+        );
+    }
+
+    #[test]
+    fn huge_server_counts_saturate() {
+        let big = Some((u64::MAX, u64::MAX, u64::MAX));
+        let r = result(
+            Outcome::Completed {
+                finish_reason: FinishReason::Length,
+            },
+            vec![generation(big), generation(big)],
+        );
+        assert_eq!(
+            end_line(&r, Some(Duration::ZERO)),
+            format!(
+                "req-7 end outcome=completed reason=length generations=2 prompt_tokens={m} \
+                 cached_tokens={m} generated_tokens={m} wall_ms=0",
+                m = u64::MAX
+            )
+        );
     }
 }

@@ -1,15 +1,18 @@
 //! `loopd ask`: one request through the whole client, shown as a person wants to watch it.
 //!
-//! On a terminal: a progress bar while the prompt is processed, the reasoning dimmed, the answer
-//! plain, notices on their own lines. Anywhere else: the same in plain text, with the reasoning
-//! and the answer under `[reasoning]` and `[answer]` headers and no control characters.
+//! On a terminal: a progress bar while the prompt is processed, the reasoning dimmed (not with
+//! `NO_COLOR` set and non-empty, <https://no-color.org>), the answer plain, notices on their own
+//! lines. Anywhere else: the same in plain text, with the reasoning and the answer under
+//! `[reasoning]` and `[answer]` headers and no control characters. A generation that ended
+//! inside its reasoning, with no answer, says so before its finish line.
 
+use std::ffi::OsStr;
 use std::io::Write;
 use std::sync::Arc;
 use std::time::Duration;
 
 use loopd::clock::{Clock, SystemClock};
-use loopd::llama::{ChatEvent, Completion};
+use loopd::llama::{ChatEvent, Completion, FinishReason};
 
 const DIM: &str = "\x1b[2m";
 const RESET: &str = "\x1b[0m";
@@ -29,6 +32,10 @@ enum Part {
 pub struct Watcher<W: Write> {
     out: W,
     terminal: bool,
+    /// Whether the reasoning is dimmed: on a terminal, unless `NO_COLOR` says no.
+    colour: bool,
+    /// The first write that failed (a closed stdout): nothing more is written after it.
+    error: Option<std::io::Error>,
     part: Part,
     /// Where the time to the first token and the speed are read.
     clock: Arc<dyn Clock>,
@@ -38,17 +45,28 @@ pub struct Watcher<W: Write> {
 }
 
 impl<W: Write> Watcher<W> {
-    /// A watcher writing to `out`; `terminal` turns on the bar and the colours. It times the
-    /// answer on the system clock until [`on_clock`](Self::on_clock) says otherwise.
+    /// A watcher writing to `out`; `terminal` turns on the bar and, unless the environment's
+    /// `NO_COLOR` is set and non-empty, the colours. It times the answer on the system clock
+    /// until [`on_clock`](Self::on_clock) says otherwise.
     pub fn new(out: W, terminal: bool) -> Self {
+        let colour = terminal && colour_allowed(std::env::var_os("NO_COLOR").as_deref());
         Watcher {
             out,
             terminal,
+            colour,
+            error: None,
             part: Part::None,
             clock: Arc::new(SystemClock::new()),
             first_token: None,
             waiting: None,
         }
+    }
+
+    /// The same watcher with the colours on or off, whatever the environment says.
+    #[cfg(test)]
+    pub fn with_colour(mut self, colour: bool) -> Self {
+        self.colour = colour;
+        self
     }
 
     /// The same watcher timing the answer on `clock` (the client's).
@@ -70,9 +88,28 @@ impl<W: Write> Watcher<W> {
         self.out
     }
 
-    /// Shows one event. Write errors are ignored: the request goes on if stdout closes.
+    /// Shows one event. The request goes on if stdout closes: the first write error is kept
+    /// for [`write_error`](Self::write_error) and nothing more is written.
     pub fn event(&mut self, ev: &ChatEvent) {
-        let _ = self.try_event(ev);
+        if self.error.is_none() {
+            if let Err(e) = self.try_event(ev) {
+                self.error = Some(e);
+            }
+        }
+    }
+
+    /// The first write that failed, if one did.
+    pub fn write_error(&mut self) -> Option<std::io::Error> {
+        self.error.take()
+    }
+
+    /// Ends whatever was streaming with a newline (before an error is said on stderr).
+    pub fn end_line(&mut self) {
+        if self.error.is_none() && self.part != Part::None {
+            if let Err(e) = self.switch(Part::None) {
+                self.error = Some(e);
+            }
+        }
     }
 
     fn try_event(&mut self, ev: &ChatEvent) -> std::io::Result<()> {
@@ -132,8 +169,27 @@ impl<W: Write> Watcher<W> {
         }
     }
 
-    /// Shows the end of the request: finish reason, token counts and generation speed.
+    /// Shows the end of the request: that it ended inside its reasoning if it did, then the
+    /// finish reason, token counts and generation speed.
     pub fn finish(&mut self, done: &Completion) {
+        if self.error.is_some() {
+            return;
+        }
+        let m = &done.message;
+        let said = |t: &Option<String>| t.as_deref().is_some_and(|t| !t.trim().is_empty());
+        let in_reasoning =
+            said(&m.reasoning_content) && !said(&m.content) && m.tool_calls.is_empty();
+        if in_reasoning && done.finish_reason != FinishReason::ToolCalls {
+            let notice = format!(
+                "no answer: the generation ended inside its reasoning (finish_reason {}); more \
+                 tokens (limits.max_tokens, limits.thinking_cap) or no --thinking may get one",
+                done.finish_reason.as_str()
+            );
+            if let Err(e) = self.notice(&notice) {
+                self.error = Some(e);
+                return;
+            }
+        }
         let t = done.timings.unwrap_or_default();
         let speed = match self.first_token {
             Some(start) if t.predicted_n > 0 => {
@@ -152,7 +208,7 @@ impl<W: Write> Watcher<W> {
         } else {
             ""
         };
-        let _ = self.notice(&format!(
+        let end = self.notice(&format!(
             "finish: {}; prompt {} tokens ({} from cache), generated {} ({} reasoning){speed}{capped}",
             done.finish_reason.as_str(),
             t.prompt_n.saturating_add(t.cache_n),
@@ -160,6 +216,9 @@ impl<W: Write> Watcher<W> {
             t.predicted_n,
             done.reasoning_tokens,
         ));
+        if let Err(e) = end {
+            self.error = Some(e);
+        }
     }
 
     fn progress(&mut self, total: u64, cache: u64, processed: u64) -> std::io::Result<()> {
@@ -202,14 +261,14 @@ impl<W: Write> Watcher<W> {
         if self.part == next {
             return Ok(());
         }
-        if self.terminal && self.part == Part::Reasoning {
+        if self.colour && self.part == Part::Reasoning {
             write!(self.out, "{RESET}")?;
         }
         if self.part != Part::None {
             writeln!(self.out)?;
         }
         match (next, self.terminal) {
-            (Part::Reasoning, true) => write!(self.out, "{DIM}")?,
+            (Part::Reasoning, true) if self.colour => write!(self.out, "{DIM}")?,
             (Part::Reasoning, false) => writeln!(self.out, "[reasoning]")?,
             (Part::Answer, false) => writeln!(self.out, "[answer]")?,
             _ => {}
@@ -217,6 +276,12 @@ impl<W: Write> Watcher<W> {
         self.part = next;
         Ok(())
     }
+}
+
+/// Whether colours may be used, given the environment's `NO_COLOR`: not when it is set and
+/// non-empty (<https://no-color.org>).
+pub fn colour_allowed(no_color: Option<&OsStr>) -> bool {
+    no_color.is_none_or(OsStr::is_empty)
 }
 
 /// Text from the server as it may reach a terminal: control characters other than newline
@@ -239,7 +304,7 @@ impl std::fmt::Display for Printable<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use loopd::llama::{AssistantMessage, FinishReason, Timings};
+    use loopd::llama::{AssistantMessage, Timings};
 
     fn plain(events: &[ChatEvent]) -> String {
         let mut w = Watcher::new(Vec::new(), false);
@@ -313,7 +378,7 @@ mod tests {
 
     #[test]
     fn a_terminal_gets_a_bar_and_dimmed_reasoning() {
-        let mut w = Watcher::new(Vec::new(), true);
+        let mut w = Watcher::new(Vec::new(), true).with_colour(true);
         w.event(&ChatEvent::Progress {
             total: 4,
             cache: 0,
@@ -326,6 +391,105 @@ mod tests {
         assert_eq!(
             out,
             format!("\rprompt {bar} 2/4 tokens (0 cached)\n{DIM}r{RESET}\na")
+        );
+    }
+
+    #[test]
+    fn no_color_keeps_the_bar_and_drops_every_colour_code() {
+        assert!(colour_allowed(None));
+        assert!(colour_allowed(Some(OsStr::new(""))));
+        assert!(!colour_allowed(Some(OsStr::new("1"))));
+        assert!(!colour_allowed(Some(OsStr::new("0"))));
+        let mut w = Watcher::new(Vec::new(), true).with_colour(false);
+        w.event(&ChatEvent::Progress {
+            total: 2,
+            cache: 0,
+            processed: 2,
+        });
+        w.event(&ChatEvent::Reasoning("r".into()));
+        w.event(&ChatEvent::ThinkingCapped { tokens: 1 });
+        w.event(&ChatEvent::Reasoning("s".into()));
+        w.event(&ChatEvent::Content("a".into()));
+        let bar = format!("[{}]", "#".repeat(30));
+        assert_eq!(
+            String::from_utf8(w.out).unwrap(),
+            format!(
+                "\rprompt {bar} 2/2 tokens (0 cached)\nr\nthinking capped after 1 tokens: asked \
+                 the server to end reasoning\ns\na"
+            )
+        );
+    }
+
+    fn ended(content: Option<&str>, reasoning: Option<&str>, finish: FinishReason) -> String {
+        let mut w = Watcher::new(Vec::new(), false);
+        w.finish(&Completion {
+            id: "x".into(),
+            message: AssistantMessage {
+                content: content.map(Into::into),
+                reasoning_content: reasoning.map(Into::into),
+                tool_calls: Vec::new(),
+            },
+            finish_reason: finish,
+            timings: Some(Timings {
+                cache_n: 0,
+                prompt_n: 5,
+                predicted_n: 9,
+            }),
+            reasoning_tokens: 9,
+            thinking_capped: false,
+        });
+        String::from_utf8(w.out).unwrap()
+    }
+
+    #[test]
+    fn a_generation_that_ended_inside_its_reasoning_says_so() {
+        let notice = |r: &str| {
+            format!(
+                "no answer: the generation ended inside its reasoning (finish_reason {r}); more \
+                 tokens (limits.max_tokens, limits.thinking_cap) or no --thinking may get one\n"
+            )
+        };
+        let finish = |r: &str| {
+            format!("finish: {r}; prompt 5 tokens (0 from cache), generated 9 (9 reasoning)\n")
+        };
+        for (reason, r) in [
+            (FinishReason::Length, "length"),
+            (FinishReason::Stop, "stop"),
+        ] {
+            for content in [None, Some(""), Some(" \n")] {
+                assert_eq!(
+                    ended(content, Some("hmm"), reason),
+                    format!("{}{}", notice(r), finish(r)),
+                    "{content:?}"
+                );
+            }
+            // An answer, or no reasoning at all: nothing to say.
+            assert_eq!(ended(Some("Blue."), Some("hmm"), reason), finish(r));
+            assert_eq!(ended(None, None, reason), finish(r));
+            assert_eq!(ended(None, Some(""), reason), finish(r));
+        }
+    }
+
+    #[test]
+    fn a_closed_stdout_stops_the_writes_and_is_kept() {
+        struct Closed(usize);
+        impl Write for Closed {
+            fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
+                self.0 += 1;
+                Err(std::io::ErrorKind::BrokenPipe.into())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let mut w = Watcher::new(Closed(0), false);
+        w.event(&ChatEvent::Content("a".into()));
+        w.event(&ChatEvent::Content("b".into()));
+        w.end_line();
+        assert_eq!(w.out.0, 1, "one write tried, none after it failed");
+        assert_eq!(
+            w.write_error().map(|e| e.kind()),
+            Some(std::io::ErrorKind::BrokenPipe)
         );
     }
 

@@ -7,7 +7,7 @@ use clap::{Args, Parser, Subcommand};
 
 /// loopd: the agent daemon and its commands.
 #[derive(Debug, Parser)]
-#[command(name = "loopd", version, about, long_about = None)]
+#[command(name = "loopd", version, about, long_about = None, after_help = crate::exit::TABLE)]
 pub struct Cli {
     /// What to do.
     #[command(subcommand)]
@@ -55,6 +55,52 @@ pub enum Cmd {
     Cancel(IdArgs),
     /// Print `loopd serve`'s status (slots, running, kept results), or its metrics.
     Status(StatusArgs),
+    /// Check a config as the commands would refuse it (every key, a placeholder template hash,
+    /// and what `loopd serve` needs: [daemon] socket, [expect]) without a server, and print it
+    /// in one line; status 2 names the key.
+    CheckConfig {
+        /// The loopd config.toml.
+        #[arg(long)]
+        config: PathBuf,
+        /// Then ask the config's server for /props, print its [expect] section, and fail
+        /// (status 1) when it differs from the config's.
+        #[arg(long)]
+        probe: bool,
+    },
+    /// Ask a server (llama-server, or inferproxy in front of one) for /props and print the
+    /// [expect] section that matches it: its template's SHA-256, n_ctx and total_slots.
+    Probe {
+        /// The server's Unix socket (the config's `socket`).
+        #[arg(long)]
+        socket: PathBuf,
+        /// The model to ask about, for a router serving several (the config's `model`).
+        #[arg(long)]
+        model: Option<String>,
+    },
+    /// Print a completion script for a shell: `loopd completions bash > /etc/bash_completion.d/loopd`.
+    Completions {
+        /// bash, zsh, fish, elvish or powershell.
+        shell: clap_complete::Shell,
+    },
+}
+
+impl Cmd {
+    /// The command's name, as its messages start (`loopd <name>: ...`).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Cmd::Selftest { .. } => "selftest",
+            Cmd::Ask(_) => "ask",
+            Cmd::Run(_) => "run",
+            Cmd::Serve { .. } => "serve",
+            Cmd::Submit(_) => "submit",
+            Cmd::Result(_) => "result",
+            Cmd::Cancel(_) => "cancel",
+            Cmd::Status(_) => "status",
+            Cmd::CheckConfig { .. } => "check-config",
+            Cmd::Probe { .. } => "probe",
+            Cmd::Completions { .. } => "completions",
+        }
+    }
 }
 
 /// `loopd ask`.
@@ -243,6 +289,21 @@ mod tests {
         };
         assert_eq!(s.tools, ["arithmetic", "finish"]);
         assert_eq!(s.max_tokens, Some(32));
+        let Ok(Cmd::Probe { socket, model }) = parse(&["probe", "--socket", "s", "--model", "m"])
+        else {
+            panic!()
+        };
+        assert_eq!((socket.to_str(), model.as_deref()), (Some("s"), Some("m")));
+        assert!(matches!(
+            parse(&["check-config", "--config", "c", "--probe"]),
+            Ok(Cmd::CheckConfig { probe: true, .. })
+        ));
+        assert!(matches!(
+            parse(&["completions", "zsh"]),
+            Ok(Cmd::Completions {
+                shell: clap_complete::Shell::Zsh
+            })
+        ));
     }
 
     #[test]
@@ -254,5 +315,8 @@ mod tests {
         assert!(parse(&["result", "--socket", "s", "x7"]).is_err());
         assert!(parse(&["cancel", "7"]).is_err());
         assert!(parse(&["run", "--config", "c", "--daemon", "--folder", "d", "p"]).is_err());
+        assert!(parse(&["probe"]).is_err());
+        assert!(parse(&["check-config"]).is_err());
+        assert!(parse(&["completions", "tcsh"]).is_err());
     }
 }

@@ -2,23 +2,26 @@
 //! through the request runner, the daemon `loopd serve` and its clients.
 
 mod ask;
+mod check;
 mod cli;
+mod exit;
 mod remote;
 mod request_watcher;
 mod serve;
+mod stdout;
 
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::Parser;
+use clap::{CommandFactory, Parser};
 use loopd::http::SendError;
 use loopd::llama::{Cancel, ChatMessage, ChatOptions, ChatRequest, Client};
 use loopd::runner::{builtin_tools, Outcome, ResultError, Runner, StandardBios, Submission};
 use loopd::selftest;
-use loopd::Config;
 
 use cli::{AskArgs, Cli, Cmd, RunArgs};
+use exit::{Exit, Fail};
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
@@ -26,25 +29,55 @@ fn main() -> ExitCode {
         Err(e) => {
             // Help and version go to stdout with status 0; usage errors to stderr with 2.
             let _ = e.print();
-            return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
+            return ExitCode::from(if e.use_stderr() {
+                Exit::Usage.code()
+            } else {
+                Exit::Completed.code()
+            });
         }
     };
-    match cli.command {
+    let verb = cli.command.name();
+    let done = match cli.command {
         Cmd::Selftest { config, slot } => run_selftest(&config, slot),
         Cmd::Ask(a) => run_ask(a),
-        Cmd::Run(a) if a.daemon => remote::run(a),
+        Cmd::Run(a) if a.daemon => return remote::run(a),
         Cmd::Run(a) => run_agent(a),
         Cmd::Serve { config, folder } => serve::serve(&config, folder.as_deref()),
-        Cmd::Submit(a) => remote::submit(a),
-        Cmd::Result(a) => remote::result(a),
-        Cmd::Cancel(a) => remote::cancel(a),
-        Cmd::Status(a) => remote::status(a),
+        Cmd::Submit(a) => return remote::submit(a),
+        Cmd::Result(a) => return remote::result(a),
+        Cmd::Cancel(a) => return remote::cancel(a),
+        Cmd::Status(a) => return remote::status(a),
+        Cmd::CheckConfig { config, probe } => check::check_config(&config, probe),
+        Cmd::Probe { socket, model } => check::probe(&socket, model.as_deref()),
+        Cmd::Completions { shell } => completions(shell),
+    };
+    match done {
+        Ok(exit) => exit.into(),
+        Err(f) => {
+            if !f.why.is_empty() {
+                // Not eprintln!: a closed stderr must not panic either.
+                let _ = writeln!(std::io::stderr(), "loopd {verb}: {}", f.why);
+            }
+            f.exit.into()
+        }
     }
 }
 
+/// `loopd completions SHELL`: the script, generated from the command line's own definition.
+fn completions(shell: clap_complete::Shell) -> Result<Exit, Fail> {
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut Cli::command(), "loopd", &mut script);
+    stdout::print(&String::from_utf8_lossy(&script))?;
+    Ok(Exit::Completed)
+}
+
 /// Loads the config and checks that its socket answers, or says in one line why not.
-pub(crate) fn client_for(path: &std::path::Path) -> Result<Client, String> {
-    let config = Config::load(path).map_err(|e| format!("bad config: {e}"))?;
+pub(crate) fn client_for(path: &std::path::Path) -> Result<Client, Fail> {
+    reach(check::load(path)?)
+}
+
+/// A client of the config's server, once its socket answers.
+pub(crate) fn reach(config: loopd::Config) -> Result<Client, Fail> {
     let timeout = Duration::from_millis(config.limits.connect_ms);
     let reached = loopd::http::connect_within(&config.socket, timeout, &Cancel::new());
     if let Err(e) = reached {
@@ -53,9 +86,12 @@ pub(crate) fn client_for(path: &std::path::Path) -> Result<Client, String> {
             SendError::TimedOut => "no answer within limits.connect_ms".into(),
             SendError::Cancelled => "cancelled".into(),
         };
-        return Err(format!(
-            "cannot reach the inference socket {}: {why} (is inferproxy running?)",
-            config.socket.display()
+        return Err(Fail::new(
+            Exit::Unreachable,
+            format!(
+                "cannot reach the inference socket {}: {why} (is inferproxy running?)",
+                config.socket.display()
+            ),
         ));
     }
     Ok(Client::new(config))
@@ -137,52 +173,48 @@ pub(crate) fn wait_for_server(client: &Client) -> Result<(), String> {
     }
 }
 
-fn run_selftest(path: &std::path::Path, slot: u32) -> ExitCode {
-    let client = match client_for(path).and_then(|c| wait_for_server(&c).map(|()| c)) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("loopd selftest: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
+fn run_selftest(path: &std::path::Path, slot: u32) -> Result<Exit, Fail> {
+    let client = client_for(path)?;
+    wait_for_server(&client).map_err(|e| Fail::new(Exit::Failed, e))?;
     let cfg = client.config();
-    println!(
-        "loopd selftest: socket {}, model {}, slot {slot}",
+    stdout::print(&format!(
+        "loopd selftest: socket {}, model {}, slot {slot}\n",
         cfg.socket.display(),
         cfg.model
-    );
-    let checks = selftest::run(&client, slot, &mut |c| println!("{c}"));
+    ))?;
+    let mut written = Ok(());
+    let checks = selftest::run(&client, slot, &mut |c| {
+        if written.is_ok() {
+            written = stdout::print(&format!("{c}\n"));
+        }
+    });
+    written?;
     let failed: Vec<&str> = checks
         .iter()
         .filter(|c| !c.passed)
         .map(|c| c.name)
         .collect();
     if failed.is_empty() {
-        println!(
-            "selftest passed: {} of {} checks",
+        stdout::print(&format!(
+            "selftest passed: {} of {} checks\n",
             checks.len(),
             checks.len()
-        );
-        ExitCode::SUCCESS
+        ))?;
+        Ok(Exit::Completed)
     } else {
-        println!(
-            "selftest FAILED: {} ({} of {} checks failed)",
+        stdout::print(&format!(
+            "selftest FAILED: {} ({} of {} checks failed)\n",
             failed.join(", "),
             failed.len(),
             checks.len()
-        );
-        ExitCode::FAILURE
+        ))?;
+        Ok(Exit::Failed)
     }
 }
 
-fn run_ask(a: AskArgs) -> ExitCode {
-    let client = match client_for(&a.config).and_then(|c| wait_for_server(&c).map(|()| c)) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("loopd ask: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
+fn run_ask(a: AskArgs) -> Result<Exit, Fail> {
+    let client = client_for(&a.config)?;
+    wait_for_server(&client).map_err(|e| Fail::new(Exit::Failed, e))?;
     let req = ChatRequest::user(a.slot, a.prompt).with_options(ChatOptions {
         thinking: a.thinking,
         ..ChatOptions::default()
@@ -190,45 +222,47 @@ fn run_ask(a: AskArgs) -> ExitCode {
     let stdout = std::io::stdout();
     let terminal = stdout.is_terminal();
     let mut watcher = ask::Watcher::new(stdout.lock(), terminal).on_clock(client.shared_clock());
-    match client.chat_with_retry(&req, &mut |ev| watcher.event(ev)) {
+    let done = client.chat_with_retry(&req, &mut |ev| watcher.event(ev));
+    let exit = match &done {
         Ok(done) => {
-            watcher.finish(&done);
-            ExitCode::SUCCESS
+            watcher.finish(done);
+            Exit::Completed
         }
-        Err(e) => {
-            drop(watcher);
-            println!();
-            eprintln!("loopd ask: {e}");
-            ExitCode::FAILURE
+        Err(_) => {
+            watcher.end_line();
+            Exit::Failed
         }
+    };
+    // What was shown first: a closed stdout ends quietly, whatever the request did.
+    if let Some(e) = watcher.write_error() {
+        return Err(Fail::from(e));
+    }
+    match done {
+        Ok(_) => Ok(exit),
+        Err(e) => Err(Fail::new(exit, e.to_string())),
     }
 }
 
-fn run_agent(a: RunArgs) -> ExitCode {
-    let fail = |e: String| {
-        eprintln!("loopd run: {e}");
-        ExitCode::FAILURE
-    };
-    let client = match client_for(&a.config) {
-        Ok(c) => c,
-        Err(e) => return fail(e),
-    };
+fn run_agent(a: RunArgs) -> Result<Exit, Fail> {
+    let client = client_for(&a.config)?;
     // As the daemon's submit: llama-worker is asked first, and a worker that cannot serve
     // refuses at once with the seed's name, without waiting on the server.
-    if let Err(e) = worker_admits(client.config()).and_then(|()| wait_for_server(&client)) {
-        return fail(e);
-    }
+    worker_admits(client.config()).map_err(|e| Fail::new(Exit::Refused, e))?;
+    wait_for_server(&client).map_err(|e| Fail::new(Exit::Failed, e))?;
     let slots = match client.config().runner.slots {
         0 => match client.props() {
             Ok(p) => p.total_slots,
-            Err(e) => return fail(format!("GET /props for total_slots: {e}")),
+            Err(e) => {
+                return Err(Fail::new(
+                    Exit::Failed,
+                    format!("GET /props for total_slots: {e}"),
+                ))
+            }
         },
         n => n,
     };
-    let tools = match builtin_tools(a.folder.as_deref(), client.shared_clock()) {
-        Ok(t) => t,
-        Err(e) => return fail(format!("--folder: {e}")),
-    };
+    let tools = builtin_tools(a.folder.as_deref(), client.shared_clock())
+        .map_err(|e| Fail::new(Exit::Usage, format!("--folder: {e}")))?;
     let runner = Runner::new(
         std::sync::Arc::new(client),
         tools,
@@ -254,22 +288,21 @@ fn run_agent(a: RunArgs) -> ExitCode {
     let observer = Box::new(move |e: &loopd::runner::RequestEvent| {
         w.lock().unwrap_or_else(|e| e.into_inner()).event(e)
     });
-    let id = match runner.submit_observed(req, Some(observer)) {
-        Ok(id) => id,
-        Err(e) => return fail(format!("submit: {e}")),
-    };
+    let id = runner
+        .submit_observed(req, Some(observer))
+        .map_err(|e| Fail::new(Exit::Refused, format!("submit: {e}")))?;
     // Every wait of the request has its own deadline; this loop only polls for the end.
     let result = loop {
         match runner.wait_result(id, Duration::from_secs(1)) {
             Ok(r) => break r,
             Err(ResultError::Pending) => {}
-            Err(e) => return fail(format!("get_result: {e}")),
+            Err(e) => return Err(Fail::new(Exit::Failed, format!("get_result: {e}"))),
         }
     };
     let mut w = watcher.lock().unwrap_or_else(|e| e.into_inner());
     w.finish(&result);
-    match result.outcome {
-        Outcome::Completed { .. } => ExitCode::SUCCESS,
-        Outcome::Failed { .. } => ExitCode::FAILURE,
-    }
+    Ok(match result.outcome {
+        Outcome::Completed { .. } => Exit::Completed,
+        Outcome::Failed { .. } => Exit::Failed,
+    })
 }

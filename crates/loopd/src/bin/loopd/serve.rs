@@ -2,7 +2,6 @@
 //! the library's [`Daemon`].
 
 use std::path::Path;
-use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,23 +11,32 @@ use loopd::selftest;
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 
-fn fail(e: String) -> ExitCode {
-    eprintln!("loopd serve: {e}");
-    ExitCode::FAILURE
+use crate::exit::{Exit, Fail};
+
+fn fail(e: String) -> Fail {
+    Fail::new(Exit::Failed, e)
 }
 
-/// Runs the daemon until a stop signal; exit status 1 when it refused to start.
-pub fn serve(config: &Path, folder: Option<&Path>) -> ExitCode {
-    let client = match crate::client_for(config) {
-        Ok(c) => c,
-        Err(e) => return fail(e),
-    };
-    let Some(socket) = client.config().daemon.socket.clone() else {
-        return fail(format!(
-            "{}: [daemon] socket is required by loopd serve",
-            config.display()
-        ));
-    };
+/// Whether a daemon answers on `socket`: a live one accepts; a stale file refuses (and is
+/// replaced at bind), and no file is no daemon.
+fn already_served(socket: &Path) -> bool {
+    std::os::unix::net::UnixStream::connect(socket).is_ok()
+}
+
+/// Runs the daemon until a stop signal; status 1 when it refused to start, 2 for a bad config.
+pub fn serve(config: &Path, folder: Option<&Path>) -> Result<Exit, Fail> {
+    let cfg = crate::check::load(config)?;
+    let socket = crate::check::serve_needs(&cfg, config)?;
+    // Before anything costs: a second daemon would run the whole self-test on the live server
+    // only to fail at bind.
+    if already_served(&socket) {
+        return Err(fail(format!(
+            "refusing to start: a loopd serve is already serving on {} (`loopd status --socket {}`)",
+            socket.display(),
+            socket.display()
+        )));
+    }
+    let client = crate::reach(cfg)?;
     // Opened first: a store another daemon holds (or that is corrupt, unwritable, newer)
     // refuses the start at once, before the wait for the model.
     let env = |k| std::env::var_os(k);
@@ -39,7 +47,7 @@ pub fn serve(config: &Path, folder: Option<&Path>) -> ExitCode {
         env("HOME").as_deref(),
     ) {
         Ok(p) => p,
-        Err(e) => return fail(format!("refusing to start: {e}")),
+        Err(e) => return Err(fail(format!("refusing to start: {e}"))),
     };
     let db_settings = DbSettings {
         durability: client.config().daemon.store_sync,
@@ -48,14 +56,14 @@ pub fn serve(config: &Path, folder: Option<&Path>) -> ExitCode {
     };
     let db = match Db::open(&path, db_settings) {
         Ok(db) => db,
-        Err(e) => return fail(format!("refusing to start: {e}")),
+        Err(e) => return Err(fail(format!("refusing to start: {e}"))),
     };
     let tools = match builtin_tools(folder, client.shared_clock()) {
         Ok(t) => t,
-        Err(e) => return fail(format!("--folder: {e}")),
+        Err(e) => return Err(fail(format!("--folder: {e}"))),
     };
     if let Err(e) = crate::wait_for_server(&client) {
-        return fail(format!("refusing to start: {e}"));
+        return Err(fail(format!("refusing to start: {e}")));
     }
     let cfg = client.config().clone();
     eprintln!(
@@ -65,15 +73,17 @@ pub fn serve(config: &Path, folder: Option<&Path>) -> ExitCode {
     );
     let checks = selftest::run(&client, 0, &mut |c| eprintln!("{c}"));
     if let Some(bad) = checks.iter().find(|c| !c.passed) {
-        return fail(format!("refusing to start: the self-test failed: {bad}"));
+        return Err(fail(format!(
+            "refusing to start: the self-test failed: {bad}"
+        )));
     }
     let slots = match cfg.runner.slots {
         0 => match client.props() {
             Ok(p) => p.total_slots,
             Err(e) => {
-                return fail(format!(
+                return Err(fail(format!(
                     "refusing to start: GET /props for total_slots: {e}"
-                ))
+                )))
             }
         },
         n => n,
@@ -85,17 +95,17 @@ pub fn serve(config: &Path, folder: Option<&Path>) -> ExitCode {
     let runner = Runner::new(Arc::new(client), tools, Arc::new(StandardBios), slots);
     let signals = match Signals::new([SIGTERM, SIGINT]) {
         Ok(s) => s,
-        Err(e) => return fail(format!("cannot install signal handlers: {e}")),
+        Err(e) => return Err(fail(format!("cannot install signal handlers: {e}"))),
     };
     let bound = match socket_file::bind(&socket) {
         Ok(b) => b,
-        Err(e) => return fail(format!("socket {}: {e}", socket.display())),
+        Err(e) => return Err(fail(format!("socket {}: {e}", socket.display()))),
     };
     let listener = match bound.listener.try_clone() {
         Ok(l) => l,
         Err(e) => {
             bound.remove_file();
-            return fail(format!("socket {}: {e}", socket.display()));
+            return Err(fail(format!("socket {}: {e}", socket.display())));
         }
     };
     let settings = Settings {
@@ -110,7 +120,10 @@ pub fn serve(config: &Path, folder: Option<&Path>) -> ExitCode {
         Ok(d) => d,
         Err(e) => {
             bound.remove_file();
-            return fail(format!("refusing to start: store {}: {e}", path.display()));
+            return Err(fail(format!(
+                "refusing to start: store {}: {e}",
+                path.display()
+            )));
         }
     };
     let d = daemon.clone();
@@ -134,7 +147,7 @@ pub fn serve(config: &Path, folder: Option<&Path>) -> ExitCode {
         });
     if let Err(e) = watcher {
         bound.remove_file();
-        return fail(format!("cannot start the signal thread: {e}"));
+        return Err(fail(format!("cannot start the signal thread: {e}")));
     }
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);
     eprintln!(
@@ -153,8 +166,8 @@ pub fn serve(config: &Path, folder: Option<&Path>) -> ExitCode {
     match served {
         Ok(()) => {
             eprintln!("loopd serve: stopped");
-            ExitCode::SUCCESS
+            Ok(Exit::Completed)
         }
-        Err(e) => fail(format!("socket {}: {e}", socket.display())),
+        Err(e) => Err(fail(format!("socket {}: {e}", socket.display()))),
     }
 }
