@@ -230,8 +230,11 @@ fn soak_of_a_thousand_requests_leaks_nothing() {
     }
     let (rss_end, live_end) = (proc_count("VmRSS:"), live());
     // Every row fetched or evicted by now, and compacted within a second of the last end.
+    // (Waited for down to what the assertion below wants: a wait that stopped at `store_warm`
+    // took a file still shrinking for the end, one run in three.)
     let compacted = Instant::now() + Duration::from_secs(5);
-    while d.daemon.store_bytes() > store_warm && Instant::now() < compacted {
+    let goal = store_warm.min(64 * 1024);
+    while d.daemon.store_bytes() > goal && Instant::now() < compacted {
         thread::sleep(Duration::from_millis(50));
     }
     let store_end = d.daemon.store_bytes();
