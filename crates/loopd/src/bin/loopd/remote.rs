@@ -6,9 +6,12 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use loopd::daemon::client;
-use loopd::daemon::protocol::{Submit, WireMessage};
+use loopd::daemon::protocol::{
+    CancelCmd, CancelReply, Command, MetricsCmd, MetricsReply, ResultCmd, ResultReply, StatusCmd,
+    StatusReply, SubmitCmd, SubmitReply, WaitCmd, WireEvent, WireMessage, WireResult,
+};
 use loopd::Config;
-use serde_json::{json, Value};
+use serde::de::DeserializeOwned;
 
 use crate::cli::{DaemonAddr, IdArgs, ResultArgs, RunArgs, StatusArgs, SubmitArgs};
 
@@ -30,36 +33,19 @@ fn addr(a: &DaemonAddr) -> Result<PathBuf, String> {
     socket_of(a.config.as_ref(), a.socket.as_ref())
 }
 
+/// Says why `verb` failed (a refusal as `CODE: detail`) and exits 1.
 fn fail(verb: &str, e: impl std::fmt::Display) -> ExitCode {
     eprintln!("loopd {verb}: {e}");
     ExitCode::FAILURE
 }
 
-/// The daemon's error reply as `CODE: detail`, or `None` for an `ok` reply.
-fn refusal(v: &Value) -> Option<String> {
-    if v.get("ok") == Some(&Value::Bool(true)) {
-        return None;
-    }
-    Some(format!(
-        "{}: {}",
-        v["error"].as_str().unwrap_or("?"),
-        v["detail"].as_str().unwrap_or("")
-    ))
-}
-
-fn call(
+fn call<R: DeserializeOwned>(
     verb: &str,
     socket: &std::path::Path,
-    cmd: Value,
+    cmd: impl Into<Command>,
     timeout: Duration,
-) -> Result<Value, ExitCode> {
-    match client::call(socket, &cmd, timeout) {
-        Ok(v) => match refusal(&v) {
-            None => Ok(v),
-            Some(r) => Err(fail(verb, r)),
-        },
-        Err(e) => Err(fail(verb, e)),
-    }
+) -> Result<R, ExitCode> {
+    client::call(socket, &cmd.into(), timeout).map_err(|e| fail(verb, e))
 }
 
 /// One call with its outcome, in the words `loopd run` uses.
@@ -72,54 +58,47 @@ fn call_line(name: &str, arguments: &str, ok: bool, result: &str) -> String {
 
 /// Prints a result: the answer and the calls that ran (unless they were streamed already:
 /// `streamed`), the calls that never ran and why, then one line of outcome.
-fn print_result(r: &Value, streamed: bool) {
+fn print_result(r: &WireResult, streamed: bool) {
     let _ = write_result(&mut std::io::stdout().lock(), r, streamed);
 }
 
-fn write_result(out: &mut impl Write, r: &Value, streamed: bool) -> std::io::Result<()> {
-    let s = |v: &Value| v.as_str().unwrap_or("").to_owned();
-    if let (false, Some(c)) = (streamed, r["content"].as_str()) {
+fn write_result(out: &mut impl Write, r: &WireResult, streamed: bool) -> std::io::Result<()> {
+    if let (false, Some(c)) = (streamed, &r.content) {
         writeln!(out, "{c}")?;
     }
     if !streamed {
-        for t in r["tool_calls"].as_array().into_iter().flatten() {
-            let ok = t["ok"] == json!(true);
-            let line = call_line(&s(&t["name"]), &s(&t["arguments"]), ok, &s(&t["result"]));
-            writeln!(out, "{line}")?;
+        for t in &r.tool_calls {
+            writeln!(out, "{}", call_line(&t.name, &t.arguments, t.ok, &t.result))?;
         }
     }
-    let why = if r["budget_left"] == json!(0) {
-        format!("not run: no tool iterations left (budget {})", r["budget"])
+    let why = if r.budget_left == 0 {
+        format!("not run: no tool iterations left (budget {})", r.budget)
     } else {
         "not run".to_owned()
     };
-    for t in r["not_run"].as_array().into_iter().flatten() {
-        writeln!(
-            out,
-            "tool {}({}) -> {why}",
-            s(&t["name"]),
-            s(&t["arguments"])
-        )?;
+    for t in &r.not_run {
+        writeln!(out, "tool {}({}) -> {why}", t.name, t.arguments)?;
     }
-    let end = match r["outcome"].as_str() {
-        Some("completed") => format!(
+    let end = if r.completed() {
+        format!(
             "completed ({}) after {} tool calls; {} of {} tool iterations left",
-            r["finish_reason"].as_str().unwrap_or("?"),
-            r["tool_calls"].as_array().map_or(0, Vec::len),
-            r["budget_left"],
-            r["budget"]
-        ),
-        _ => format!(
+            r.finish_reason.as_deref().unwrap_or("?"),
+            r.tool_calls.len(),
+            r.budget_left,
+            r.budget
+        )
+    } else {
+        format!(
             "failed: {}: {}",
-            r["fail_reason"].as_str().unwrap_or("?"),
-            r["detail"].as_str().unwrap_or("")
-        ),
+            r.fail_reason.as_deref().unwrap_or("?"),
+            r.detail.as_deref().unwrap_or("")
+        )
     };
-    writeln!(out, "req-{}: {end}", r["id"])
+    writeln!(out, "req-{}: {end}", r.id)
 }
 
-fn exit_of(r: &Value) -> ExitCode {
-    if r["outcome"] == json!("completed") {
+fn exit_of(r: &WireResult) -> ExitCode {
+    if r.completed() {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
@@ -135,51 +114,58 @@ struct Printer {
 }
 
 impl Printer {
-    fn event(&mut self, e: &Value) {
+    fn event(&mut self, e: &WireEvent) {
         let mut out = std::io::stdout().lock();
         let _ = self.write_event(&mut out, e).and_then(|()| out.flush());
     }
 
-    fn write_event(&mut self, out: &mut impl Write, e: &Value) -> std::io::Result<()> {
-        let s = |k: &str| e[k].as_str().unwrap_or("").to_owned();
-        match e["event"].as_str().unwrap_or("") {
-            "content" => write!(out, "{}", s("text")),
-            "generation" => writeln!(
+    fn write_event(&mut self, out: &mut impl Write, e: &WireEvent) -> std::io::Result<()> {
+        match e {
+            WireEvent::Content { text } => write!(out, "{text}"),
+            WireEvent::Generation {
+                number,
+                budget_left,
+            } => writeln!(
                 out,
-                "\n== generation {}: {} tool iterations left",
-                e["number"], e["budget_left"]
+                "\n== generation {number}: {budget_left} tool iterations left"
             ),
-            "tool_started" => {
-                self.running = Some((s("id"), s("name"), s("arguments")));
+            WireEvent::ToolStarted {
+                id,
+                name,
+                arguments,
+                ..
+            } => {
+                self.running = Some((id.clone(), name.clone(), arguments.clone()));
                 Ok(())
             }
-            "tool_finished" => {
-                let ok = e["ok"] == json!(true);
-                match self.running.take() {
-                    Some((id, name, arguments)) if id == s("id") => {
-                        writeln!(out, "\n{}", call_line(&name, &arguments, ok, &s("result")))
-                    }
-                    _ => writeln!(
-                        out,
-                        "\ntool call {} -> {}{}",
-                        s("id"),
-                        if ok { "" } else { "error: " },
-                        s("result")
-                    ),
+            WireEvent::ToolFinished { id, ok, result } => match self.running.take() {
+                Some((started, name, arguments)) if started == *id => {
+                    writeln!(out, "\n{}", call_line(&name, &arguments, *ok, result))
                 }
-            }
-            "exit" => writeln!(out, "\nexit signal: {}({})", s("name"), s("arguments")),
-            "iteration" => writeln!(
+                _ => writeln!(
+                    out,
+                    "\ntool call {id} -> {}{result}",
+                    if *ok { "" } else { "error: " },
+                ),
+            },
+            WireEvent::Exit {
+                name, arguments, ..
+            } => writeln!(out, "\nexit signal: {name}({arguments})"),
+            WireEvent::Iteration {
+                number,
+                budget_left,
+            } => writeln!(
                 out,
-                "iteration {} done: {} tool iterations left",
-                e["number"], e["budget_left"]
+                "iteration {number} done: {budget_left} tool iterations left"
             ),
-            "retrying" => writeln!(
+            WireEvent::Retrying {
+                attempt,
+                after_ms,
+                error,
+            } => writeln!(
                 out,
-                "\nretrying: attempt {} in {:.1} s after: {} (its output so far is dropped)",
-                e["attempt"],
-                e["after_ms"].as_u64().unwrap_or(0) as f64 / 1000.0,
-                s("error")
+                "\nretrying: attempt {attempt} in {:.1} s after: {error} (its output so far is dropped)",
+                *after_ms as f64 / 1000.0,
             ),
             _ => Ok(()),
         }
@@ -192,41 +178,37 @@ fn submit_cmd(
     thinking: bool,
     max_tokens: Option<u64>,
     follow: bool,
-) -> Submit {
-    Submit {
+) -> SubmitCmd {
+    SubmitCmd {
         budget,
         thinking,
         max_tokens,
         follow,
-        ..Submit::new(vec![WireMessage::user(prompt)])
+        ..SubmitCmd::new(vec![WireMessage::user(prompt)])
     }
 }
 
-fn cmd_of(s: &Submit) -> Value {
-    serde_json::to_value(s).unwrap_or_default()
-}
-
-fn follow(verb: &str, socket: &std::path::Path, cmd: Value) -> ExitCode {
-    let mut on_reply = |v: &Value| eprintln!("loopd {verb}: submitted as req-{}", v["id"]);
+fn follow(verb: &str, socket: &std::path::Path, cmd: SubmitCmd) -> ExitCode {
+    let mut on_reply = |v: &SubmitReply| eprintln!("loopd {verb}: submitted as req-{}", v.id);
     let mut printer = Printer::default();
     match client::follow(
         socket,
-        &cmd,
+        &cmd.into(),
         Duration::from_secs(3_600),
         &mut on_reply,
-        &mut |e: &Value| printer.event(e),
+        &mut |e: &WireEvent| printer.event(e),
     ) {
-        Ok(v) => match refusal(&v) {
-            Some(r) => fail(verb, r),
-            None => {
-                println!();
-                print_result(&v["result"], true);
-                // Followed to the end: fetch it so the daemon need not keep it.
-                let id = v["result"]["id"].clone();
-                let _ = client::call(socket, &json!({"cmd": "result", "id": id}), REPLY_TIMEOUT);
-                exit_of(&v["result"])
-            }
-        },
+        Ok(ResultReply { result, .. }) => {
+            println!();
+            print_result(&result, true);
+            // Followed to the end: fetch it so the daemon need not keep it.
+            let _ = client::call::<ResultReply>(
+                socket,
+                &ResultCmd { id: result.id }.into(),
+                REPLY_TIMEOUT,
+            );
+            exit_of(&result)
+        }
         Err(e) => fail(verb, e),
     }
 }
@@ -257,11 +239,11 @@ pub fn submit(a: SubmitArgs) -> ExitCode {
         cmd.messages.extend(prompt);
     }
     if a.follow {
-        return follow("submit", &socket, cmd_of(&cmd));
+        return follow("submit", &socket, cmd);
     }
-    match call("submit", &socket, cmd_of(&cmd), REPLY_TIMEOUT) {
+    match call::<SubmitReply>("submit", &socket, cmd, REPLY_TIMEOUT) {
         Ok(v) => {
-            println!("req-{}", v["id"]);
+            println!("req-{}", v.id);
             ExitCode::SUCCESS
         }
         Err(c) => c,
@@ -277,13 +259,7 @@ pub fn run(a: RunArgs) -> ExitCode {
     follow(
         "run",
         &socket,
-        cmd_of(&submit_cmd(
-            &a.prompt,
-            a.budget,
-            a.thinking,
-            a.max_tokens,
-            true,
-        )),
+        submit_cmd(&a.prompt, a.budget, a.thinking, a.max_tokens, true),
     )
 }
 
@@ -293,20 +269,24 @@ pub fn result(a: ResultArgs) -> ExitCode {
         Ok(s) => s,
         Err(e) => return fail("result", e),
     };
-    let cmd = if a.wait > 0 {
-        json!({"cmd": "wait", "id": a.id, "timeout_ms": a.wait.saturating_mul(1000)})
+    let cmd: Command = if a.wait > 0 {
+        WaitCmd {
+            id: a.id,
+            timeout_ms: Some(a.wait.saturating_mul(1000)),
+        }
+        .into()
     } else {
-        json!({"cmd": "result", "id": a.id})
+        ResultCmd { id: a.id }.into()
     };
     let timeout = REPLY_TIMEOUT + Duration::from_secs(a.wait);
-    match call("result", &socket, cmd, timeout) {
+    match call::<ResultReply>("result", &socket, cmd, timeout) {
         Ok(v) if a.json => {
-            println!("{v}");
-            exit_of(&v["result"])
+            println!("{}", loopd::daemon::protocol::to_line(&v));
+            exit_of(&v.result)
         }
         Ok(v) => {
-            print_result(&v["result"], false);
-            exit_of(&v["result"])
+            print_result(&v.result, false);
+            exit_of(&v.result)
         }
         Err(c) => c,
     }
@@ -318,14 +298,9 @@ pub fn cancel(a: IdArgs) -> ExitCode {
         Ok(s) => s,
         Err(e) => return fail("cancel", e),
     };
-    match call(
-        "cancel",
-        &socket,
-        json!({"cmd": "cancel", "id": a.id}),
-        REPLY_TIMEOUT,
-    ) {
+    match call::<CancelReply>("cancel", &socket, CancelCmd { id: a.id }, REPLY_TIMEOUT) {
         Ok(v) => {
-            println!("req-{}: {}", a.id, v["state"].as_str().unwrap_or("?"));
+            println!("req-{}: {}", a.id, v.state.as_str());
             ExitCode::SUCCESS
         }
         Err(c) => c,
@@ -338,14 +313,18 @@ pub fn status(a: StatusArgs) -> ExitCode {
         Ok(s) => s,
         Err(e) => return fail("status", e),
     };
-    let cmd = json!({"cmd": if a.metrics { "metrics" } else { "status" }});
-    match call("status", &socket, cmd, REPLY_TIMEOUT) {
-        Ok(v) if a.metrics => {
-            print!("{}", v["metrics"].as_str().unwrap_or(""));
-            ExitCode::SUCCESS
-        }
+    if a.metrics {
+        return match call::<MetricsReply>("status", &socket, MetricsCmd {}, REPLY_TIMEOUT) {
+            Ok(v) => {
+                print!("{}", v.metrics);
+                ExitCode::SUCCESS
+            }
+            Err(c) => c,
+        };
+    }
+    match call::<StatusReply>("status", &socket, StatusCmd {}, REPLY_TIMEOUT) {
         Ok(v) => {
-            println!("{}", v["status"]);
+            println!("{}", loopd::daemon::protocol::to_line(&v.status));
             ExitCode::SUCCESS
         }
         Err(c) => c,
@@ -355,6 +334,7 @@ pub fn status(a: StatusArgs) -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     /// A followed two-iteration request whose third call was refused for the budget: each
     /// call shows once, with its outcome, and the refused one says why.
@@ -370,13 +350,17 @@ mod tests {
             json!({"event": "content", "text": "Do"}),
             json!({"event": "content", "text": "ne."}),
         ];
-        let result = json!({"id": 7, "outcome": "failed", "fail_reason": "tool_execution_error",
+        let events = events.map(|e| serde_json::from_value::<WireEvent>(e).unwrap());
+        let result: WireResult = serde_json::from_value(json!({"id": 7, "outcome": "failed",
+            "finish_reason": null, "fail_reason": "tool_execution_error",
             "detail": "tool iteration budget exhausted", "content": "Done.",
+            "reasoning_content": null,
             "tool_calls": [{"iteration": 1, "id": "a", "name": "read_file",
-                            "arguments": "{\"path\": \"start.txt\"}", "ok": true,
-                            "result": "go on"}],
-            "not_run": [{"id": "b", "name": "read_file", "arguments": "{}"}],
-            "budget": 1, "budget_left": 0});
+                            "arguments": "{\"path\": \"start.txt\"}", "source": "native",
+                            "ok": true, "result": "go on"}],
+            "not_run": [{"id": "b", "name": "read_file", "arguments": "{}"}], "exits": [],
+            "generations": [], "budget": 1, "budget_left": 0, "stalls": [], "retries": []}))
+        .unwrap();
         let mut out = Vec::new();
         let mut p = Printer::default();
         for e in &events {
