@@ -29,6 +29,8 @@ enum Part {
 pub struct Watcher<W: Write> {
     out: W,
     terminal: bool,
+    /// The reasoning dimmed (else under a `[reasoning]` header, the answer under `[answer]`).
+    colour: bool,
     part: Part,
     /// Where the time to the first token and the speed are read.
     clock: Arc<dyn Clock>,
@@ -44,11 +46,19 @@ impl<W: Write> Watcher<W> {
         Watcher {
             out,
             terminal,
+            colour: terminal,
             part: Part::None,
             clock: Arc::new(SystemClock::new()),
             first_token: None,
             waiting: None,
         }
+    }
+
+    /// The same watcher with colours on or off (`NO_COLOR`); off, a terminal gets the plain
+    /// text's headers and keeps its progress bar.
+    pub fn with_colour(mut self, colour: bool) -> Self {
+        self.colour = colour && self.terminal;
+        self
     }
 
     /// The same watcher timing the answer on `clock` (the client's).
@@ -202,13 +212,13 @@ impl<W: Write> Watcher<W> {
         if self.part == next {
             return Ok(());
         }
-        if self.terminal && self.part == Part::Reasoning {
+        if self.colour && self.part == Part::Reasoning {
             write!(self.out, "{RESET}")?;
         }
         if self.part != Part::None {
             writeln!(self.out)?;
         }
-        match (next, self.terminal) {
+        match (next, self.colour) {
             (Part::Reasoning, true) => write!(self.out, "{DIM}")?,
             (Part::Reasoning, false) => writeln!(self.out, "[reasoning]")?,
             (Part::Answer, false) => writeln!(self.out, "[answer]")?,

@@ -12,6 +12,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
+use loopd::daemon::protocol::{WireEvent, WireResult};
 use loopd::http::SendError;
 use loopd::llama::{Cancel, ChatMessage, ChatOptions, ChatRequest, Client};
 use loopd::runner::{builtin_tools, Outcome, ResultError, Runner, StandardBios, Submission};
@@ -245,14 +246,14 @@ fn run_agent(a: RunArgs) -> ExitCode {
         },
         ..Submission::default()
     };
-    let stdout = std::io::stdout();
-    let terminal = stdout.is_terminal();
-    let watcher = std::sync::Arc::new(std::sync::Mutex::new(request_watcher::RequestWatcher::new(
-        stdout, terminal,
-    )));
+    let watcher = std::sync::Arc::new(std::sync::Mutex::new(
+        request_watcher::RequestWatcher::for_stdout(),
+    ));
     let w = watcher.clone();
     let observer = Box::new(move |e: &loopd::runner::RequestEvent| {
-        w.lock().unwrap_or_else(|e| e.into_inner()).event(e)
+        if let Some(e) = WireEvent::of(e) {
+            w.lock().unwrap_or_else(|e| e.into_inner()).event(&e)
+        }
     });
     let id = match runner.submit_observed(req, Some(observer)) {
         Ok(id) => id,
@@ -267,7 +268,7 @@ fn run_agent(a: RunArgs) -> ExitCode {
         }
     };
     let mut w = watcher.lock().unwrap_or_else(|e| e.into_inner());
-    w.finish(&result);
+    w.finish(&WireResult::from(&result));
     match result.outcome {
         Outcome::Completed { .. } => ExitCode::SUCCESS,
         Outcome::Failed { .. } => ExitCode::FAILURE,

@@ -1,6 +1,5 @@
 //! `loopd submit|result|cancel|status` and `loopd run --daemon`: clients of `loopd serve`.
 
-use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -14,6 +13,7 @@ use loopd::Config;
 use serde::de::DeserializeOwned;
 
 use crate::cli::{DaemonAddr, IdArgs, ResultArgs, RunArgs, StatusArgs, SubmitArgs};
+use crate::request_watcher::RequestWatcher;
 
 /// How long one reply line may take (a `wait` adds its own timeout).
 const REPLY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -48,127 +48,11 @@ fn call<R: DeserializeOwned>(
     client::call(socket, &cmd.into(), timeout).map_err(|e| fail(verb, e))
 }
 
-/// One call with its outcome, in the words `loopd run` uses.
-fn call_line(name: &str, arguments: &str, ok: bool, result: &str) -> String {
-    format!(
-        "tool {name}({arguments}) -> {}{result}",
-        if ok { "" } else { "error: " }
-    )
-}
-
-/// Prints a result: the answer and the calls that ran (unless they were streamed already:
-/// `streamed`), the calls that never ran and why, then one line of outcome.
-fn print_result(r: &WireResult, streamed: bool) {
-    let _ = write_result(&mut std::io::stdout().lock(), r, streamed);
-}
-
-fn write_result(out: &mut impl Write, r: &WireResult, streamed: bool) -> std::io::Result<()> {
-    if let (false, Some(c)) = (streamed, &r.content) {
-        writeln!(out, "{c}")?;
-    }
-    if !streamed {
-        for t in &r.tool_calls {
-            writeln!(out, "{}", call_line(&t.name, &t.arguments, t.ok, &t.result))?;
-        }
-    }
-    let why = if r.budget_left == 0 {
-        format!("not run: no tool iterations left (budget {})", r.budget)
-    } else {
-        "not run".to_owned()
-    };
-    for t in &r.not_run {
-        writeln!(out, "tool {}({}) -> {why}", t.name, t.arguments)?;
-    }
-    let end = if r.completed() {
-        format!(
-            "completed ({}) after {} tool calls; {} of {} tool iterations left",
-            r.finish_reason.as_deref().unwrap_or("?"),
-            r.tool_calls.len(),
-            r.budget_left,
-            r.budget
-        )
-    } else {
-        format!(
-            "failed: {}: {}",
-            r.fail_reason.as_deref().unwrap_or("?"),
-            r.detail.as_deref().unwrap_or("")
-        )
-    };
-    writeln!(out, "req-{}: {end}", r.id)
-}
-
 fn exit_of(r: &WireResult) -> ExitCode {
     if r.completed() {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
-    }
-}
-
-/// Prints a followed request's events in the words `loopd run` uses: each call once, when it
-/// has run, with its outcome.
-#[derive(Default)]
-struct Printer {
-    /// The call running now: its id, name and arguments, from `tool_started`.
-    running: Option<(String, String, String)>,
-}
-
-impl Printer {
-    fn event(&mut self, e: &WireEvent) {
-        let mut out = std::io::stdout().lock();
-        let _ = self.write_event(&mut out, e).and_then(|()| out.flush());
-    }
-
-    fn write_event(&mut self, out: &mut impl Write, e: &WireEvent) -> std::io::Result<()> {
-        match e {
-            WireEvent::Content { text } => write!(out, "{text}"),
-            WireEvent::Generation {
-                number,
-                budget_left,
-            } => writeln!(
-                out,
-                "\n== generation {number}: {budget_left} tool iterations left"
-            ),
-            WireEvent::ToolStarted {
-                id,
-                name,
-                arguments,
-                ..
-            } => {
-                self.running = Some((id.clone(), name.clone(), arguments.clone()));
-                Ok(())
-            }
-            WireEvent::ToolFinished { id, ok, result } => match self.running.take() {
-                Some((started, name, arguments)) if started == *id => {
-                    writeln!(out, "\n{}", call_line(&name, &arguments, *ok, result))
-                }
-                _ => writeln!(
-                    out,
-                    "\ntool call {id} -> {}{result}",
-                    if *ok { "" } else { "error: " },
-                ),
-            },
-            WireEvent::Exit {
-                name, arguments, ..
-            } => writeln!(out, "\nexit signal: {name}({arguments})"),
-            WireEvent::Iteration {
-                number,
-                budget_left,
-            } => writeln!(
-                out,
-                "iteration {number} done: {budget_left} tool iterations left"
-            ),
-            WireEvent::Retrying {
-                attempt,
-                after_ms,
-                error,
-            } => writeln!(
-                out,
-                "\nretrying: attempt {attempt} in {:.1} s after: {error} (its output so far is dropped)",
-                *after_ms as f64 / 1000.0,
-            ),
-            _ => Ok(()),
-        }
     }
 }
 
@@ -190,17 +74,16 @@ fn submit_cmd(
 
 fn follow(verb: &str, socket: &std::path::Path, cmd: SubmitCmd) -> ExitCode {
     let mut on_reply = |v: &SubmitReply| eprintln!("loopd {verb}: submitted as req-{}", v.id);
-    let mut printer = Printer::default();
+    let mut watcher = RequestWatcher::for_stdout();
     match client::follow(
         socket,
         &cmd.into(),
         Duration::from_secs(3_600),
         &mut on_reply,
-        &mut |e: &WireEvent| printer.event(e),
+        &mut |e: &WireEvent| watcher.event(e),
     ) {
         Ok(ResultReply { result, .. }) => {
-            println!();
-            print_result(&result, true);
+            watcher.finish(&result);
             // Followed to the end: fetch it so the daemon need not keep it.
             let _ = client::call::<ResultReply>(
                 socket,
@@ -285,7 +168,7 @@ pub fn result(a: ResultArgs) -> ExitCode {
             exit_of(&v.result)
         }
         Ok(v) => {
-            print_result(&v.result, false);
+            RequestWatcher::for_stdout().result(&v.result);
             exit_of(&v.result)
         }
         Err(c) => c,
@@ -328,66 +211,5 @@ pub fn status(a: StatusArgs) -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(c) => c,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    /// A followed two-iteration request whose third call was refused for the budget: each
-    /// call shows once, with its outcome, and the refused one says why.
-    #[test]
-    fn a_followed_request_shows_each_call_once_with_its_outcome() {
-        let events = [
-            json!({"event": "generation", "number": 1, "budget_left": 1}),
-            json!({"event": "tool_started", "id": "a", "name": "read_file",
-                   "arguments": "{\"path\": \"start.txt\"}", "source": "native"}),
-            json!({"event": "tool_finished", "id": "a", "ok": true, "result": "go on"}),
-            json!({"event": "iteration", "number": 1, "budget_left": 0}),
-            json!({"event": "generation", "number": 2, "budget_left": 0}),
-            json!({"event": "content", "text": "Do"}),
-            json!({"event": "content", "text": "ne."}),
-        ];
-        let events = events.map(|e| serde_json::from_value::<WireEvent>(e).unwrap());
-        let result: WireResult = serde_json::from_value(json!({"id": 7, "outcome": "failed",
-            "finish_reason": null, "fail_reason": "tool_execution_error",
-            "detail": "tool iteration budget exhausted", "content": "Done.",
-            "reasoning_content": null,
-            "tool_calls": [{"iteration": 1, "id": "a", "name": "read_file",
-                            "arguments": "{\"path\": \"start.txt\"}", "source": "native",
-                            "ok": true, "result": "go on"}],
-            "not_run": [{"id": "b", "name": "read_file", "arguments": "{}"}], "exits": [],
-            "generations": [], "budget": 1, "budget_left": 0, "stalls": [], "retries": []}))
-        .unwrap();
-        let mut out = Vec::new();
-        let mut p = Printer::default();
-        for e in &events {
-            p.write_event(&mut out, e).unwrap();
-        }
-        writeln!(out).unwrap();
-        write_result(&mut out, &result, true).unwrap();
-        assert_eq!(
-            String::from_utf8(out).unwrap(),
-            "\n== generation 1: 1 tool iterations left\n\
-             \ntool read_file({\"path\": \"start.txt\"}) -> go on\n\
-             iteration 1 done: 0 tool iterations left\n\
-             \n== generation 2: 0 tool iterations left\n\
-             Done.\n\
-             tool read_file({}) -> not run: no tool iterations left (budget 1)\n\
-             req-7: failed: tool_execution_error: tool iteration budget exhausted\n"
-        );
-
-        // Not followed (`loopd result`): the answer, then every call.
-        let mut out = Vec::new();
-        write_result(&mut out, &result, false).unwrap();
-        assert_eq!(
-            String::from_utf8(out).unwrap(),
-            "Done.\n\
-             tool read_file({\"path\": \"start.txt\"}) -> go on\n\
-             tool read_file({}) -> not run: no tool iterations left (budget 1)\n\
-             req-7: failed: tool_execution_error: tool iteration budget exhausted\n"
-        );
     }
 }
