@@ -20,7 +20,7 @@ use loopd::daemon::client;
 use loopd::daemon::protocol::MAX_LINE_BYTES;
 use loopd::daemon::READ_DEADLINE;
 use serde_json::{json, Value};
-use support::daemon::{error_of, serve_to_exit, slow_answer, submit, Running};
+use support::daemon::{call_raw, command, error_of, serve_to_exit, slow_answer, submit, Running};
 use support::{json_answer, FakeServer, Reply};
 use worker_fake::{FakeWorker, Script};
 
@@ -37,9 +37,7 @@ fn three_clients_on_two_slots_the_third_is_refused_and_no_slot_is_shared() {
     let replies: Vec<Value> = (0..3)
         .map(|i| {
             let s = socket.clone();
-            thread::spawn(move || {
-                client::call(&s, &submit(&format!("q{i}")), Duration::from_secs(30)).unwrap()
-            })
+            thread::spawn(move || call_raw(&s, &submit(&format!("q{i}"))))
         })
         .collect::<Vec<_>>()
         .into_iter()
@@ -136,12 +134,15 @@ fn follow_streams_events_and_cancel_ends_with_the_partial_output() {
         let mut events = Vec::new();
         let end = client::follow(
             &socket,
-            &json!({"cmd": "submit", "messages": [{"role": "user", "content": "go"}], "follow": true}),
+            &command(
+                json!({"cmd": "submit", "messages": [{"role": "user", "content": "go"}], "follow": true}),
+            ),
             Duration::from_secs(30),
             &mut |_| {},
-            &mut |e| events.push(e.clone()),
+            &mut |e| events.push(serde_json::to_value(e).unwrap()),
         )
         .unwrap();
+        let end = serde_json::to_value(end).unwrap();
         (events, end)
     });
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -185,14 +186,15 @@ fn shutdown_cancels_what_runs_and_tells_the_follower_with_partial_output() {
     let id = d.call(submit("go"))["id"].as_u64().unwrap();
     let socket = d.socket.clone();
     let follower = thread::spawn(move || {
-        client::follow(
+        let end = client::follow(
             &socket,
-            &json!({"cmd": "follow", "id": id}),
+            &command(json!({"cmd": "follow", "id": id})),
             Duration::from_secs(30),
             &mut |_| {},
             &mut |_| {},
         )
-        .unwrap()
+        .unwrap();
+        serde_json::to_value(end).unwrap()
     });
     thread::sleep(Duration::from_millis(400));
     d.stop();

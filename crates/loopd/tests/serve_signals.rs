@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use llama_proto::hash::sha256;
 use loopd::daemon::client;
 use serde_json::{json, Value};
-use support::daemon::serve_to_exit;
+use support::daemon::{call_raw, command, serve_to_exit};
 use support::{done, json_answer, json_chunk, json_content, End, FakeServer, Reply};
 
 const CHAT: &str = "/v1/chat/completions";
@@ -193,16 +193,19 @@ fn follow(socket: &Path) -> (mpsc::Receiver<Value>, JoinHandle<Value>) {
     let (tx, rx) = mpsc::channel();
     let socket = socket.to_owned();
     let h = thread::spawn(move || {
-        client::follow(
+        let end = client::follow(
             &socket,
-            &json!({"cmd": "submit", "messages": [{"role": "user", "content": "go"}], "follow": true}),
+            &command(
+                json!({"cmd": "submit", "messages": [{"role": "user", "content": "go"}], "follow": true}),
+            ),
             Duration::from_secs(60),
             &mut |_| {},
             &mut |e| {
-                let _ = tx.send(e.clone());
+                let _ = tx.send(serde_json::to_value(e).unwrap());
             },
         )
-        .unwrap()
+        .unwrap();
+        serde_json::to_value(end).unwrap()
     });
     (rx, h)
 }
@@ -236,12 +239,7 @@ fn ready_after_the_self_test_and_sigterm_cancels_with_partial_output_and_exits_0
     );
     // When READY=1 came, the self-test's three generations were done and the socket answered.
     assert_eq!(server.requests_to(CHAT).len(), 3);
-    let status = client::call(
-        &served.socket,
-        &json!({"cmd": "status"}),
-        Duration::from_secs(10),
-    )
-    .unwrap();
+    let status = call_raw(&served.socket, &json!({"cmd": "status"}));
     assert_eq!(status["ok"], true, "{status}");
     // A request is running and has said something.
     let (events, follower) = follow(&served.socket);
@@ -298,12 +296,10 @@ fn a_second_signal_during_a_slow_shutdown_exits_at_once() {
         served.notified(Duration::from_secs(60)).as_deref(),
         Some("READY=1")
     );
-    let id = client::call(
+    let id = call_raw(
         &served.socket,
         &json!({"cmd": "submit", "messages": [{"role": "user", "content": "go"}]}),
-        Duration::from_secs(10),
-    )
-    .unwrap()["id"]
+    )["id"]
         .as_u64()
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -392,7 +388,7 @@ fn two_pieces_then_silence(every: Duration) -> Reply {
 }
 
 fn call(socket: &Path, cmd: Value) -> Value {
-    client::call(socket, &cmd, Duration::from_secs(30)).unwrap()
+    call_raw(socket, &cmd)
 }
 
 /// `kill -9` of `loopd serve` with two requests running and three results unfetched, then a
@@ -445,11 +441,11 @@ fn kill_9_loses_nothing_acknowledged_and_running_requests_come_back_daemon_resta
             thread::spawn(move || {
                 let _ = client::follow(
                     &socket,
-                    &json!({"cmd": "follow", "id": id}),
+                    &command(json!({"cmd": "follow", "id": id})),
                     Duration::from_secs(60),
                     &mut |_| {},
                     &mut |e| {
-                        let _ = tx.send(e.clone());
+                        let _ = tx.send(serde_json::to_value(e).unwrap());
                     },
                 );
             });

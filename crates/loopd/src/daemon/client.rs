@@ -1,15 +1,18 @@
-//! The client side of the daemon's socket: one command, its reply line, or a `follow` stream
-//! of event lines up to the closing reply. Every connect, write and read has a deadline.
+//! The client side of the daemon's socket: one [`Command`], its reply read into its type, or
+//! a `follow` stream of [`WireEvent`]s up to the closing [`ResultReply`]. An error reply is
+//! [`ClientError::Refused`] with the daemon's [`ErrorReply`]. Every connect, write and read
+//! has a deadline.
 
 use std::fmt;
-use std::io::{self, BufRead, BufReader, Write};
+use std::io::{self, BufRead, BufReader, Read as _, Write};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::Duration;
 
+use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-use super::protocol::MAX_LINE_BYTES;
+use super::protocol::{Command, ErrorReply, FollowReply, ResultReply, WireEvent, MAX_LINE_BYTES};
 
 /// Why a call to the daemon failed.
 #[derive(Debug)]
@@ -21,8 +24,10 @@ pub enum ClientError {
     Io(io::Error),
     /// The daemon closed the connection before its reply.
     Closed,
-    /// The reply is not a JSON object.
+    /// The reply is not the message expected (the line, cut to 200 characters, and why).
     BadReply(String),
+    /// The daemon answered with an error.
+    Refused(ErrorReply),
 }
 
 impl fmt::Display for ClientError {
@@ -34,7 +39,8 @@ impl fmt::Display for ClientError {
             ),
             ClientError::Io(e) => write!(f, "talking to the daemon: {e}"),
             ClientError::Closed => f.write_str("the daemon closed the connection before its reply"),
-            ClientError::BadReply(l) => write!(f, "the daemon's reply is not a JSON object: {l}"),
+            ClientError::BadReply(l) => write!(f, "the daemon's reply is not understood: {l}"),
+            ClientError::Refused(e) => e.fmt(f),
         }
     }
 }
@@ -43,7 +49,7 @@ impl std::error::Error for ClientError {}
 
 fn open(
     socket: &Path,
-    cmd: &Value,
+    cmd: &Command,
     timeout: Duration,
 ) -> Result<BufReader<UnixStream>, ClientError> {
     // The path in the error: "No such file or directory" alone does not say which socket.
@@ -56,13 +62,14 @@ fn open(
     s.set_read_timeout(Some(timeout)).map_err(ClientError::Io)?;
     s.set_write_timeout(Some(timeout))
         .map_err(ClientError::Io)?;
-    let mut line = cmd.to_string().into_bytes();
+    let mut line = cmd.to_line().into_bytes();
     line.push(b'\n');
     (&s).write_all(&line).map_err(ClientError::Io)?;
     Ok(BufReader::new(s))
 }
 
-fn next_line(r: &mut BufReader<UnixStream>) -> Result<Value, ClientError> {
+/// One reply line as JSON, and the line itself for a [`ClientError::BadReply`].
+fn next_line(r: &mut BufReader<UnixStream>) -> Result<(Value, String), ClientError> {
     let mut line = String::new();
     // A reply line holds one result: cap it as the daemon caps commands, with room for JSON.
     let n = r
@@ -74,43 +81,57 @@ fn next_line(r: &mut BufReader<UnixStream>) -> Result<Value, ClientError> {
         return Err(ClientError::Closed);
     }
     match serde_json::from_str::<Value>(&line) {
-        Ok(v) if v.is_object() => Ok(v),
-        _ => Err(ClientError::BadReply(
-            line.trim_end().chars().take(200).collect(),
-        )),
+        Ok(v) if v.is_object() => Ok((v, line)),
+        Ok(_) => Err(bad(&line, "not a JSON object")),
+        Err(e) => Err(bad(&line, e)),
     }
 }
 
-use std::io::Read as _;
+fn bad(line: &str, why: impl fmt::Display) -> ClientError {
+    let shown: String = line.trim_end().chars().take(200).collect();
+    ClientError::BadReply(format!("{shown} ({why})"))
+}
 
-/// Sends `cmd` and returns the daemon's one reply line, each step within `timeout`.
-pub fn call(socket: &Path, cmd: &Value, timeout: Duration) -> Result<Value, ClientError> {
+/// The reply read into `R`, or the daemon's error.
+fn typed<R: DeserializeOwned>((v, line): (Value, String)) -> Result<R, ClientError> {
+    if v.get("ok") == Some(&Value::Bool(false)) {
+        return Err(serde_json::from_value::<ErrorReply>(v)
+            .map_or_else(|e| bad(&line, e), ClientError::Refused));
+    }
+    serde_json::from_value(v).map_err(|e| bad(&line, e))
+}
+
+/// Sends `cmd` and returns the daemon's one reply line read into `R`, each step within
+/// `timeout`.
+pub fn call<R: DeserializeOwned>(
+    socket: &Path,
+    cmd: &Command,
+    timeout: Duration,
+) -> Result<R, ClientError> {
     let mut r = open(socket, cmd, timeout)?;
-    next_line(&mut r)
+    typed(next_line(&mut r)?)
 }
 
 /// Sends a `follow` (or a `submit` with `follow`): calls `on_reply` with the first reply, then
-/// `on_event` with each event line, and returns the closing line (the result, or an error).
-/// `timeout` bounds each line, so it must exceed the daemon's longest silence.
+/// `on_event` with each event, and returns the closing result (an error reply, such as
+/// `FOLLOWER_DROPPED`, is [`ClientError::Refused`]). `timeout` bounds each line, so it must
+/// exceed the daemon's longest silence.
 pub fn follow(
     socket: &Path,
-    cmd: &Value,
+    cmd: &Command,
     timeout: Duration,
-    on_reply: &mut dyn FnMut(&Value),
-    on_event: &mut dyn FnMut(&Value),
-) -> Result<Value, ClientError> {
+    on_reply: &mut dyn FnMut(&FollowReply),
+    on_event: &mut dyn FnMut(&WireEvent),
+) -> Result<ResultReply, ClientError> {
     let mut r = open(socket, cmd, timeout)?;
-    let first = next_line(&mut r)?;
-    if first.get("ok") != Some(&Value::Bool(true)) {
-        return Ok(first);
-    }
+    let first: FollowReply = typed(next_line(&mut r)?)?;
     on_reply(&first);
     loop {
-        let v = next_line(&mut r)?;
+        let (v, line) = next_line(&mut r)?;
         if v.get("event").is_some() {
-            on_event(&v);
+            on_event(&serde_json::from_value(v).map_err(|e| bad(&line, e))?);
         } else {
-            return Ok(v);
+            return typed((v, line));
         }
     }
 }

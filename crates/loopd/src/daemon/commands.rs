@@ -8,18 +8,26 @@ use std::sync::mpsc::{sync_channel, Receiver};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use serde_json::json;
-
 use super::connection::send;
 use super::db::{DbError, Lookup};
 use super::listener::{Daemon, EVENT_QUEUE, TICK};
-use super::protocol::{Command, ProtoError};
+use super::protocol::{
+    to_line, CancelReply, CancelState, Command, ErrorCode, MetricsReply, OkTrue, ProtoError,
+    ResultReply, ServeState, Status, StatusReply, SubmitCmd, SubmitReply, WireResult,
+};
 use super::state::{lock, Hub, Line, Refusal, State};
-use crate::runner::{RequestId, Submission, SubmitError};
+use crate::runner::{RequestId, SubmitError};
 
-/// A `result` reply around the stored result's JSON text.
-fn result_line(result: &str) -> String {
-    format!(r#"{{"ok":true,"result":{result}}}"#)
+/// A `result` reply around the stored result's JSON text, read back into its type.
+fn result_line(id: u64, stored: &str) -> String {
+    match serde_json::from_str::<WireResult>(stored) {
+        Ok(r) => to_line(&ResultReply::new(r)),
+        Err(e) => ProtoError::Refused(
+            ErrorCode::StoreFailed,
+            format!("the stored result of {} cannot be read: {e}", RequestId(id)),
+        )
+        .to_line(),
+    }
 }
 
 impl Daemon {
@@ -31,17 +39,21 @@ impl Daemon {
         line: &[u8],
     ) -> io::Result<()> {
         match cmd {
-            Command::Submit { request, follow } => self.submit(stream, request, follow, line),
-            Command::Result { id } => send(stream, &self.wait(id, Duration::ZERO)),
-            Command::Wait { id, timeout_ms } => {
-                send(stream, &self.wait(id, Duration::from_millis(timeout_ms)))
-            }
-            Command::Cancel { id } => send(stream, &self.cancel(id)),
-            Command::Follow { id } => self.follow(stream, id),
-            Command::Status => send(stream, &self.status()),
-            Command::Metrics => send(
+            Command::Submit(s) => self.submit(stream, &s, line),
+            Command::Result(c) => send(stream, &self.wait(c.id, Duration::ZERO)),
+            Command::Wait(c) => send(
                 stream,
-                &json!({"ok": true, "metrics": self.metrics()}).to_string(),
+                &self.wait(c.id, Duration::from_millis(c.timeout_ms())),
+            ),
+            Command::Cancel(c) => send(stream, &self.cancel(c.id)),
+            Command::Follow(c) => self.follow(stream, c.id),
+            Command::Status(_) => send(stream, &self.status()),
+            Command::Metrics(_) => send(
+                stream,
+                &to_line(&MetricsReply {
+                    ok: OkTrue,
+                    metrics: self.metrics(),
+                }),
             ),
         }
     }
@@ -55,7 +67,7 @@ impl Daemon {
             match inner.db.take_result(id, s.clock.wall()) {
                 Ok(Lookup::Done(r)) => {
                     inner.freed = true;
-                    return result_line(&r);
+                    return result_line(id, &r);
                 }
                 Ok(Lookup::NotFound) => return ProtoError::NotFound.to_line(),
                 Ok(Lookup::Pending) => {}
@@ -81,9 +93,9 @@ impl Daemon {
             Ok(Lookup::Pending) => {
                 // Outside the store's lock: the runner's table comes first.
                 let _ = self.runner.cancel(RequestId(id));
-                json!({"ok": true, "state": "cancelling"}).to_string()
+                cancel_line(CancelState::Cancelling)
             }
-            Ok(Lookup::Done(_)) => json!({"ok": true, "state": "ended"}).to_string(),
+            Ok(Lookup::Done(_)) => cancel_line(CancelState::Ended),
             Ok(Lookup::NotFound) => ProtoError::NotFound.to_line(),
             Err(e) => State::failed(e).to_line(),
         }
@@ -98,16 +110,22 @@ impl Daemon {
             (Err(e), _) | (_, Err(e)) => return State::failed(e).to_line(),
         };
         drop(inner);
-        json!({"ok": true, "status": {
-            "state": if self.stopping() { "stopping" } else { "serving" },
-            "slots": slots,
-            "busy": busy,
-            "running": running,
-            "kept": kept,
-            "connections": self.connections.load(Ordering::SeqCst),
-            "tools": self.settings.tools,
-        }})
-        .to_string()
+        to_line(&StatusReply {
+            ok: OkTrue,
+            status: Status {
+                state: if self.stopping() {
+                    ServeState::Stopping
+                } else {
+                    ServeState::Serving
+                },
+                slots,
+                busy,
+                running,
+                kept,
+                connections: self.connections.load(Ordering::SeqCst),
+                tools: self.settings.tools.clone(),
+            },
+        })
     }
 
     fn follow(&self, stream: &UnixStream, id: u64) -> io::Result<()> {
@@ -119,10 +137,7 @@ impl Daemon {
                 Some(l) => lock(&l.hub).push(tx),
                 None => {
                     let reply = match inner.db.knows(id, s.clock.wall()) {
-                        Ok(true) => ProtoError::Refused(
-                            "ENDED",
-                            format!("{} has ended; fetch its result with result", RequestId(id)),
-                        ),
+                        Ok(true) => ProtoError::Ended(RequestId(id)),
                         Ok(false) => ProtoError::NotFound,
                         Err(e) => State::failed(e),
                     };
@@ -130,7 +145,7 @@ impl Daemon {
                 }
             }
         }
-        send(stream, &json!({"ok": true, "id": id}).to_string())?;
+        send(stream, &to_line(&SubmitReply::new(id)))?;
         self.stream_events(stream, rx)
     }
 
@@ -149,10 +164,14 @@ impl Daemon {
     fn submit(
         self: &Arc<Daemon>,
         stream: &UnixStream,
-        request: Submission,
-        follow: bool,
+        cmd: &SubmitCmd,
         line: &[u8],
     ) -> io::Result<()> {
+        let request = match cmd.to_submission() {
+            Ok(r) => r,
+            Err(e) => return send(stream, &e.to_line()),
+        };
+        let follow = cmd.follow;
         if self.stopping() {
             return send(stream, &ProtoError::ShuttingDown.to_line());
         }
@@ -184,7 +203,7 @@ impl Daemon {
                 if let Some(id) = named {
                     self.state.forget(id.0);
                 }
-                self.state.metrics.refused(e.as_str());
+                self.state.metrics.refused(e.code().as_str());
                 let detail = match &e {
                     Refusal::Runner(SubmitError::NoSlotAvailable) => format!(
                         "every slot is busy ({} of {}); there is no queue",
@@ -199,11 +218,11 @@ impl Daemon {
                     ),
                     Refusal::Store(other) => format!("the store refused the request: {other}"),
                 };
-                return send(stream, &ProtoError::Refused(e.as_str(), detail).to_line());
+                return send(stream, &ProtoError::Refused(e.code(), detail).to_line());
             }
         };
         self.state.metrics.set_busy(self.runner.busy_slots());
-        send(stream, &json!({"ok": true, "id": id.0}).to_string())?;
+        send(stream, &to_line(&SubmitReply::new(id.0)))?;
         match rx {
             Some(rx) => self.stream_events(stream, rx),
             None => Ok(()),
@@ -217,16 +236,11 @@ fn pass_on(stream: &UnixStream, rx: Receiver<Line>) -> io::Result<()> {
             Ok(Line::Event(l)) => send(stream, &l)?,
             Ok(Line::End(l)) => return send(stream, &l),
             // The hub dropped this follower: it fell EVENT_QUEUE lines behind.
-            Err(_) => {
-                return send(
-                    stream,
-                    &ProtoError::Refused(
-                        "FOLLOWER_DROPPED",
-                        format!("the client fell {EVENT_QUEUE} events behind"),
-                    )
-                    .to_line(),
-                )
-            }
+            Err(_) => return send(stream, &ProtoError::FollowerDropped(EVENT_QUEUE).to_line()),
         }
     }
+}
+
+fn cancel_line(state: CancelState) -> String {
+    to_line(&CancelReply { ok: OkTrue, state })
 }

@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::db::{Interrupted, RESTARTED};
-use super::protocol::result_json;
+use super::protocol::{to_line, WireResult};
 use crate::llama::{ChatEvent, ToolCall};
 use crate::runner::{
     CallSource, FailReason, Outcome, RequestEvent, RequestId, RequestResult, ToolRecord,
@@ -200,9 +200,9 @@ pub fn restarted_result(i: &Interrupted<'_>, budget: u32) -> String {
         stalls: Vec::new(),
         retries: Vec::new(),
     };
-    let mut v = result_json(&r);
-    v["fail_reason"] = RESTARTED.into();
-    v.to_string()
+    let mut w = WireResult::from(&r);
+    w.fail_reason = Some(RESTARTED.to_owned());
+    to_line(&w)
 }
 
 #[cfg(test)]

@@ -17,7 +17,7 @@ use clock::Clock;
 use super::db::{Db, DbError};
 use super::metrics::Metrics;
 use super::output::{Checkpoints, Output};
-use super::protocol::{event_json, result_json, ProtoError};
+use super::protocol::{to_line, ErrorCode, ProtoError, ResultReply, WireEvent, WireResult};
 use crate::runner::{RequestEvent, RequestId, RequestResult, SubmitError};
 
 /// One line for a follower: an event, or the end line (the result).
@@ -59,11 +59,10 @@ impl From<SubmitError> for Refusal {
 
 impl Refusal {
     /// The code on the wire: the runner's, `STORE_FULL` or `STORE_FAILED`.
-    pub fn as_str(&self) -> &'static str {
+    pub fn code(&self) -> ErrorCode {
         match self {
-            Refusal::Runner(e) => e.as_str(),
-            Refusal::Store(DbError::DiskFull) => "STORE_FULL",
-            Refusal::Store(_) => "STORE_FAILED",
+            Refusal::Runner(e) => ErrorCode::from(*e),
+            Refusal::Store(e) => store_code(e),
         }
     }
 }
@@ -134,8 +133,10 @@ impl State {
             if subs.is_empty() {
                 return;
             }
-            let Some(v) = event_json(e) else { return };
-            let line = v.to_string();
+            let Some(event) = WireEvent::of(e) else {
+                return;
+            };
+            let line = to_line(&event);
             subs.retain(|s| match s.try_send(Line::Event(line.clone())) {
                 Ok(()) => true,
                 Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => false,
@@ -176,7 +177,8 @@ impl State {
     /// start.
     pub fn complete(&self, result: RequestResult) {
         let id = result.id;
-        let body = result_json(&result).to_string();
+        let wire = WireResult::from(&result);
+        let body = to_line(&wire);
         let reason = match &result.outcome {
             crate::runner::Outcome::Completed { finish_reason } => finish_reason.as_str(),
             crate::runner::Outcome::Failed { reason, .. } => reason.as_str(),
@@ -211,7 +213,7 @@ impl State {
         self.drain_evicted(&mut inner);
         // Under the lock, so no follower can join the hub after its last line.
         if let Some(l) = live {
-            let end = format!(r#"{{"ok":true,"result":{body}}}"#);
+            let end = to_line(&ResultReply::new(wire));
             for s in lock(&l.hub).drain(..) {
                 let _ = s.try_send(Line::End(end.clone()));
             }
@@ -235,12 +237,16 @@ impl State {
 
     /// The store's error as the reply's error.
     pub fn failed(e: DbError) -> ProtoError {
-        let code = if e == DbError::DiskFull {
-            "STORE_FULL"
-        } else {
-            "STORE_FAILED"
-        };
-        ProtoError::Refused(code, e.to_string())
+        ProtoError::Refused(store_code(&e), e.to_string())
+    }
+}
+
+/// `STORE_FULL` for a full disk, `STORE_FAILED` for anything else.
+fn store_code(e: &DbError) -> ErrorCode {
+    if *e == DbError::DiskFull {
+        ErrorCode::StoreFull
+    } else {
+        ErrorCode::StoreFailed
     }
 }
 

@@ -88,7 +88,8 @@ enum Phase<'b> {
     Over,
 }
 
-/// One chat request's call: see the [module docs](self).
+/// One chat request's call, as a sans-IO machine: `llama/call.rs`'s module docs say how it is
+/// driven (the module is private; the machine is what the crate exports).
 pub struct ChatCall<'b> {
     limits: Limits,
     req: ChatRequest,

@@ -3,7 +3,7 @@
 //! [`Partial`] output), and the [`Client`].
 //!
 //! [`Client::run`] runs one request from the slot gate to the completion, cancellable through
-//! a [`Cancel`]; [`Client::run_with_retry`] does the same under the [`RetrySchedule`];
+//! a [`Cancel`]; [`Client::run_with_retry`] does the same under the retry schedule (`retry.rs`);
 //! [`Client::chat`] and [`Client::chat_with_retry`] are the same without a cancel. The request
 //! itself is a [`ChatCall`], a sans-IO state machine (the gate, the wait for an abandoned
 //! slot, the attempts and the waits between them), which nests the [`ChatExchange`] of the
@@ -32,20 +32,18 @@ pub use crate::cancel::Cancel;
 pub use assemble::{Buffers, Storage, ARGUMENTS_CAP, CONTENT_CAP, REASONING_CAP, TOOL_CALLS_CAP};
 pub use call::{CallOutput, ChatCall};
 pub(crate) use chat::{wait_until, ByteSink, ChatIo};
-pub use chat::{CHAT_PATH, CONTROL_PATH};
 pub use error::{
     capped_body, Deadline, Failed, InferError, Partial, ProtocolError, Silence, ERROR_BODY_CAP,
 };
 pub use exchange::{ChatExchange, Output};
-pub use gate::{SlotGate, SlotPermit};
-pub use info::{Props, SlotState};
+pub(crate) use gate::SlotGate;
+pub use gate::SlotPermit;
 pub use llama_proto::{
     cache_outcome, AssistantMessage, CacheOutcome, ChatMessage, Completion, FinishReason, Timings,
     ToolCall, ToolSchema, CACHE_LOSS_TOLERANCE,
 };
 pub use request::render as render_request;
-pub use retry::{is_retryable, Decision, RetrySchedule};
-pub use timers::{CapAction, FirstByteWait, IdleWait, SlotSeen, ThinkingCap};
+pub use timers::SlotSeen;
 
 /// How the model is to answer one request: the per-request settings of the chat body.
 ///

@@ -195,7 +195,8 @@ enum Phase<'b> {
     Done,
 }
 
-/// One agent request: see the [module docs](self).
+/// One agent request, as a sans-IO machine: `runner/agent.rs`'s module docs say how it is
+/// driven (the module is private; the machine is what the crate exports).
 pub struct AgentRequest<'b> {
     slot: u32,
     req: Submission,

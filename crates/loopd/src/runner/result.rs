@@ -26,7 +26,7 @@ pub enum FailReason {
     WorkerStopped,
     /// The streamed content repeated itself.
     LoopDetected,
-    /// [`Runner::cancel`] (or the runner being dropped).
+    /// [`Runner::cancel`](super::Runner::cancel) (or the runner being dropped).
     Cancelled,
     /// The client's own error (never [`InferError::Cancelled`]: a cancel is the runner's).
     Client(InferError),

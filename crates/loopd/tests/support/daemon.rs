@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use clock::Clock;
 use loopd::config::Config;
-use loopd::daemon::client;
 use loopd::daemon::{Daemon, Db, DbSettings, Durability, Settings};
 use loopd::llama::Client;
 use loopd::runner::{builtin_tools, Runner, StandardBios};
@@ -92,7 +91,7 @@ impl Running {
     }
 
     pub fn call(&self, cmd: Value) -> Value {
-        client::call(&self.socket, &cmd, Duration::from_secs(30)).unwrap()
+        call_raw(&self.socket, &cmd)
     }
 
     pub fn stop(&mut self) {
@@ -107,6 +106,23 @@ impl Drop for Running {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// Sends `cmd` as it is and returns the one reply line as JSON, an error reply included:
+/// the tests look at the wire, where the client (`loopd::daemon::client`) reads types.
+pub fn call_raw(socket: &std::path::Path, cmd: &Value) -> Value {
+    use std::io::{BufRead, Write};
+    let s = std::os::unix::net::UnixStream::connect(socket).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    (&s).write_all(format!("{cmd}\n").as_bytes()).unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(&s).read_line(&mut line).unwrap();
+    serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"))
+}
+
+/// A command written as JSON, read into its type.
+pub fn command(cmd: Value) -> loopd::daemon::protocol::Command {
+    serde_json::from_value(cmd).unwrap()
 }
 
 pub fn submit(prompt: &str) -> Value {

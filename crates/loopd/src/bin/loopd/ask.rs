@@ -62,10 +62,10 @@ impl<W: Write> Watcher<W> {
         }
     }
 
-    /// The same watcher with the colours on or off, whatever the environment says.
-    #[cfg(test)]
+    /// The same watcher with colours on or off (`NO_COLOR`); off, a terminal gets the plain
+    /// text's headers and keeps its progress bar.
     pub fn with_colour(mut self, colour: bool) -> Self {
-        self.colour = colour;
+        self.colour = colour && self.terminal;
         self
     }
 
@@ -267,8 +267,8 @@ impl<W: Write> Watcher<W> {
         if self.part != Part::None {
             writeln!(self.out)?;
         }
-        match (next, self.terminal) {
-            (Part::Reasoning, true) if self.colour => write!(self.out, "{DIM}")?,
+        match (next, self.colour) {
+            (Part::Reasoning, true) => write!(self.out, "{DIM}")?,
             (Part::Reasoning, false) => writeln!(self.out, "[reasoning]")?,
             (Part::Answer, false) => writeln!(self.out, "[answer]")?,
             _ => {}
@@ -395,7 +395,7 @@ mod tests {
     }
 
     #[test]
-    fn no_color_keeps_the_bar_and_drops_every_colour_code() {
+    fn no_color_keeps_the_bar_and_drops_every_colour_code_for_headers() {
         assert!(colour_allowed(None));
         assert!(colour_allowed(Some(OsStr::new(""))));
         assert!(!colour_allowed(Some(OsStr::new("1"))));
@@ -414,8 +414,8 @@ mod tests {
         assert_eq!(
             String::from_utf8(w.out).unwrap(),
             format!(
-                "\rprompt {bar} 2/2 tokens (0 cached)\nr\nthinking capped after 1 tokens: asked \
-                 the server to end reasoning\ns\na"
+                "\rprompt {bar} 2/2 tokens (0 cached)\n[reasoning]\nr\nthinking capped after 1 \
+                 tokens: asked the server to end reasoning\n[reasoning]\ns\n[answer]\na"
             )
         );
     }

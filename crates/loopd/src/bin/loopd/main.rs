@@ -15,6 +15,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{CommandFactory, Parser};
+use loopd::daemon::protocol::{WireEvent, WireResult};
 use loopd::http::SendError;
 use loopd::llama::{Cancel, ChatMessage, ChatOptions, ChatRequest, Client};
 use loopd::runner::{builtin_tools, Outcome, ResultError, Runner, StandardBios, Submission};
@@ -279,14 +280,14 @@ fn run_agent(a: RunArgs) -> Result<Exit, Fail> {
         },
         ..Submission::default()
     };
-    let stdout = std::io::stdout();
-    let terminal = stdout.is_terminal();
-    let watcher = std::sync::Arc::new(std::sync::Mutex::new(request_watcher::RequestWatcher::new(
-        stdout, terminal,
-    )));
+    let watcher = std::sync::Arc::new(std::sync::Mutex::new(
+        request_watcher::RequestWatcher::for_stdout(),
+    ));
     let w = watcher.clone();
     let observer = Box::new(move |e: &loopd::runner::RequestEvent| {
-        w.lock().unwrap_or_else(|e| e.into_inner()).event(e)
+        if let Some(e) = WireEvent::of(e) {
+            w.lock().unwrap_or_else(|e| e.into_inner()).event(&e)
+        }
     });
     let id = runner
         .submit_observed(req, Some(observer))
@@ -300,7 +301,7 @@ fn run_agent(a: RunArgs) -> Result<Exit, Fail> {
         }
     };
     let mut w = watcher.lock().unwrap_or_else(|e| e.into_inner());
-    w.finish(&result);
+    w.finish(&WireResult::from(&result));
     Ok(match result.outcome {
         Outcome::Completed { .. } => Exit::Completed,
         Outcome::Failed { .. } => Exit::Failed,

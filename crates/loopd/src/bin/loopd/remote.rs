@@ -1,16 +1,19 @@
 //! `loopd submit|result|cancel|status` and `loopd run --daemon`: clients of `loopd serve`.
 
-use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use loopd::daemon::client;
-use loopd::daemon::protocol::{Submit, WireMessage};
+use loopd::daemon::protocol::{
+    CancelCmd, CancelReply, Command, MetricsCmd, MetricsReply, ResultCmd, ResultReply, StatusCmd,
+    StatusReply, SubmitCmd, SubmitReply, WaitCmd, WireEvent, WireMessage, WireResult,
+};
 use loopd::Config;
-use serde_json::{json, Value};
+use serde::de::DeserializeOwned;
 
 use crate::cli::{DaemonAddr, IdArgs, ResultArgs, RunArgs, StatusArgs, SubmitArgs};
+use crate::request_watcher::RequestWatcher;
 
 /// How long one reply line may take (a `wait` adds its own timeout).
 const REPLY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -30,159 +33,26 @@ fn addr(a: &DaemonAddr) -> Result<PathBuf, String> {
     socket_of(a.config.as_ref(), a.socket.as_ref())
 }
 
+/// Says why `verb` failed (a refusal as `CODE: detail`) and exits 1.
 fn fail(verb: &str, e: impl std::fmt::Display) -> ExitCode {
     eprintln!("loopd {verb}: {e}");
     ExitCode::FAILURE
 }
 
-/// The daemon's error reply as `CODE: detail`, or `None` for an `ok` reply.
-fn refusal(v: &Value) -> Option<String> {
-    if v.get("ok") == Some(&Value::Bool(true)) {
-        return None;
-    }
-    Some(format!(
-        "{}: {}",
-        v["error"].as_str().unwrap_or("?"),
-        v["detail"].as_str().unwrap_or("")
-    ))
-}
-
-fn call(
+fn call<R: DeserializeOwned>(
     verb: &str,
     socket: &std::path::Path,
-    cmd: Value,
+    cmd: impl Into<Command>,
     timeout: Duration,
-) -> Result<Value, ExitCode> {
-    match client::call(socket, &cmd, timeout) {
-        Ok(v) => match refusal(&v) {
-            None => Ok(v),
-            Some(r) => Err(fail(verb, r)),
-        },
-        Err(e) => Err(fail(verb, e)),
-    }
+) -> Result<R, ExitCode> {
+    client::call(socket, &cmd.into(), timeout).map_err(|e| fail(verb, e))
 }
 
-/// One call with its outcome, in the words `loopd run` uses.
-fn call_line(name: &str, arguments: &str, ok: bool, result: &str) -> String {
-    format!(
-        "tool {name}({arguments}) -> {}{result}",
-        if ok { "" } else { "error: " }
-    )
-}
-
-/// Prints a result: the answer and the calls that ran (unless they were streamed already:
-/// `streamed`), the calls that never ran and why, then one line of outcome.
-fn print_result(r: &Value, streamed: bool) {
-    let _ = write_result(&mut std::io::stdout().lock(), r, streamed);
-}
-
-fn write_result(out: &mut impl Write, r: &Value, streamed: bool) -> std::io::Result<()> {
-    let s = |v: &Value| v.as_str().unwrap_or("").to_owned();
-    if let (false, Some(c)) = (streamed, r["content"].as_str()) {
-        writeln!(out, "{c}")?;
-    }
-    if !streamed {
-        for t in r["tool_calls"].as_array().into_iter().flatten() {
-            let ok = t["ok"] == json!(true);
-            let line = call_line(&s(&t["name"]), &s(&t["arguments"]), ok, &s(&t["result"]));
-            writeln!(out, "{line}")?;
-        }
-    }
-    let why = if r["budget_left"] == json!(0) {
-        format!("not run: no tool iterations left (budget {})", r["budget"])
-    } else {
-        "not run".to_owned()
-    };
-    for t in r["not_run"].as_array().into_iter().flatten() {
-        writeln!(
-            out,
-            "tool {}({}) -> {why}",
-            s(&t["name"]),
-            s(&t["arguments"])
-        )?;
-    }
-    let end = match r["outcome"].as_str() {
-        Some("completed") => format!(
-            "completed ({}) after {} tool calls; {} of {} tool iterations left",
-            r["finish_reason"].as_str().unwrap_or("?"),
-            r["tool_calls"].as_array().map_or(0, Vec::len),
-            r["budget_left"],
-            r["budget"]
-        ),
-        _ => format!(
-            "failed: {}: {}",
-            r["fail_reason"].as_str().unwrap_or("?"),
-            r["detail"].as_str().unwrap_or("")
-        ),
-    };
-    writeln!(out, "req-{}: {end}", r["id"])
-}
-
-fn exit_of(r: &Value) -> ExitCode {
-    if r["outcome"] == json!("completed") {
+fn exit_of(r: &WireResult) -> ExitCode {
+    if r.completed() {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
-    }
-}
-
-/// Prints a followed request's events in the words `loopd run` uses: each call once, when it
-/// has run, with its outcome.
-#[derive(Default)]
-struct Printer {
-    /// The call running now: its id, name and arguments, from `tool_started`.
-    running: Option<(String, String, String)>,
-}
-
-impl Printer {
-    fn event(&mut self, e: &Value) {
-        let mut out = std::io::stdout().lock();
-        let _ = self.write_event(&mut out, e).and_then(|()| out.flush());
-    }
-
-    fn write_event(&mut self, out: &mut impl Write, e: &Value) -> std::io::Result<()> {
-        let s = |k: &str| e[k].as_str().unwrap_or("").to_owned();
-        match e["event"].as_str().unwrap_or("") {
-            "content" => write!(out, "{}", s("text")),
-            "generation" => writeln!(
-                out,
-                "\n== generation {}: {} tool iterations left",
-                e["number"], e["budget_left"]
-            ),
-            "tool_started" => {
-                self.running = Some((s("id"), s("name"), s("arguments")));
-                Ok(())
-            }
-            "tool_finished" => {
-                let ok = e["ok"] == json!(true);
-                match self.running.take() {
-                    Some((id, name, arguments)) if id == s("id") => {
-                        writeln!(out, "\n{}", call_line(&name, &arguments, ok, &s("result")))
-                    }
-                    _ => writeln!(
-                        out,
-                        "\ntool call {} -> {}{}",
-                        s("id"),
-                        if ok { "" } else { "error: " },
-                        s("result")
-                    ),
-                }
-            }
-            "exit" => writeln!(out, "\nexit signal: {}({})", s("name"), s("arguments")),
-            "iteration" => writeln!(
-                out,
-                "iteration {} done: {} tool iterations left",
-                e["number"], e["budget_left"]
-            ),
-            "retrying" => writeln!(
-                out,
-                "\nretrying: attempt {} in {:.1} s after: {} (its output so far is dropped)",
-                e["attempt"],
-                e["after_ms"].as_u64().unwrap_or(0) as f64 / 1000.0,
-                s("error")
-            ),
-            _ => Ok(()),
-        }
     }
 }
 
@@ -192,41 +62,36 @@ fn submit_cmd(
     thinking: bool,
     max_tokens: Option<u64>,
     follow: bool,
-) -> Submit {
-    Submit {
+) -> SubmitCmd {
+    SubmitCmd {
         budget,
         thinking,
         max_tokens,
         follow,
-        ..Submit::new(vec![WireMessage::user(prompt)])
+        ..SubmitCmd::new(vec![WireMessage::user(prompt)])
     }
 }
 
-fn cmd_of(s: &Submit) -> Value {
-    serde_json::to_value(s).unwrap_or_default()
-}
-
-fn follow(verb: &str, socket: &std::path::Path, cmd: Value) -> ExitCode {
-    let mut on_reply = |v: &Value| eprintln!("loopd {verb}: submitted as req-{}", v["id"]);
-    let mut printer = Printer::default();
+fn follow(verb: &str, socket: &std::path::Path, cmd: SubmitCmd) -> ExitCode {
+    let mut on_reply = |v: &SubmitReply| eprintln!("loopd {verb}: submitted as req-{}", v.id);
+    let mut watcher = RequestWatcher::for_stdout();
     match client::follow(
         socket,
-        &cmd,
+        &cmd.into(),
         Duration::from_secs(3_600),
         &mut on_reply,
-        &mut |e: &Value| printer.event(e),
+        &mut |e: &WireEvent| watcher.event(e),
     ) {
-        Ok(v) => match refusal(&v) {
-            Some(r) => fail(verb, r),
-            None => {
-                println!();
-                print_result(&v["result"], true);
-                // Followed to the end: fetch it so the daemon need not keep it.
-                let id = v["result"]["id"].clone();
-                let _ = client::call(socket, &json!({"cmd": "result", "id": id}), REPLY_TIMEOUT);
-                exit_of(&v["result"])
-            }
-        },
+        Ok(ResultReply { result, .. }) => {
+            watcher.finish(&result);
+            // Followed to the end: fetch it so the daemon need not keep it.
+            let _ = client::call::<ResultReply>(
+                socket,
+                &ResultCmd { id: result.id }.into(),
+                REPLY_TIMEOUT,
+            );
+            exit_of(&result)
+        }
         Err(e) => fail(verb, e),
     }
 }
@@ -257,11 +122,11 @@ pub fn submit(a: SubmitArgs) -> ExitCode {
         cmd.messages.extend(prompt);
     }
     if a.follow {
-        return follow("submit", &socket, cmd_of(&cmd));
+        return follow("submit", &socket, cmd);
     }
-    match call("submit", &socket, cmd_of(&cmd), REPLY_TIMEOUT) {
+    match call::<SubmitReply>("submit", &socket, cmd, REPLY_TIMEOUT) {
         Ok(v) => {
-            println!("req-{}", v["id"]);
+            println!("req-{}", v.id);
             ExitCode::SUCCESS
         }
         Err(c) => c,
@@ -277,13 +142,7 @@ pub fn run(a: RunArgs) -> ExitCode {
     follow(
         "run",
         &socket,
-        cmd_of(&submit_cmd(
-            &a.prompt,
-            a.budget,
-            a.thinking,
-            a.max_tokens,
-            true,
-        )),
+        submit_cmd(&a.prompt, a.budget, a.thinking, a.max_tokens, true),
     )
 }
 
@@ -293,20 +152,24 @@ pub fn result(a: ResultArgs) -> ExitCode {
         Ok(s) => s,
         Err(e) => return fail("result", e),
     };
-    let cmd = if a.wait > 0 {
-        json!({"cmd": "wait", "id": a.id, "timeout_ms": a.wait.saturating_mul(1000)})
+    let cmd: Command = if a.wait > 0 {
+        WaitCmd {
+            id: a.id,
+            timeout_ms: Some(a.wait.saturating_mul(1000)),
+        }
+        .into()
     } else {
-        json!({"cmd": "result", "id": a.id})
+        ResultCmd { id: a.id }.into()
     };
     let timeout = REPLY_TIMEOUT + Duration::from_secs(a.wait);
-    match call("result", &socket, cmd, timeout) {
+    match call::<ResultReply>("result", &socket, cmd, timeout) {
         Ok(v) if a.json => {
-            println!("{v}");
-            exit_of(&v["result"])
+            println!("{}", loopd::daemon::protocol::to_line(&v));
+            exit_of(&v.result)
         }
         Ok(v) => {
-            print_result(&v["result"], false);
-            exit_of(&v["result"])
+            RequestWatcher::for_stdout().result(&v.result);
+            exit_of(&v.result)
         }
         Err(c) => c,
     }
@@ -318,14 +181,9 @@ pub fn cancel(a: IdArgs) -> ExitCode {
         Ok(s) => s,
         Err(e) => return fail("cancel", e),
     };
-    match call(
-        "cancel",
-        &socket,
-        json!({"cmd": "cancel", "id": a.id}),
-        REPLY_TIMEOUT,
-    ) {
+    match call::<CancelReply>("cancel", &socket, CancelCmd { id: a.id }, REPLY_TIMEOUT) {
         Ok(v) => {
-            println!("req-{}: {}", a.id, v["state"].as_str().unwrap_or("?"));
+            println!("req-{}: {}", a.id, v.state.as_str());
             ExitCode::SUCCESS
         }
         Err(c) => c,
@@ -338,72 +196,20 @@ pub fn status(a: StatusArgs) -> ExitCode {
         Ok(s) => s,
         Err(e) => return fail("status", e),
     };
-    let cmd = json!({"cmd": if a.metrics { "metrics" } else { "status" }});
-    match call("status", &socket, cmd, REPLY_TIMEOUT) {
-        Ok(v) if a.metrics => {
-            print!("{}", v["metrics"].as_str().unwrap_or(""));
-            ExitCode::SUCCESS
-        }
+    if a.metrics {
+        return match call::<MetricsReply>("status", &socket, MetricsCmd {}, REPLY_TIMEOUT) {
+            Ok(v) => {
+                print!("{}", v.metrics);
+                ExitCode::SUCCESS
+            }
+            Err(c) => c,
+        };
+    }
+    match call::<StatusReply>("status", &socket, StatusCmd {}, REPLY_TIMEOUT) {
         Ok(v) => {
-            println!("{}", v["status"]);
+            println!("{}", loopd::daemon::protocol::to_line(&v.status));
             ExitCode::SUCCESS
         }
         Err(c) => c,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A followed two-iteration request whose third call was refused for the budget: each
-    /// call shows once, with its outcome, and the refused one says why.
-    #[test]
-    fn a_followed_request_shows_each_call_once_with_its_outcome() {
-        let events = [
-            json!({"event": "generation", "number": 1, "budget_left": 1}),
-            json!({"event": "tool_started", "id": "a", "name": "read_file",
-                   "arguments": "{\"path\": \"start.txt\"}", "source": "native"}),
-            json!({"event": "tool_finished", "id": "a", "ok": true, "result": "go on"}),
-            json!({"event": "iteration", "number": 1, "budget_left": 0}),
-            json!({"event": "generation", "number": 2, "budget_left": 0}),
-            json!({"event": "content", "text": "Do"}),
-            json!({"event": "content", "text": "ne."}),
-        ];
-        let result = json!({"id": 7, "outcome": "failed", "fail_reason": "tool_execution_error",
-            "detail": "tool iteration budget exhausted", "content": "Done.",
-            "tool_calls": [{"iteration": 1, "id": "a", "name": "read_file",
-                            "arguments": "{\"path\": \"start.txt\"}", "ok": true,
-                            "result": "go on"}],
-            "not_run": [{"id": "b", "name": "read_file", "arguments": "{}"}],
-            "budget": 1, "budget_left": 0});
-        let mut out = Vec::new();
-        let mut p = Printer::default();
-        for e in &events {
-            p.write_event(&mut out, e).unwrap();
-        }
-        writeln!(out).unwrap();
-        write_result(&mut out, &result, true).unwrap();
-        assert_eq!(
-            String::from_utf8(out).unwrap(),
-            "\n== generation 1: 1 tool iterations left\n\
-             \ntool read_file({\"path\": \"start.txt\"}) -> go on\n\
-             iteration 1 done: 0 tool iterations left\n\
-             \n== generation 2: 0 tool iterations left\n\
-             Done.\n\
-             tool read_file({}) -> not run: no tool iterations left (budget 1)\n\
-             req-7: failed: tool_execution_error: tool iteration budget exhausted\n"
-        );
-
-        // Not followed (`loopd result`): the answer, then every call.
-        let mut out = Vec::new();
-        write_result(&mut out, &result, false).unwrap();
-        assert_eq!(
-            String::from_utf8(out).unwrap(),
-            "Done.\n\
-             tool read_file({\"path\": \"start.txt\"}) -> go on\n\
-             tool read_file({}) -> not run: no tool iterations left (budget 1)\n\
-             req-7: failed: tool_execution_error: tool iteration budget exhausted\n"
-        );
     }
 }
