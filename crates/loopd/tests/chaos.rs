@@ -22,6 +22,11 @@
 //! worker is `ready`, a last request completes, and the daemon's own counters agree with the
 //! outcomes seen here. The figures go to stderr and, by hand, to docs/chaos.md.
 //!
+//! `CHAOS_LOAD=n` runs n CPU-bound processes beside the stack for the run (issue 29: a busy
+//! box); `CHAOS_FAULTS=0` injects nothing, and then every request must complete with no
+//! restart. A request that failed with an error the runner retries must have used up its
+//! retries.
+//!
 //! Ignored, so that `make test` (`cargo test --workspace --all-features`) does not run it: it
 //! takes minutes and kills processes on purpose. `make chaos` runs it with `--ignored`.
 
