@@ -402,6 +402,60 @@ impl Drop for LocalServer {
     }
 }
 
+/// CPU-bound processes beside a test, as a busy box has them (issue 29: other builds on the
+/// same cores): each is a shell loop (`while :; do :; done`) in a process group of its own
+/// under the same watchdog as the server, so a test that dies without unwinding leaves none
+/// spinning. Dropping it stops them (SIGTERM to each group, by its id).
+pub struct CpuLoad {
+    groups: Vec<Group>,
+    dir: PathBuf,
+}
+
+impl CpuLoad {
+    /// Starts `n` loops (none for 0).
+    pub fn start(n: usize) -> CpuLoad {
+        let dir = temp_dir("cpu-load");
+        let args = ["-c".to_owned(), "while :; do :; done".to_owned()];
+        let groups = (0..n)
+            .map(|i| Group::spawn(Path::new("sh"), &args, &[], &dir.join(format!("{i}.log"))))
+            .collect();
+        CpuLoad { groups, dir }
+    }
+
+    /// How many loops run.
+    pub fn len(&self) -> usize {
+        self.groups.len()
+    }
+
+    /// Whether none runs.
+    pub fn is_empty(&self) -> bool {
+        self.groups.is_empty()
+    }
+
+    /// The process groups of the loops (each headed by its watchdog).
+    pub fn pgids(&self) -> Vec<u32> {
+        self.groups.iter().map(Group::pgid).collect()
+    }
+}
+
+impl Drop for CpuLoad {
+    fn drop(&mut self) {
+        for g in &mut self.groups {
+            g.stop();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The 1, 5 and 15 minute load averages from `/proc/loadavg`, as written there
+/// (`"2.31 1.90 1.42"`), or what went wrong reading it.
+pub fn load_average() -> String {
+    match std::fs::read_to_string("/proc/loadavg") {
+        Ok(t) => t.split_whitespace().take(3).collect::<Vec<_>>().join(" "),
+        Err(e) => format!("no /proc/loadavg: {e}"),
+    }
+}
+
 /// An `inferproxy` forwarding a Unix socket in a temp dir to a TCP upstream.
 pub struct Proxy {
     group: Option<Group>,

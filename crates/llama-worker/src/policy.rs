@@ -23,11 +23,17 @@
 //!
 //! Registered generations (issue 23, appendix J per request): each generation a client
 //! registers has a phase and a last progress. In prefill its progress is the later of its
-//! registration and the group's last CPU-time rise; after its first byte, only its own stream
+//! registration and the group's last CPU-time rise; after its first byte, its own stream
 //! progress counts (CPU time rising mid-stream is not progress: a GPU host's threads spin while
-//! a kernel hangs). While ready, a generation without progress for `stall_timeout` restarts
-//! the server (cause `stall`), and every restart or stop fails every registered generation
-//! ([`Policy::take_failed_generations`]). Unregistered work gets no per-request verdict.
+//! a kernel hangs), and, while another registered generation is in its prefill, the CPU-time
+//! rises since that one was registered (issue 29: llama-server batches every slot's next token
+//! with the other slots' prompt chunks, so a long prompt on one slot silences the other
+//! slot's stream until the chunk is done; the prompt's progress is the stream's). When that
+//! prefill ends (its first byte, or it is unregistered), the streams it held up keep the
+//! progress it gave them. While ready, a generation without progress for `stall_timeout`
+//! restarts the server (cause `stall`), and every restart or stop fails every registered
+//! generation ([`Policy::take_failed_generations`]). Unregistered work gets no per-request
+//! verdict.
 //!
 //! All time is input (`now`, a [`Duration`] since any fixed origin); nothing here reads a
 //! clock, touches a process or opens a socket. The shell ([`crate::worker`]) feeds it events
@@ -166,7 +172,8 @@ pub struct GenerationView {
 struct Generation {
     slot: u32,
     phase: GenerationPhase,
-    /// Registration, then each stream progress report.
+    /// Registration, then each stream progress report (streaming: also the progress another
+    /// generation's prefill gave it, kept when that prefill ended).
     reported_at: Duration,
 }
 
@@ -257,6 +264,7 @@ impl Policy {
     /// Stream progress of generation `id`; `false` when it is not registered. Any stream byte
     /// ends its prefill.
     pub fn handle_progress(&mut self, now: Duration, id: u64, _kind: ProgressKind) -> bool {
+        self.end_prefill(id);
         let Some(g) = self.generations.get_mut(&id) else {
             return false;
         };
@@ -268,7 +276,32 @@ impl Policy {
 
     /// Forgets generation `id` (it ended); `false` when it was not registered.
     pub fn unregister(&mut self, id: u64) -> bool {
+        self.end_prefill(id);
         self.generations.remove(&id).is_some()
+    }
+
+    /// Generation `id` leaves its prefill (if it is in one): the streams its prompt held up
+    /// keep the progress it gave them (a stream's next byte may come a moment after the
+    /// prompt's last chunk, and the verdict must not fall back to the byte before it).
+    fn end_prefill(&mut self, id: u64) {
+        let Some(g) = self.generations.get(&id) else {
+            return;
+        };
+        let Some(busy) = self.prefill_busy_at(g) else {
+            return;
+        };
+        for (_, other) in self.generations.iter_mut().filter(|(&o, _)| o != id) {
+            if other.phase == GenerationPhase::Streaming {
+                other.reported_at = other.reported_at.max(busy);
+            }
+        }
+    }
+
+    /// While `g` is in its prefill, the group's last CPU-time rise since it was registered:
+    /// the server working on its prompt.
+    fn prefill_busy_at(&self, g: &Generation) -> Option<Duration> {
+        let cpu = self.last_cpu_increase_at?;
+        (g.phase == GenerationPhase::Prefill && cpu >= g.reported_at).then_some(cpu)
     }
 
     /// Forgets every registered generation without failing it (its clients are gone).
@@ -284,7 +317,7 @@ impl Policy {
                 id,
                 slot: g.slot,
                 phase: g.phase,
-                last_progress_at: self.progress_of(g),
+                last_progress_at: self.progress_of(id, g),
             })
             .collect()
     }
@@ -294,14 +327,21 @@ impl Policy {
         core::mem::take(&mut self.failed_generations)
     }
 
-    /// Appendix J for one generation: in prefill the later of its registration and the
-    /// group's last CPU-time rise; streaming, its last stream progress only.
-    fn progress_of(&self, g: &Generation) -> Duration {
+    /// Appendix J for generation `id`: in prefill the later of its registration and the
+    /// group's last CPU-time rise; streaming, its last stream progress, or, while another
+    /// generation is in its prefill, the CPU-time rises since that one was registered (its
+    /// prompt batch holds this stream up).
+    fn progress_of(&self, id: u64, g: &Generation) -> Duration {
         match g.phase {
             GenerationPhase::Prefill => g
                 .reported_at
                 .max(self.last_cpu_increase_at.unwrap_or_default()),
-            GenerationPhase::Streaming => g.reported_at,
+            GenerationPhase::Streaming => self
+                .generations
+                .iter()
+                .filter(|(&o, _)| o != id)
+                .filter_map(|(_, other)| self.prefill_busy_at(other))
+                .fold(g.reported_at, Duration::max),
         }
     }
 
@@ -311,8 +351,8 @@ impl Policy {
             return None;
         }
         self.generations
-            .values()
-            .map(|g| self.progress_of(g) + self.cfg.stall_timeout)
+            .iter()
+            .map(|(&id, g)| self.progress_of(id, g) + self.cfg.stall_timeout)
             .min()
     }
 
@@ -635,7 +675,7 @@ impl Policy {
         if self.state != State::Ready {
             return StallVerdict::NotReady;
         }
-        let since_progress = now.saturating_sub(self.progress_of(g));
+        let since_progress = now.saturating_sub(self.progress_of(id, g));
         if since_progress >= self.cfg.stall_timeout {
             self.restart(now, RestartCause::Stall);
             StallVerdict::Restarting
@@ -1357,6 +1397,125 @@ pub(crate) mod tests {
         assert_eq!(p.state(), State::Ready);
         p.handle_timeout(s(130));
         stalled(&mut p, id);
+    }
+
+    /// Streaming on slot 2 from 2 s to 10 s, then slot 0's long prompt registered at 10 s:
+    /// llama-server batches slot 2's next token with slot 0's prompt, so slot 2 hears nothing
+    /// until the prompt is through (issue 29, the chaos run beside two CPU-bound loops).
+    fn streaming_then_a_prompt_on_the_other_slot() -> (Policy, u64, u64) {
+        let (mut p, a) = with_generation();
+        assert!(p.handle_progress(s(2), a, ProgressKind::FirstByte));
+        for t in 3..=10 {
+            assert!(p.handle_progress(s(t), a, ProgressKind::Bytes));
+        }
+        let b = p.register(s(10), 0).unwrap();
+        (p, a, b)
+    }
+
+    #[test]
+    fn a_stream_held_up_by_the_other_slots_prompt_is_not_stalled() {
+        let (mut p, a, b) = streaming_then_a_prompt_on_the_other_slot();
+        // The prompt takes 290 s, more than twice stall_timeout; the CPU time rises all along.
+        for t in (15..=300).step_by(5) {
+            p.handle_cpu_sample(s(t), Some(100 + t));
+            p.handle_timeout(s(t));
+            assert_eq!((p.state(), drain(&mut p)), (State::Ready, vec![]), "at {t}");
+            assert_eq!(p.poll_timeout(), Some(s(t + 120)), "at {t}");
+        }
+        assert_eq!(
+            p.generations(),
+            [
+                GenerationView {
+                    id: a,
+                    slot: 2,
+                    phase: GenerationPhase::Streaming,
+                    last_progress_at: s(300),
+                },
+                GenerationView {
+                    id: b,
+                    slot: 0,
+                    phase: GenerationPhase::Prefill,
+                    last_progress_at: s(300),
+                }
+            ]
+        );
+        assert_eq!(
+            p.report_stall_of(s(301), a),
+            StallVerdict::NotStalled {
+                since_progress: s(1)
+            }
+        );
+        // The prompt is through: slot 0's first byte. Slot 2 keeps what the prompt gave it
+        // until its own next byte, a moment later.
+        assert!(p.handle_progress(s(302), b, ProgressKind::FirstByte));
+        p.handle_timeout(s(302));
+        assert_eq!(p.state(), State::Ready);
+        assert_eq!(p.generations()[0].last_progress_at, s(300));
+        assert_eq!(p.poll_timeout(), Some(s(420)));
+        assert!(p.handle_progress(s(303), a, ProgressKind::Bytes));
+        assert_eq!(p.poll_timeout(), Some(s(422)));
+        // Both streaming, neither sends again: a silent stream stalls while the CPU time rises
+        // (a GPU host's threads spin in a hung kernel), as before.
+        for t in (305..422).step_by(5) {
+            p.handle_cpu_sample(s(t), Some(100 + t));
+        }
+        p.handle_timeout(s(422) - MS1);
+        assert_eq!(p.state(), State::Ready);
+        p.handle_timeout(s(422));
+        assert_eq!(p.state(), State::Restarting);
+        assert_eq!(p.last_cause(), Some(RestartCause::Stall));
+        assert_eq!(
+            p.take_failed_generations(),
+            [
+                (a, FailReason::WorkerRestarted),
+                (b, FailReason::WorkerRestarted)
+            ]
+        );
+    }
+
+    #[test]
+    fn a_hung_server_under_a_prompt_and_a_stream_still_stalls() {
+        let (mut p, a, b) = streaming_then_a_prompt_on_the_other_slot();
+        // A rise sampled at the registration, then the CPU time is flat (SIGSTOP): slot 2's
+        // last byte (10 s) is its progress, not the prompt's registration.
+        p.handle_cpu_sample(s(10), Some(150));
+        for t in 11..130 {
+            p.handle_cpu_sample(s(t), Some(150));
+        }
+        assert_eq!(p.generations()[0].last_progress_at, s(10));
+        assert_eq!(p.poll_timeout(), Some(s(130)));
+        p.handle_timeout(s(130) - MS1);
+        assert_eq!(p.state(), State::Ready);
+        p.handle_timeout(s(130));
+        assert_eq!(p.state(), State::Restarting);
+        assert_eq!(
+            p.take_failed_generations(),
+            [
+                (a, FailReason::WorkerRestarted),
+                (b, FailReason::WorkerRestarted)
+            ]
+        );
+    }
+
+    #[test]
+    fn a_rise_before_the_prompt_was_registered_is_not_the_prompts() {
+        let (mut p, a) = with_generation();
+        assert!(p.handle_progress(s(2), a, ProgressKind::FirstByte));
+        p.handle_cpu_sample(s(20), Some(200));
+        let b = p.register(s(21), 0).unwrap();
+        assert_eq!(p.generations()[0].last_progress_at, s(2));
+        assert_eq!(p.poll_timeout(), Some(s(122)));
+        // One rise after it: the stream's progress, and it stays when the prompt is cut.
+        p.handle_cpu_sample(s(25), Some(300));
+        assert_eq!(p.generations()[0].last_progress_at, s(25));
+        assert!(p.unregister(b));
+        assert_eq!(p.generations()[0].last_progress_at, s(25));
+        for t in (30..=145).step_by(5) {
+            p.handle_cpu_sample(s(t), Some(300 + t));
+        }
+        assert_eq!(p.poll_timeout(), Some(s(145)));
+        p.handle_timeout(s(145));
+        stalled(&mut p, a);
     }
 
     #[test]

@@ -22,6 +22,11 @@
 //! worker is `ready`, a last request completes, and the daemon's own counters agree with the
 //! outcomes seen here. The figures go to stderr and, by hand, to docs/chaos.md.
 //!
+//! `CHAOS_LOAD=n` runs n CPU-bound processes beside the stack for the run (issue 29: a busy
+//! box); `CHAOS_FAULTS=0` injects nothing, and then every request must complete with no
+//! restart. A request that failed with an error the runner retries must have used up its
+//! retries.
+//!
 //! Ignored, so that `make test` (`cargo test --workspace --all-features`) does not run it: it
 //! takes minutes and kills processes on purpose. `make chaos` runs it with `--ignored`.
 
@@ -174,7 +179,33 @@ impl Timers {
     fn poll(&self) -> Duration {
         Duration::from_millis(self.loopd.limits.poll_ms)
     }
+
+    /// Whether request `r`, failed with a retryable error, had used up its generation's
+    /// retries (docs/runner.md, Retries): every attempt, or no time left in `retry.total_ms`
+    /// for the next wait at its shortest (jitter taken off). The time is counted from the
+    /// generation's event, which comes no later than its first attempt, so a failure this
+    /// calls early surely was.
+    fn retries_ran_out(&self, r: &Record) -> bool {
+        let c = &self.loopd.retry;
+        let (generation, began) = r.last_generation.unwrap_or((0, r.ended - r.took));
+        let retried = r.retries.iter().filter(|(g, _)| *g == generation).count();
+        let Some(&next) = c.delays_ms.get(retried) else {
+            return true;
+        };
+        let shortest = next - next * c.jitter_percent.min(100) / 100;
+        retried + 1 >= c.attempts as usize
+            || (r.ended - began).as_millis() as u64 + shortest > c.total_ms
+    }
 }
+
+/// The failure reasons the runner's retry schedule tries again (docs/runner.md, Retries):
+/// a request that ends with one has used up its retries, or the run fails.
+const RETRYABLE: &[&str] = &[
+    "connect_error",
+    "stream_closed_early",
+    "stalled",
+    "load_timeout",
+];
 
 /// Restarts in a row the worker allows here. Crash-loop protection (5 by default, with a
 /// whole ready `restart_window_s` to start counting again) has tests of its own; a run of
@@ -339,6 +370,11 @@ struct Record {
     ended: Instant,
     took: Duration,
     tools: Vec<String>,
+    /// The retries of the result (`retries`): each one's generation and failed attempt's error.
+    retries: Vec<(u64, String)>,
+    /// The last `generation` event: its number and when it came (its first attempt began then
+    /// or a moment later).
+    last_generation: Option<(u64, Instant)>,
 }
 
 enum Attempt {
@@ -397,6 +433,7 @@ fn run_one(
     let mut streamed = String::new();
     let mut hang_started = None;
     let mut tools = Vec::new();
+    let mut last_generation = None;
     let copy = loop {
         let line = match next_line("result") {
             Ok(l) => l,
@@ -412,7 +449,11 @@ fn run_one(
         match line["event"].as_str() {
             // The partial output kept is the last generation's: a new generation (or a new
             // attempt at one) starts the text afresh.
-            Some("generation") | Some("retrying") => streamed.clear(),
+            Some("generation") => {
+                streamed.clear();
+                last_generation = line["number"].as_u64().map(|n| (n, Instant::now()));
+            }
+            Some("retrying") => streamed.clear(),
             Some("content") => {
                 streamed.push_str(line["text"].as_str().unwrap_or(""));
                 shared.running.lock().unwrap().insert(id, true);
@@ -459,6 +500,16 @@ fn run_one(
         ended,
         took: ended - started,
         tools,
+        retries: result["retries"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|r| {
+                let generation = r["generation"].as_u64().unwrap_or(0);
+                (generation, r["error"].as_str().unwrap_or("").to_owned())
+            })
+            .collect(),
+        last_generation,
     })))
 }
 
@@ -839,6 +890,25 @@ struct Summary<'a> {
     worker_before: &'a str,
     worker_after: &'a str,
     worker_status: &'a str,
+    /// CPU-bound processes run beside the stack (`CHAOS_LOAD`).
+    load: usize,
+    /// The load average when the requests began, and when they had ended.
+    load_average: (&'a str, &'a str),
+    faults: bool,
+}
+
+/// The worker's restarts between two `metrics` texts, by cause (only causes that rose).
+fn restarts_between(before: &str, after: &str) -> Vec<(String, f64)> {
+    let restarts = |text: &str| series(text, "llama_worker_restarts_total", "cause");
+    let before: HashMap<String, f64> = restarts(before).into_iter().collect();
+    restarts(after)
+        .into_iter()
+        .map(|(cause, v)| {
+            let d = v - before.get(&cause).copied().unwrap_or(0.0);
+            (cause, d)
+        })
+        .filter(|(_, d)| *d > 0.0)
+        .collect()
 }
 
 /// The figures docs/chaos.md records; printed before any check, so a failed run has them too.
@@ -866,8 +936,18 @@ fn print_summary(s: &Summary<'_>) {
         .filter(|r| r.hang_started.is_some())
         .count();
     eprintln!(
-        "\n== chaos summary: CHAOS_SEED={} CHAOS_N={} CHAOS_FACTOR={} ==",
-        s.seed, s.n, s.timers.factor
+        "\n== chaos summary: CHAOS_SEED={} CHAOS_N={} CHAOS_FACTOR={} CHAOS_FAULTS={} \
+         CHAOS_LOAD={} ==",
+        s.seed,
+        s.n,
+        s.timers.factor,
+        u8::from(s.faults),
+        s.load
+    );
+    eprintln!(
+        "load average {} when the requests began, {} when they had ended ({} CPU-bound \
+         processes of the run's own among it)",
+        s.load_average.0, s.load_average.1, s.load
     );
     eprintln!(
         "wall {:.0} s (requests under faults {:.0} s); slowest request {:.1} s (deadline {:.0} \
@@ -882,6 +962,37 @@ fn print_summary(s: &Summary<'_>) {
         eprintln!("  {c:>4}  {o}");
     }
     eprintln!("  ({kept} failed requests had streamed content; the check: each kept it)");
+    let mut retried: BTreeMap<&str, u32> = BTreeMap::new();
+    for (_, error) in s.records.iter().flat_map(|r| &r.retries) {
+        *retried.entry(error.as_str()).or_default() += 1;
+    }
+    let retried_requests = s.records.iter().filter(|r| !r.retries.is_empty()).count();
+    eprintln!(
+        "retries ({} in {retried_requests} requests), by the failed attempt's error:",
+        retried.values().sum::<u32>()
+    );
+    for (e, c) in &retried {
+        eprintln!("  {c:>4}  {e}");
+    }
+    eprintln!(
+        "failed with an error the runner retries (the check: none before its retries ran out):"
+    );
+    for reason in RETRYABLE {
+        let failed: Vec<&Record> = s
+            .records
+            .iter()
+            .filter(|r| r.reason.as_deref() == Some(*reason))
+            .collect();
+        let out = failed
+            .iter()
+            .filter(|r| s.timers.retries_ran_out(r))
+            .count();
+        eprintln!(
+            "  {:>4}  {reason}: {out} after their retries ran out, {} before",
+            failed.len(),
+            failed.len() - out
+        );
+    }
     eprintln!("by kind:");
     for ((k, o), c) in &by_kind {
         eprintln!("  {c:>4}  {:<18} {o}", k.name());
@@ -898,16 +1009,11 @@ fn print_summary(s: &Summary<'_>) {
     for (why, c) in &s.injected.skipped {
         eprintln!("  skipped {c:>3}: {why}");
     }
-    let restarts = |text: &str| series(text, "llama_worker_restarts_total", "cause");
-    let before: HashMap<String, f64> = restarts(s.worker_before).into_iter().collect();
     let mut total = 0.0;
     eprintln!("worker restarts during the run, by cause (llama_worker_restarts_total):");
-    for (cause, v) in restarts(s.worker_after) {
-        let d = v - before.get(&cause).copied().unwrap_or(0.0);
-        if d > 0.0 {
-            total += d;
-            eprintln!("  {d:>4}  {cause}");
-        }
+    for (cause, d) in restarts_between(s.worker_before, s.worker_after) {
+        total += d;
+        eprintln!("  {d:>4}  {cause}");
     }
     let injected = s.injected.restarts.len() as f64;
     eprintln!(
@@ -963,6 +1069,18 @@ fn chaos_every_request_ends_named_and_the_stack_heals() {
         wall.elapsed().as_secs_f64(),
         serve_log.display()
     );
+    // CHAOS_LOAD=n: n CPU-bound processes beside the stack for the whole run (a busy box,
+    // issue 29), stopped when the test ends, failing or not.
+    let load = llama_harness::CpuLoad::start(env_u64("CHAOS_LOAD", 0) as usize);
+    if !load.is_empty() {
+        say!(
+            "{} CPU-bound processes started (process groups {:?})",
+            load.len(),
+            load.pgids()
+        );
+    }
+    let faults = env_u64("CHAOS_FAULTS", 1) != 0;
+    let load_at_start = llama_harness::load_average();
     let chaos_started = Instant::now();
     let worker_before = worker_metrics(server.status_socket()).expect("worker metrics");
 
@@ -1068,6 +1186,8 @@ fn chaos_every_request_ends_named_and_the_stack_heals() {
         injector.join().expect("the fault injector panicked")
     });
     let chaos_time = chaos_started.elapsed();
+    let load_at_end = llama_harness::load_average();
+    let worker_after = worker_metrics(server.status_socket()).unwrap_or_else(|e| e);
     print_summary(&Summary {
         seed,
         n,
@@ -1079,15 +1199,61 @@ fn chaos_every_request_ends_named_and_the_stack_heals() {
         refused: &refused,
         injected: &injected,
         worker_before: &worker_before,
-        worker_after: &worker_metrics(server.status_socket()).unwrap_or_else(|e| e),
+        worker_after: &worker_after,
         worker_status: &server
             .worker_status()
             .map_or_else(|e| format!("no status: {e}"), |s| s.to_string()),
+        load: load.len(),
+        load_average: (&load_at_start, &load_at_end),
+        faults,
     });
     assert!(
         broken.is_empty(),
         "requests that did not end with a result within their deadline: {broken:#?}"
     );
+    // A retryable failure is a request's result only once its retries ran out.
+    let early: Vec<String> = records
+        .iter()
+        .filter(|r| {
+            r.reason
+                .as_deref()
+                .is_some_and(|reason| RETRYABLE.contains(&reason))
+                && !timers.retries_ran_out(r)
+        })
+        .map(|r| {
+            format!(
+                "request {}: {:?} {} (retries {:?})",
+                r.id, r.reason, r.detail, r.retries
+            )
+        })
+        .collect();
+    assert!(
+        early.is_empty(),
+        "requests that failed with a retryable error before their retries ran out: {early:#?}"
+    );
+    // Without faults nothing may fail and nothing may be restarted, busy box or not.
+    if !faults {
+        let failed: Vec<String> = records
+            .iter()
+            .filter(|r| r.outcome != "completed")
+            .map(|r| {
+                format!(
+                    "request {}: {} {:?} {}",
+                    r.id, r.outcome, r.reason, r.detail
+                )
+            })
+            .collect();
+        assert_eq!(
+            (records.len(), failed),
+            (n, Vec::<String>::new()),
+            "CHAOS_FAULTS=0: every request completes"
+        );
+        assert_eq!(
+            restarts_between(&worker_before, &worker_after),
+            [],
+            "CHAOS_FAULTS=0: the worker restarts nothing"
+        );
+    }
 
     // Every request ended with a named outcome, and kept what it had streamed.
     for r in &records {
@@ -1249,5 +1415,6 @@ fn chaos_every_request_ends_named_and_the_stack_heals() {
         "{}",
         std::fs::read_to_string(&serve_log).unwrap_or_default()
     );
+    drop(load);
     let _ = std::fs::remove_dir_all(&dir);
 }

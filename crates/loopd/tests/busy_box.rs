@@ -1,0 +1,311 @@
+//! A healthy server on a busy box is not restarted (issue 29 item 4). Beside two CPU-bound
+//! processes, one slot streams a long answer while a long prompt goes to the other slot:
+//! llama-server puts the streaming slot's next token in the same batch as the other slot's
+//! prompt, so the stream hears nothing until the whole prompt is evaluated. That silence is
+//! longer than llama-worker's `stall_timeout_s` here; before the fix the worker judged the
+//! stream by its own bytes alone and restarted the server (cause `stall`), failing both
+//! requests `worker_restarted`. Now the prompt's CPU time is the stream's progress too.
+//!
+//! The whole local stack (llama-worker running the router, inferproxy, loopd's runner with
+//! two slots, registering each generation and keeping a watch open), on the default timeline
+//! divided by a factor (5, as `make chaos` and `wedged_server.rs`), so a stall is 6 s. The
+//! box's prompt rate is measured first (beside the same load): the long prompt is sized to
+//! take about three stall timeouts, and where even the longest prompt a slot holds would be
+//! quicker than that, the factor is raised until it is not. The premise (the stream was silent
+//! past `stall_timeout_s` while the prompt was evaluated) is checked, not assumed.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use llama_harness::{load_average, CpuLoad, LocalServer, Proxy};
+use loopd::config::Config;
+use loopd::llama::{ChatEvent, ChatMessage, Client};
+use loopd::runner::{
+    Outcome, RequestEvent, RequestId, RequestResult, Runner, StallAnswer, StandardBios, Submission,
+    ToolRegistry,
+};
+
+/// The CPU-bound processes beside the stack (the issue's two shell loops).
+const LOAD: usize = 2;
+/// The longest prompt, in lines of [`long_prompt`]: about 3,600 tokens, which fits a slot's
+/// 4,096 (`scripts/serve.sh`: 8,192 over 2 slots) with the answer, and one batch of 4,096.
+const MAX_LINES: usize = 260;
+/// The lines of the prompt the box's rate is measured with.
+const PROBE_LINES: usize = 60;
+/// The long prompt should take this many stall timeouts; at least this many over two.
+const STALLS: f64 = 3.0;
+/// The largest factor: the worker's stall timeout is 1 s there.
+const MAX_FACTOR: u64 = 30;
+
+/// The default timeline (docs/llama-worker.md, docs/runner.md) divided by `factor`.
+fn worker_config(factor: u64) -> String {
+    let s = |default: f64| default / factor as f64;
+    format!(
+        "stall_timeout_s = {}\ncpu_probe_interval_s = {}\nprobe_interval_s = {}\n\
+         unready_restart_s = {}\nrestart_backoff_s = {}\n",
+        s(30.0),
+        s(5.0),
+        s(5.0),
+        s(30.0),
+        s(2.0)
+    )
+}
+
+fn stall_timeout(factor: u64) -> Duration {
+    Duration::from_millis(30_000 / factor)
+}
+
+fn loopd_config(factor: u64, server: &LocalServer, proxy: &Proxy) -> Config {
+    let d = Config::new(proxy.socket(), server.model());
+    let mut c = d.clone();
+    c.limits.poll_ms = d.limits.poll_ms / factor;
+    c.limits.busy_wait_ms = d.limits.busy_wait_ms / factor;
+    c.limits.load_wait_ms = d.limits.load_wait_ms / factor;
+    c.limits.idle_grace_ms = d.limits.idle_grace_ms / factor;
+    c.limits.liveness_ms = d.limits.liveness_ms / factor;
+    c.runner.stall_ms = d.runner.stall_ms / factor;
+    c.runner.death_grace_ms = d.runner.death_grace_ms / factor;
+    c.runner.worker_poll_ms = d.runner.worker_poll_ms / factor;
+    c.retry.delays_ms = d.retry.delays_ms.iter().map(|v| v / factor).collect();
+    c.retry.total_ms = d.retry.total_ms / factor;
+    c.runner.worker_socket = Some(server.status_socket().to_owned());
+    c.sampling.temperature = Some(0.0);
+    c
+}
+
+/// The stack on the timeline divided by `factor`, with the whole prompt in one batch.
+struct Stack {
+    factor: u64,
+    server: LocalServer,
+    // Kept alive with the runner that uses it.
+    _proxy: Proxy,
+    runner: Runner,
+}
+
+impl Stack {
+    fn start(factor: u64) -> Stack {
+        // One batch of 4,096: the prompt is one decode, as a long agent transcript's chunk is.
+        let server = LocalServer::start_with_configs(&worker_config(factor), "b = 4096\n");
+        let proxy = Proxy::start(server.addr());
+        let c = loopd_config(factor, &server, &proxy);
+        let runner = Runner::new(
+            Arc::new(Client::new(c)),
+            ToolRegistry::new(),
+            Arc::new(StandardBios),
+            2,
+        );
+        Stack {
+            factor,
+            server,
+            _proxy: proxy,
+            runner,
+        }
+    }
+
+    /// Submits `sub` once a slot is free.
+    fn run(&self, sub: Submission) -> RequestId {
+        llama_harness::wait_for("a free slot", Duration::from_secs(30), || {
+            self.runner.submit(sub.clone()).map_err(|e| e.to_string())
+        })
+    }
+
+    fn result(&self, id: RequestId, what: &str) -> RequestResult {
+        self.runner
+            .wait_result(id, Duration::from_secs(600))
+            .unwrap_or_else(|e| {
+                panic!(
+                    "{what}: no result within 600 s ({e}); server log {:?}",
+                    self.server.log()
+                )
+            })
+    }
+
+    /// (spawns, total_restarts) from the worker's status.
+    fn restarts(&self) -> (u64, u64) {
+        let s = self.server.worker_status().expect("a worker status");
+        (
+            s["spawns"].as_u64().expect("spawns"),
+            s["total_restarts"].as_u64().expect("total_restarts"),
+        )
+    }
+}
+
+fn ask(text: &str, max_tokens: u64) -> Submission {
+    let mut s = Submission {
+        messages: vec![ChatMessage::User {
+            content: text.into(),
+        }],
+        ..Submission::default()
+    };
+    s.options.max_tokens = Some(max_tokens);
+    s
+}
+
+/// A prompt of `lines` numbered lines (about 14 tokens each) the model must read whole;
+/// `head` makes it one no other prompt shares a prefix with (no cache reuse).
+fn long_prompt(head: &str, lines: usize) -> String {
+    let mut p = format!("{head} Say only the colour of the last box.\n");
+    let colours = ["red", "green", "blue", "yellow", "white", "black", "orange"];
+    for i in 1..=lines {
+        p.push_str(&format!(
+            "Box {i} is {} and holds {} stones.\n",
+            colours[i % colours.len()],
+            i * 7 % 13
+        ));
+    }
+    p
+}
+
+fn prompt_tokens(r: &RequestResult) -> u64 {
+    r.generations
+        .iter()
+        .filter_map(|g| g.timings)
+        .map(|t| t.prompt_n)
+        .max()
+        .unwrap_or(0)
+}
+
+/// The box's prompt rate beside the load: (tokens per line, tokens per second), from one
+/// prompt of [`PROBE_LINES`] lines evaluated whole (submit to result, one token generated).
+fn measure(stack: &Stack) -> (f64, f64) {
+    let start = Instant::now();
+    let id = stack.run(ask(
+        &long_prompt("Measure: here is a list.", PROBE_LINES),
+        1,
+    ));
+    let r = stack.result(id, "the measuring prompt");
+    let took = start.elapsed().as_secs_f64();
+    assert!(
+        matches!(r.outcome, Outcome::Completed { .. }),
+        "the measuring prompt completes: {r:?}"
+    );
+    let tokens = prompt_tokens(&r) as f64;
+    assert!(tokens > 0.0, "timings with the prompt's tokens: {r:?}");
+    (tokens / PROBE_LINES as f64, tokens / took)
+}
+
+#[test]
+fn a_stream_held_up_by_the_other_slots_long_prompt_on_a_busy_box_is_not_restarted() {
+    let load = CpuLoad::start(LOAD);
+    let mut stack = Stack::start(5);
+    let (per_line, rate) = measure(&stack);
+    let longest = MAX_LINES as f64 * per_line / rate;
+    // Raise the factor until the longest prompt takes the stall timeouts it should.
+    let want = STALLS * 30.0;
+    if longest < want / stack.factor as f64 {
+        let factor = ((want / longest).ceil() as u64).min(MAX_FACTOR);
+        eprintln!(
+            "busy_box: the longest prompt would take {longest:.1} s here: factor {factor} \
+             instead of {}",
+            stack.factor
+        );
+        drop(stack);
+        stack = Stack::start(factor);
+    }
+    let stall = stall_timeout(stack.factor);
+    let lines = ((STALLS * stall.as_secs_f64() * rate / per_line).ceil() as usize)
+        .clamp(PROBE_LINES, MAX_LINES);
+    eprintln!(
+        "busy_box: {per_line:.1} tokens a line, {rate:.0} tokens/s beside {LOAD} CPU-bound \
+         processes (load average {}); factor {}, stall_timeout {stall:?}; a prompt of {lines} \
+         lines",
+        load_average(),
+        stack.factor
+    );
+    let before = stack.restarts();
+
+    // The stream: its content events, stamped; the first one lets the long prompt go.
+    let contents: Arc<Mutex<Vec<Instant>>> = Arc::default();
+    let (streaming, first_content) = std::sync::mpsc::channel();
+    let seen = contents.clone();
+    let stream_observer = Box::new(move |e: &RequestEvent| {
+        if let RequestEvent::Chat(ChatEvent::Content(_)) = e {
+            let mut seen = seen.lock().unwrap();
+            if seen.is_empty() {
+                let _ = streaming.send(());
+            }
+            seen.push(Instant::now());
+        }
+    });
+    let a = stack
+        .runner
+        .submit_observed(
+            ask("Write the numbers from 1 to 300, one per line.", 600),
+            Some(stream_observer),
+        )
+        .expect("a free slot for the stream");
+    first_content
+        .recv_timeout(Duration::from_secs(120))
+        .expect("the stream's first content within 120 s");
+    // The long prompt on the other slot, while the stream runs; its first content is the end
+    // of its prefill.
+    let (answered, first_answer) = std::sync::mpsc::channel();
+    let mut told = false;
+    let prompt_observer = Box::new(move |e: &RequestEvent| {
+        if let RequestEvent::Chat(ChatEvent::Content(_)) = e {
+            if !std::mem::replace(&mut told, true) {
+                let _ = answered.send(Instant::now());
+            }
+        }
+    });
+    let sent = Instant::now();
+    let b = stack
+        .runner
+        .submit_observed(
+            ask(&long_prompt("Here is a list.", lines), 8),
+            Some(prompt_observer),
+        )
+        .expect("the other slot free for the long prompt");
+    let rb = stack.result(b, "the long prompt");
+    let ra = stack.result(a, "the stream");
+    // When its prefill ended: its first content (none if it failed before).
+    let prefill = first_answer.try_recv().map(|t| t - sent).ok();
+    let contents = contents.lock().unwrap().clone();
+    let longest_silence = contents
+        .windows(2)
+        .map(|w| w[1] - w[0])
+        .max()
+        .unwrap_or_default();
+    let after = stack.restarts();
+    eprintln!(
+        "busy_box: the long prompt ({} tokens) answered {:?} after its submit; the stream's \
+         longest silence {:.1} s over {} content events (stall_timeout {stall:?}); its stall \
+         reports {:?}, its retries {:?}; (spawns, restarts) before {before:?}, after {after:?}; \
+         load average {}",
+        prompt_tokens(&rb),
+        prefill,
+        longest_silence.as_secs_f64(),
+        contents.len(),
+        ra.stalls,
+        ra.retries,
+        load_average()
+    );
+    // No restart, and both complete (before the fix: both `worker_restarted`, the stream's
+    // stall report answered `restarting` or the worker's own timer first).
+    assert_eq!(after, before, "(spawns, total_restarts) of the worker");
+    assert!(
+        matches!(ra.outcome, Outcome::Completed { .. }),
+        "the stream completes: {ra:?}"
+    );
+    assert!(
+        matches!(rb.outcome, Outcome::Completed { .. }),
+        "the long prompt completes: {rb:?}"
+    );
+    // Whatever the stream reported, the worker found it alive.
+    assert!(
+        ra.stalls
+            .iter()
+            .all(|s| matches!(s, StallAnswer::NotStalled { .. })),
+        "{:?}",
+        ra.stalls
+    );
+    // The premise: the stream heard nothing for longer than the worker's stall timeout while
+    // the prompt was evaluated.
+    assert!(
+        prefill.is_some_and(|p| p > stall) && longest_silence > stall,
+        "the prompt took {prefill:?} and the stream's longest silence was {longest_silence:?}: \
+         the test needs both past stall_timeout {stall:?}"
+    );
+    assert_eq!(stack.runner.busy_slots(), 0);
+    drop(load);
+}
