@@ -108,7 +108,8 @@ fn smoke_silence_after_the_first_byte_is_stalled_with_the_partial() {
 
 #[test]
 fn smoke_slow_deltas_keep_a_stream_alive_past_any_single_limit() {
-    // 60 ms apart, under the 100 ms liveness limit, for 480 ms in all: no total deadline.
+    // 60 ms apart, under a 200 ms liveness limit, for 480 ms in all: no total deadline.
+    // (Liveness 200 ms here, not the suite's 100: on a loaded box a 60 ms gap came 100 ms late.)
     let mut pieces = Vec::new();
     for i in 0..4 {
         pieces.push(b": keep-alive\n\n".to_vec());
@@ -119,7 +120,9 @@ fn smoke_slow_deltas_keep_a_stream_alive_past_any_single_limit() {
         CHAT,
         vec![Reply::sse(pieces).each_after(Duration::from_millis(60))],
     )]);
-    let client = Client::new(config(server.socket()));
+    let mut c = config(server.socket());
+    c.limits.liveness_ms = 200;
+    let client = Client::new(c);
     let ((r, _), took) = timed(|| chat(&client, &request(0)));
     assert_eq!(r.unwrap().message.content.as_deref(), Some("xxxx"));
     assert!(took >= Duration::from_millis(480), "{took:?}");
