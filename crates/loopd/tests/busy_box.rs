@@ -184,7 +184,10 @@ fn measure(stack: &Stack) -> (f64, f64) {
     (tokens / PROBE_LINES as f64, tokens / took)
 }
 
+// Minutes of two CPU-bound processes beside the stack, and 2 of 3 in the first soak: run by
+// `make soak` (loopd-busy-box) and by hand, not by every `make test`, as `make chaos` is.
 #[test]
+#[ignore = "loads the box for minutes; make soak runs it (ONLY=loopd-busy-box)"]
 fn a_stream_held_up_by_the_other_slots_long_prompt_on_a_busy_box_is_not_restarted() {
     let load = CpuLoad::start(LOAD);
     let mut stack = Stack::start(5);
