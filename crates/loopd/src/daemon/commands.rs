@@ -16,7 +16,7 @@ use super::protocol::{
     ResultReply, ServeState, Status, StatusReply, SubmitCmd, SubmitReply, WireResult,
 };
 use super::state::{lock, Hub, Line, Refusal, State};
-use crate::runner::{RequestId, SubmitError};
+use crate::runner::{RequestId, ResultError, SubmitError};
 
 /// A `result` reply around the stored result's JSON text, read back into its type.
 fn result_line(id: u64, stored: &str) -> String {
@@ -69,14 +69,14 @@ impl Daemon {
                     inner.freed = true;
                     return result_line(id, &r);
                 }
-                Ok(Lookup::NotFound) => return ProtoError::NotFound.to_line(),
+                Ok(Lookup::NotFound) => return ProtoError::from(ResultError::NotFound).to_line(),
                 Ok(Lookup::Pending) => {}
                 Err(e) => return State::failed(e).to_line(),
             }
             s.drain_evicted(&mut inner);
             let left = deadline.saturating_sub(s.clock.now());
             if left.is_zero() {
-                return ProtoError::Pending.to_line();
+                return ProtoError::from(ResultError::Pending).to_line();
             }
             inner = s
                 .changed
@@ -96,7 +96,7 @@ impl Daemon {
                 cancel_line(CancelState::Cancelling)
             }
             Ok(Lookup::Done(_)) => cancel_line(CancelState::Ended),
-            Ok(Lookup::NotFound) => ProtoError::NotFound.to_line(),
+            Ok(Lookup::NotFound) => ProtoError::from(ResultError::NotFound).to_line(),
             Err(e) => State::failed(e).to_line(),
         }
     }
@@ -138,7 +138,7 @@ impl Daemon {
                 None => {
                     let reply = match inner.db.knows(id, s.clock.wall()) {
                         Ok(true) => ProtoError::Ended(RequestId(id)),
-                        Ok(false) => ProtoError::NotFound,
+                        Ok(false) => ProtoError::from(ResultError::NotFound),
                         Err(e) => State::failed(e),
                     };
                     return send(stream, &reply.to_line());

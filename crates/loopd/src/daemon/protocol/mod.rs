@@ -9,7 +9,7 @@ use std::fmt;
 
 use serde_json::Value;
 
-use crate::runner::RequestId;
+use crate::runner::{RequestId, ResultError};
 
 mod command;
 mod reply;
@@ -50,10 +50,9 @@ pub enum ProtoError {
     /// A refusal of the runner's or the store's (`NO_SLOT_AVAILABLE`, `STORE_FULL`, ...),
     /// with its detail.
     Refused(ErrorCode, String),
-    /// No such request, or its result was fetched or evicted.
-    NotFound,
-    /// The request is still running.
-    Pending,
+    /// Not found (no such request, or its result was fetched or evicted) or still pending:
+    /// the runner's own [`ResultError`], one type for the idea wherever it is said.
+    Result(ResultError),
     /// `follow` of a request that has ended: its result is to be fetched.
     Ended(RequestId),
     /// The follower fell this many events behind and was dropped.
@@ -66,6 +65,12 @@ pub enum ProtoError {
     ReadTimeout,
 }
 
+impl From<ResultError> for ProtoError {
+    fn from(e: ResultError) -> Self {
+        ProtoError::Result(e)
+    }
+}
+
 impl ProtoError {
     /// The code on the wire.
     pub fn code(&self) -> ErrorCode {
@@ -76,8 +81,8 @@ impl ProtoError {
             ProtoError::BadRequest(_) => ErrorCode::BadRequest,
             ProtoError::UnknownTool(_) => ErrorCode::UnknownTool,
             ProtoError::Refused(code, _) => *code,
-            ProtoError::NotFound => ErrorCode::NotFound,
-            ProtoError::Pending => ErrorCode::Pending,
+            ProtoError::Result(ResultError::NotFound) => ErrorCode::NotFound,
+            ProtoError::Result(ResultError::Pending) => ErrorCode::Pending,
             ProtoError::Ended(_) => ErrorCode::Ended,
             ProtoError::FollowerDropped(_) => ErrorCode::FollowerDropped,
             ProtoError::ShuttingDown => ErrorCode::ShuttingDown,
@@ -116,10 +121,10 @@ impl fmt::Display for ProtoError {
             ProtoError::BadRequest(e) => write!(f, "bad request: {e}"),
             ProtoError::UnknownTool(t) => write!(f, "the daemon offers no tool `{t}`"),
             ProtoError::Refused(_, d) => f.write_str(d),
-            ProtoError::NotFound => {
+            ProtoError::Result(ResultError::NotFound) => {
                 f.write_str("no such request, or its result was already fetched or has expired")
             }
-            ProtoError::Pending => f.write_str("the request is still running"),
+            ProtoError::Result(ResultError::Pending) => f.write_str("the request is still running"),
             ProtoError::Ended(id) => write!(f, "{id} has ended; fetch its result with result"),
             ProtoError::FollowerDropped(n) => write!(f, "the client fell {n} events behind"),
             ProtoError::ShuttingDown => f.write_str("the daemon is shutting down"),
@@ -330,7 +335,7 @@ mod tests {
     #[test]
     fn an_error_line_names_its_code_and_detail() {
         assert_eq!(
-            ProtoError::NotFound.to_line(),
+            ProtoError::from(ResultError::NotFound).to_line(),
             r#"{"ok":false,"error":"NOT_FOUND","detail":"no such request, or its result was already fetched or has expired"}"#
         );
         assert_eq!(
