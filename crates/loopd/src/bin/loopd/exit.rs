@@ -8,9 +8,10 @@ pub const TABLE: &str = "\
 Exit status:
   0    completed: the command did what it says (a request: it completed)
   1    failed: a request failed, a self-test check failed, the server answered with an error
-  2    usage: the command line or the config was refused (the key is named)
+  2    usage: the command line or the config was refused (the key is named), or the daemon
+       refused what it asked for (UNKNOWN_TOOL, LINE_TOO_LONG)
   3    refused: the request was not taken (NO_SLOT_AVAILABLE, WORKER_NOT_READY, WORKER_FAILED,
-       WORKER_STOPPED)
+       WORKER_STOPPED, NO_THREAD, SHUTTING_DOWN, STORE_FULL, TOO_MANY_CONNECTIONS)
   4    not found: no such request (never submitted, fetched already, or dropped)
   5    pending: the request is still running
   6    unreachable: nothing answers on the daemon's or the server's socket (the path is named)

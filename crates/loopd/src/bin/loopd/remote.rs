@@ -1,58 +1,99 @@
 //! `loopd submit|result|cancel|status` and `loopd run --daemon`: clients of `loopd serve`.
+//! Each ends with a status of the table in [`crate::exit`]: the daemon's error code picks it
+//! ([`exit_of_code`]), a socket nothing answers on is [`Exit::Unreachable`], and every line
+//! goes through [`crate::stdout`], so a closed stdout ends the command quietly.
 
-use std::path::PathBuf;
-use std::process::ExitCode;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use loopd::daemon::client;
+use loopd::daemon::client::{self, ClientError};
 use loopd::daemon::protocol::{
-    CancelCmd, CancelReply, Command, MetricsCmd, MetricsReply, ResultCmd, ResultReply, StatusCmd,
-    StatusReply, SubmitCmd, SubmitReply, WaitCmd, WireEvent, WireMessage, WireResult,
+    to_line, CancelCmd, CancelReply, Command, ErrorCode, MetricsCmd, MetricsReply, ResultCmd,
+    ResultReply, StatusCmd, StatusReply, SubmitCmd, SubmitReply, WaitCmd, WireEvent, WireMessage,
+    WireResult,
 };
 use loopd::Config;
 use serde::de::DeserializeOwned;
 
 use crate::cli::{DaemonAddr, IdArgs, ResultArgs, RunArgs, StatusArgs, SubmitArgs};
+use crate::exit::{Exit, Fail};
 use crate::request_watcher::RequestWatcher;
+use crate::stdout;
 
 /// How long one reply line may take (a `wait` adds its own timeout).
 const REPLY_TIMEOUT: Duration = Duration::from_secs(30);
 
-fn socket_of(config: Option<&PathBuf>, socket: Option<&PathBuf>) -> Result<PathBuf, String> {
+fn socket_of(config: Option<&PathBuf>, socket: Option<&PathBuf>) -> Result<PathBuf, Fail> {
     if let Some(s) = socket {
         return Ok(s.clone());
     }
-    let path = config.ok_or("--config or --socket is required")?;
-    let cfg = Config::load(path).map_err(|e| format!("bad config: {e}"))?;
-    cfg.daemon
-        .socket
-        .ok_or_else(|| format!("{}: no [daemon] socket", path.display()))
+    let path = config.ok_or_else(|| Fail::new(Exit::Usage, "--config or --socket is required"))?;
+    let cfg = Config::load(path).map_err(|e| Fail::new(Exit::Usage, format!("bad config: {e}")))?;
+    cfg.daemon.socket.ok_or_else(|| {
+        Fail::new(
+            Exit::Usage,
+            format!("{}: no [daemon] socket", path.display()),
+        )
+    })
 }
 
-fn addr(a: &DaemonAddr) -> Result<PathBuf, String> {
+fn addr(a: &DaemonAddr) -> Result<PathBuf, Fail> {
     socket_of(a.config.as_ref(), a.socket.as_ref())
 }
 
-/// Says why `verb` failed (a refusal as `CODE: detail`) and exits 1.
-fn fail(verb: &str, e: impl std::fmt::Display) -> ExitCode {
-    eprintln!("loopd {verb}: {e}");
-    ExitCode::FAILURE
+/// The status a daemon's error code ends a client with: the request was not taken (3), there
+/// is no such request (4), it is still running (5), the command line asked for what the
+/// daemon refuses (2), anything else failed (1).
+pub fn exit_of_code(c: ErrorCode) -> Exit {
+    match c {
+        ErrorCode::NotFound => Exit::NotFound,
+        ErrorCode::Pending => Exit::Pending,
+        ErrorCode::NoSlotAvailable
+        | ErrorCode::WorkerNotReady
+        | ErrorCode::WorkerFailed
+        | ErrorCode::WorkerStopped
+        | ErrorCode::NoThread
+        | ErrorCode::ShuttingDown
+        | ErrorCode::StoreFull
+        | ErrorCode::TooManyConnections => Exit::Refused,
+        ErrorCode::UnknownTool | ErrorCode::LineTooLong => Exit::Usage,
+        _ => Exit::Failed,
+    }
+}
+
+/// A failed call: the daemon's refusal as `CODE: detail` with its status, an unreachable
+/// socket (named) as 6, anything else as 1.
+fn fail_of(e: ClientError) -> Fail {
+    let exit = match &e {
+        ClientError::Connect(_) => Exit::Unreachable,
+        ClientError::Refused(r) => exit_of_code(r.error),
+        _ => Exit::Failed,
+    };
+    Fail::new(exit, e.to_string())
 }
 
 fn call<R: DeserializeOwned>(
-    verb: &str,
-    socket: &std::path::Path,
+    socket: &Path,
     cmd: impl Into<Command>,
     timeout: Duration,
-) -> Result<R, ExitCode> {
-    client::call(socket, &cmd.into(), timeout).map_err(|e| fail(verb, e))
+) -> Result<R, Fail> {
+    client::call(socket, &cmd.into(), timeout).map_err(fail_of)
 }
 
-fn exit_of(r: &WireResult) -> ExitCode {
+/// 0 for a completed request, 1 for a failed one.
+fn exit_of(r: &WireResult) -> Exit {
     if r.completed() {
-        ExitCode::SUCCESS
+        Exit::Completed
     } else {
-        ExitCode::FAILURE
+        Exit::Failed
+    }
+}
+
+/// What the watcher could not write (a closed stdout: 141), else `exit`.
+fn shown<W: std::io::Write>(w: &mut RequestWatcher<W>, exit: Exit) -> Result<Exit, Fail> {
+    match w.write_error() {
+        Some(e) => Err(Fail::from(e)),
+        None => Ok(exit),
     }
 }
 
@@ -72,73 +113,53 @@ fn submit_cmd(
     }
 }
 
-fn follow(verb: &str, socket: &std::path::Path, cmd: SubmitCmd) -> ExitCode {
+fn follow(verb: &str, socket: &Path, cmd: SubmitCmd) -> Result<Exit, Fail> {
     let mut on_reply = |v: &SubmitReply| eprintln!("loopd {verb}: submitted as req-{}", v.id);
     let mut watcher = RequestWatcher::for_stdout();
-    match client::follow(
+    let ResultReply { result, .. } = client::follow(
         socket,
         &cmd.into(),
         Duration::from_secs(3_600),
         &mut on_reply,
         &mut |e: &WireEvent| watcher.event(e),
-    ) {
-        Ok(ResultReply { result, .. }) => {
-            watcher.finish(&result);
-            // Followed to the end: fetch it so the daemon need not keep it.
-            let _ = client::call::<ResultReply>(
-                socket,
-                &ResultCmd { id: result.id }.into(),
-                REPLY_TIMEOUT,
-            );
-            exit_of(&result)
-        }
-        Err(e) => fail(verb, e),
-    }
+    )
+    .map_err(fail_of)?;
+    watcher.finish(&result);
+    // Followed to the end: fetch it so the daemon need not keep it.
+    let _ = client::call::<ResultReply>(socket, &ResultCmd { id: result.id }.into(), REPLY_TIMEOUT);
+    shown(&mut watcher, exit_of(&result))
 }
 
 /// `loopd submit`.
-pub fn submit(a: SubmitArgs) -> ExitCode {
-    let socket = match addr(&a.addr) {
-        Ok(s) => s,
-        Err(e) => return fail("submit", e),
-    };
+pub fn submit(a: SubmitArgs) -> Result<Exit, Fail> {
+    let socket = addr(&a.addr)?;
     let mut cmd = submit_cmd(&a.prompt, a.budget, a.thinking, a.max_tokens, a.follow);
     cmd.system = a.system.clone();
     cmd.tools = (!a.tools.is_empty()).then(|| a.tools.clone());
     if let Some(path) = &a.history {
-        let earlier = match std::fs::read(path)
+        let earlier = std::fs::read(path)
             .map_err(|e| e.to_string())
             .and_then(|b| serde_json::from_slice::<Vec<WireMessage>>(&b).map_err(|e| e.to_string()))
-        {
-            Ok(m) => m,
-            Err(e) => {
-                return fail(
-                    "submit",
+            .map_err(|e| {
+                Fail::new(
+                    Exit::Usage,
                     format!("--history {}: {e} (want a JSON array)", path.display()),
                 )
-            }
-        };
+            })?;
         let prompt = std::mem::replace(&mut cmd.messages, earlier);
         cmd.messages.extend(prompt);
     }
     if a.follow {
         return follow("submit", &socket, cmd);
     }
-    match call::<SubmitReply>("submit", &socket, cmd, REPLY_TIMEOUT) {
-        Ok(v) => {
-            println!("req-{}", v.id);
-            ExitCode::SUCCESS
-        }
-        Err(c) => c,
-    }
+    let v: SubmitReply = call(&socket, cmd, REPLY_TIMEOUT)?;
+    stdout::print(&format!("req-{}\n", v.id))?;
+    Ok(Exit::Completed)
 }
 
 /// `loopd run --daemon`.
-pub fn run(a: RunArgs) -> ExitCode {
-    let socket = match socket_of(Some(&a.config), None) {
-        Ok(s) => s,
-        Err(e) => return fail("run", e),
-    };
+pub fn run(a: RunArgs) -> Result<Exit, Fail> {
+    let socket = socket_of(Some(&a.config), None)?;
     follow(
         "run",
         &socket,
@@ -147,11 +168,8 @@ pub fn run(a: RunArgs) -> ExitCode {
 }
 
 /// `loopd result`.
-pub fn result(a: ResultArgs) -> ExitCode {
-    let socket = match addr(&a.addr) {
-        Ok(s) => s,
-        Err(e) => return fail("result", e),
-    };
+pub fn result(a: ResultArgs) -> Result<Exit, Fail> {
+    let socket = addr(&a.addr)?;
     let cmd: Command = if a.wait > 0 {
         WaitCmd {
             id: a.id,
@@ -162,54 +180,70 @@ pub fn result(a: ResultArgs) -> ExitCode {
         ResultCmd { id: a.id }.into()
     };
     let timeout = REPLY_TIMEOUT + Duration::from_secs(a.wait);
-    match call::<ResultReply>("result", &socket, cmd, timeout) {
-        Ok(v) if a.json => {
-            println!("{}", loopd::daemon::protocol::to_line(&v));
-            exit_of(&v.result)
-        }
-        Ok(v) => {
-            RequestWatcher::for_stdout().result(&v.result);
-            exit_of(&v.result)
-        }
-        Err(c) => c,
+    let v: ResultReply = call(&socket, cmd, timeout)?;
+    if a.json {
+        stdout::print(&format!("{}\n", to_line(&v)))?;
+        return Ok(exit_of(&v.result));
     }
+    let mut w = RequestWatcher::for_stdout();
+    w.result(&v.result);
+    shown(&mut w, exit_of(&v.result))
 }
 
 /// `loopd cancel`.
-pub fn cancel(a: IdArgs) -> ExitCode {
-    let socket = match addr(&a.addr) {
-        Ok(s) => s,
-        Err(e) => return fail("cancel", e),
-    };
-    match call::<CancelReply>("cancel", &socket, CancelCmd { id: a.id }, REPLY_TIMEOUT) {
-        Ok(v) => {
-            println!("req-{}: {}", a.id, v.state.as_str());
-            ExitCode::SUCCESS
-        }
-        Err(c) => c,
-    }
+pub fn cancel(a: IdArgs) -> Result<Exit, Fail> {
+    let socket = addr(&a.addr)?;
+    let v: CancelReply = call(&socket, CancelCmd { id: a.id }, REPLY_TIMEOUT)?;
+    stdout::print(&format!("req-{}: {}\n", a.id, v.state.as_str()))?;
+    Ok(Exit::Completed)
 }
 
 /// `loopd status`.
-pub fn status(a: StatusArgs) -> ExitCode {
-    let socket = match addr(&a.addr) {
-        Ok(s) => s,
-        Err(e) => return fail("status", e),
-    };
+pub fn status(a: StatusArgs) -> Result<Exit, Fail> {
+    let socket = addr(&a.addr)?;
     if a.metrics {
-        return match call::<MetricsReply>("status", &socket, MetricsCmd {}, REPLY_TIMEOUT) {
-            Ok(v) => {
-                print!("{}", v.metrics);
-                ExitCode::SUCCESS
-            }
-            Err(c) => c,
-        };
+        let v: MetricsReply = call(&socket, MetricsCmd {}, REPLY_TIMEOUT)?;
+        stdout::print(&v.metrics)?;
+        return Ok(Exit::Completed);
     }
-    match call::<StatusReply>("status", &socket, StatusCmd {}, REPLY_TIMEOUT) {
-        Ok(v) => {
-            println!("{}", loopd::daemon::protocol::to_line(&v.status));
-            ExitCode::SUCCESS
-        }
-        Err(c) => c,
+    let v: StatusReply = call(&socket, StatusCmd {}, REPLY_TIMEOUT)?;
+    stdout::print(&format!("{}\n", to_line(&v.status)))?;
+    Ok(Exit::Completed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_error_code_has_its_status() {
+        let by_code: Vec<(&str, u8)> = ErrorCode::ALL
+            .iter()
+            .map(|c| (c.as_str(), exit_of_code(*c).code()))
+            .collect();
+        assert_eq!(
+            by_code,
+            [
+                ("NOT_FOUND", 4),
+                ("PENDING", 5),
+                ("NO_SLOT_AVAILABLE", 3),
+                ("WORKER_NOT_READY", 3),
+                ("WORKER_FAILED", 3),
+                ("WORKER_STOPPED", 3),
+                ("NO_THREAD", 3),
+                ("UNKNOWN_TOOL", 2),
+                ("SHUTTING_DOWN", 3),
+                ("STORE_FULL", 3),
+                ("STORE_FAILED", 1),
+                ("LINE_TOO_LONG", 2),
+                ("READ_TIMEOUT", 1),
+                ("BAD_JSON", 1),
+                ("UNKNOWN_COMMAND", 1),
+                ("BAD_REQUEST", 1),
+                ("ENDED", 1),
+                ("FOLLOWER_DROPPED", 1),
+                ("TOO_MANY_CONNECTIONS", 3),
+            ]
+        );
     }
 }
