@@ -243,3 +243,38 @@ fn a_failed_request_followed_ends_with_1() {
     let last = stdout.lines().last().unwrap();
     assert!(last.starts_with("req-1: failed: "), "{stdout}");
 }
+
+/// The generation's summary line without its wall time, which the test cannot fix.
+fn untimed(stdout: &str) -> String {
+    stdout
+        .lines()
+        .map(|l| match l.strip_prefix("generation ") {
+            Some(_) => l.rsplit_once(", ").map_or(l, |(head, _)| head),
+            None => l,
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn run_daemon_takes_the_socket_as_the_other_clients_do() {
+    let server = FakeServer::start(vec![(CHAT, vec![json_answer("Hello.")])]);
+    let d = Running::on_system_clock(&server, 1);
+    let (code, stdout, stderr) = ran(loopd(&["run", "--daemon", "--socket", s(&d.socket), "hi"]));
+    assert_eq!(
+        (code, untimed(&stdout), stderr.as_str()),
+        (
+            Some(0),
+            "== generation 1: 3 tool iterations left\n[answer]\nHello.\n\
+             generation 1: budget left 3, prompt 15 tokens (5 from cache), generated 3, stop\n\
+             req-1: completed (stop) after 0 tool calls; 3 of 3 tool iterations left"
+                .to_owned(),
+            "loopd run: submitted as req-1\n"
+        )
+    );
+    // Followed to its end, the result was fetched: the daemon keeps nothing.
+    assert_eq!(d.call(json!({"cmd": "status"}))["status"]["kept"], 0);
+    // Without --daemon the socket means nothing: a usage error.
+    let (code, _, stderr) = ran(loopd(&["run", "--socket", s(&d.socket), "hi"]));
+    assert_eq!(code, Some(2), "{stderr}");
+}

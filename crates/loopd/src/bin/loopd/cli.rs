@@ -122,9 +122,12 @@ pub struct AskArgs {
 /// `loopd run`.
 #[derive(Debug, Args, PartialEq)]
 pub struct RunArgs {
-    /// The loopd config.toml.
-    #[arg(long)]
-    pub config: PathBuf,
+    /// The loopd config.toml (with --daemon: the one whose [daemon] socket to use).
+    #[arg(long, required_unless_present = "socket")]
+    pub config: Option<PathBuf>,
+    /// With --daemon: the daemon's socket, instead of the config's.
+    #[arg(long, requires = "daemon")]
+    pub socket: Option<PathBuf>,
     /// Tool iterations the request may use (default runner.budget).
     #[arg(long)]
     pub budget: Option<u32>,
@@ -137,8 +140,8 @@ pub struct RunArgs {
     /// The folder read_file may read under (in-process only; a daemon has its own).
     #[arg(long, conflicts_with = "daemon")]
     pub folder: Option<PathBuf>,
-    /// Submit through the `loopd serve` at the config's [daemon] socket instead of running
-    /// a runner in this process.
+    /// Submit through the `loopd serve` at --socket (or the config's [daemon] socket)
+    /// instead of running a runner in this process.
     #[arg(long)]
     pub daemon: bool,
     /// The user's message.
@@ -269,6 +272,13 @@ mod tests {
             (r.budget, r.thinking, r.max_tokens, r.prompt.as_str()),
             (Some(3), true, Some(64), "p")
         );
+        let Ok(Cmd::Run(r)) = parse(&["run", "--daemon", "--socket", "s", "p"]) else {
+            panic!()
+        };
+        assert_eq!(
+            (r.config, r.socket.as_deref()),
+            (None, Some(std::path::Path::new("s")))
+        );
         let Ok(Cmd::Result(r)) = parse(&["result", "--socket", "s", "req-7"]) else {
             panic!()
         };
@@ -315,6 +325,10 @@ mod tests {
         assert!(parse(&["result", "--socket", "s", "x7"]).is_err());
         assert!(parse(&["cancel", "7"]).is_err());
         assert!(parse(&["run", "--config", "c", "--daemon", "--folder", "d", "p"]).is_err());
+        // --socket only with --daemon; without --daemon the config is needed.
+        assert!(parse(&["run", "--socket", "s", "p"]).is_err());
+        assert!(parse(&["run", "p"]).is_err());
+        assert!(parse(&["run", "--daemon", "p"]).is_err());
         assert!(parse(&["probe"]).is_err());
         assert!(parse(&["check-config"]).is_err());
         assert!(parse(&["completions", "tcsh"]).is_err());

@@ -245,7 +245,12 @@ fn run_ask(a: AskArgs) -> Result<Exit, Fail> {
 }
 
 fn run_agent(a: RunArgs) -> Result<Exit, Fail> {
-    let client = client_for(&a.config)?;
+    // clap requires it without --daemon; said rather than assumed.
+    let config = a
+        .config
+        .as_deref()
+        .ok_or_else(|| Fail::new(Exit::Usage, "--config is required without --daemon"))?;
+    let client = client_for(config)?;
     // As the daemon's submit: llama-worker is asked first, and a worker that cannot serve
     // refuses at once with the seed's name, without waiting on the server.
     worker_admits(client.config()).map_err(|e| Fail::new(Exit::Refused, e))?;

@@ -159,7 +159,7 @@ pub fn submit(a: SubmitArgs) -> Result<Exit, Fail> {
 
 /// `loopd run --daemon`.
 pub fn run(a: RunArgs) -> Result<Exit, Fail> {
-    let socket = socket_of(Some(&a.config), None)?;
+    let socket = socket_of(a.config.as_ref(), a.socket.as_ref())?;
     follow(
         "run",
         &socket,
