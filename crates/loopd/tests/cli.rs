@@ -280,6 +280,7 @@ fn completions_name_every_command_for_each_shell() {
             "submit",
             "result",
             "cancel",
+            "follow",
             "status",
             "check-config",
             "probe",

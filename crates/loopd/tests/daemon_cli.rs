@@ -278,3 +278,133 @@ fn run_daemon_takes_the_socket_as_the_other_clients_do() {
     let (code, _, stderr) = ran(loopd(&["run", "--socket", s(&d.socket), "hi"]));
     assert_eq!(code, Some(2), "{stderr}");
 }
+
+/// `loopd follow` re-attaches to a running request and shows it with `submit --follow`'s
+/// renderer; a request that has ended is shown as `loopd result` shows it; none: status 4.
+#[test]
+fn follow_re_attaches_to_a_running_request_and_shows_an_ended_one() {
+    // Twenty pieces 100 ms apart: the follower attaches in the middle, after the first ones.
+    let server = FakeServer::start(vec![(
+        CHAT,
+        vec![slow_answer(20, Duration::from_millis(100))],
+    )]);
+    let d = Running::on_system_clock(&server, 1);
+    let sock = s(&d.socket).to_owned();
+    let sock = sock.as_str();
+    let id = d.call(json!({"cmd": "submit", "messages": [{"role": "user", "content": "hi"}]}))
+        ["id"]
+        .as_u64()
+        .unwrap();
+    assert_eq!(running(&d), id);
+    thread::sleep(Duration::from_millis(350));
+    let (code, stdout, stderr) = ran(loopd(&["follow", "--socket", sock, "req-1"]));
+    let whole: String = (0..20).map(|i| format!("w{i} ")).collect();
+    let shown = stdout
+        .strip_prefix("[answer]\n")
+        .and_then(|s| s.split_once('\n'))
+        .map_or("", |(content, _)| content);
+    assert!(
+        !shown.is_empty()
+            && shown.len() < whole.len()
+            && whole.ends_with(shown)
+            && shown.starts_with('w'),
+        "not the tail of the answer from a piece on: {stdout}"
+    );
+    assert_eq!(
+        (code, untimed(&stdout), stderr.as_str()),
+        (
+            Some(0),
+            format!(
+                "[answer]\n{shown}\n\
+                 generation 1: budget left 3, prompt 15 tokens (5 from cache), generated 3, stop\n\
+                 req-1: completed (stop) after 0 tool calls; 3 of 3 tool iterations left"
+            ),
+            ""
+        )
+    );
+    // Followed to its end, it was fetched.
+    assert_eq!(d.call(json!({"cmd": "status"}))["status"]["kept"], 0);
+
+    // Ended before the follow: its result, once.
+    let id = d.call(json!({"cmd": "submit", "messages": [{"role": "user", "content": "hi"}]}))
+        ["id"]
+        .as_u64()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while d.call(json!({"cmd": "status"}))["status"]["kept"] != 1 {
+        assert!(Instant::now() < deadline, "req-{id} never ended");
+        thread::sleep(Duration::from_millis(20));
+    }
+    let (code, stdout, stderr) = ran(loopd(&["follow", "--socket", sock, "2"]));
+    assert_eq!(
+        (code, stdout, stderr.as_str()),
+        (
+            Some(0),
+            format!("{whole}\nreq-2: completed (stop) after 0 tool calls; 3 of 3 tool iterations left\n"),
+            ""
+        )
+    );
+    let (code, _, stderr) = ran(loopd(&["follow", "--socket", sock, "2"]));
+    assert_eq!(
+        (code, stderr),
+        (Some(4), format!("loopd follow: {NOT_FOUND}\n"))
+    );
+}
+
+/// Ctrl-C on `submit --follow` and `run --daemon` leaves the request running and says how to
+/// watch it again or stop it.
+#[test]
+fn ctrl_c_while_following_names_follow_and_cancel() {
+    use std::io::{BufRead, BufReader, Read};
+    let late = json_answer("Hello.").first_after(Duration::from_secs(30));
+    let server = FakeServer::start(vec![(CHAT, vec![late])]);
+    let d = Running::on_system_clock(&server, 2);
+    let sock = s(&d.socket).to_owned();
+    for (n, (verb, args)) in [
+        (
+            "submit",
+            vec!["submit", "--socket", &sock, "--follow", "hi"],
+        ),
+        ("run", vec!["run", "--daemon", "--socket", &sock, "hi"]),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let id = n + 1;
+        let mut child = Command::new(env!("CARGO_BIN_EXE_loopd"))
+            .args(&args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut err = BufReader::new(child.stderr.take().unwrap());
+        let mut first = String::new();
+        err.read_line(&mut first).unwrap();
+        assert_eq!(first, format!("loopd {verb}: submitted as req-{id}\n"));
+        assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
+        let mut rest = String::new();
+        err.read_to_string(&mut rest).unwrap();
+        let status = child.wait().unwrap();
+        assert_eq!(
+            (status.code(), rest),
+            (
+                Some(130),
+                format!(
+                    "loopd {verb}: interrupted; req-{id} goes on in the daemon: `loopd follow \
+                     --socket {sock} {id}` shows it again, `loopd cancel --socket {sock} {id}` \
+                     stops it\n"
+                )
+            ),
+            "{verb}"
+        );
+        let st = d.call(json!({"cmd": "status"}));
+        assert!(
+            st["status"]["running"]
+                .as_array()
+                .unwrap()
+                .contains(&json!(id)),
+            "{st}"
+        );
+    }
+}

@@ -53,6 +53,9 @@ pub enum Cmd {
     Result(ResultArgs),
     /// Cancel a running request on `loopd serve`.
     Cancel(IdArgs),
+    /// Watch a request on `loopd serve` again (after Ctrl-C on `submit --follow` or `run
+    /// --daemon`): its events from now on and its result, or the result if it has ended.
+    Follow(IdArgs),
     /// Print `loopd serve`'s status (slots, running, kept results), or its metrics.
     Status(StatusArgs),
     /// Check a config as the commands would refuse it (every key, a placeholder template hash,
@@ -95,6 +98,7 @@ impl Cmd {
             Cmd::Submit(_) => "submit",
             Cmd::Result(_) => "result",
             Cmd::Cancel(_) => "cancel",
+            Cmd::Follow(_) => "follow",
             Cmd::Status(_) => "status",
             Cmd::CheckConfig { .. } => "check-config",
             Cmd::Probe { .. } => "probe",
@@ -207,7 +211,7 @@ pub struct ResultArgs {
     pub id: u64,
 }
 
-/// `loopd cancel`.
+/// `loopd cancel` and `loopd follow`.
 #[derive(Debug, Args, PartialEq)]
 pub struct IdArgs {
     #[command(flatten)]

@@ -47,6 +47,7 @@ fn main() -> ExitCode {
         Cmd::Submit(a) => remote::submit(a),
         Cmd::Result(a) => remote::result(a),
         Cmd::Cancel(a) => remote::cancel(a),
+        Cmd::Follow(a) => remote::follow_id(a),
         Cmd::Status(a) => remote::status(a),
         Cmd::CheckConfig { config, probe } => check::check_config(&config, probe),
         Cmd::Probe { socket, model } => check::probe(&socket, model.as_deref()),

@@ -1,16 +1,18 @@
-//! `loopd submit|result|cancel|status` and `loopd run --daemon`: clients of `loopd serve`.
+//! `loopd submit|result|cancel|follow|status` and `loopd run --daemon`: clients of `loopd
+//! serve`.
 //! Each ends with a status of the table in [`crate::exit`]: the daemon's error code picks it
 //! ([`exit_of_code`]), a socket nothing answers on is [`Exit::Unreachable`], and every line
 //! goes through [`crate::stdout`], so a closed stdout ends the command quietly.
 
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use loopd::daemon::client::{self, ClientError};
 use loopd::daemon::protocol::{
-    to_line, CancelCmd, CancelReply, Command, ErrorCode, MetricsCmd, MetricsReply, ResultCmd,
-    ResultReply, StatusCmd, StatusReply, SubmitCmd, SubmitReply, WaitCmd, WireEvent, WireMessage,
-    WireResult,
+    to_line, CancelCmd, CancelReply, Command, ErrorCode, FollowCmd, MetricsCmd, MetricsReply,
+    ResultCmd, ResultReply, StatusCmd, StatusReply, SubmitCmd, SubmitReply, WaitCmd, WireEvent,
+    WireMessage, WireResult,
 };
 use loopd::Config;
 use serde::de::DeserializeOwned;
@@ -113,17 +115,66 @@ fn submit_cmd(
     }
 }
 
-fn follow(verb: &str, socket: &Path, cmd: SubmitCmd) -> Result<Exit, Fail> {
-    let mut on_reply = |v: &SubmitReply| eprintln!("loopd {verb}: submitted as req-{}", v.id);
+/// On Ctrl-C while a request is followed: the request goes on in the daemon, so say how to
+/// watch it again or stop it (once its id is known), and end with [`Exit::Interrupted`].
+fn hint_on_interrupt(verb: &'static str, socket: &Path) -> Arc<Mutex<Option<u64>>> {
+    let id = Arc::new(Mutex::new(None::<u64>));
+    let Ok(mut signals) = signal_hook::iterator::Signals::new([signal_hook::consts::SIGINT]) else {
+        // No handler: Ctrl-C ends the command as it always did, without the hint.
+        return id;
+    };
+    let (seen, socket) = (id.clone(), socket.display().to_string());
+    std::thread::spawn(move || {
+        if signals.forever().next().is_some() {
+            let known = *seen.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(n) = known {
+                let _ = std::io::Write::write_all(
+                    &mut std::io::stderr(),
+                    format!(
+                        "loopd {verb}: interrupted; req-{n} goes on in the daemon: \
+                         `loopd follow --socket {socket} {n}` shows it again, \
+                         `loopd cancel --socket {socket} {n}` stops it\n"
+                    )
+                    .as_bytes(),
+                );
+            }
+            std::process::exit(Exit::Interrupted.code().into());
+        }
+    });
+    id
+}
+
+/// Shows a followed request to its end (the renderer of `loopd run`), fetches its result so
+/// the daemon need not keep it, and ends with its status.
+fn follow(verb: &'static str, socket: &Path, cmd: Command, announce: bool) -> Result<Exit, Fail> {
+    let ended_id = match &cmd {
+        Command::Follow(f) => Some(f.id),
+        _ => None,
+    };
+    let id = hint_on_interrupt(verb, socket);
+    let mut on_reply = |v: &SubmitReply| {
+        *id.lock().unwrap_or_else(|e| e.into_inner()) = Some(v.id);
+        if announce {
+            eprintln!("loopd {verb}: submitted as req-{}", v.id);
+        }
+    };
     let mut watcher = RequestWatcher::for_stdout();
-    let ResultReply { result, .. } = client::follow(
+    let followed = client::follow(
         socket,
-        &cmd.into(),
+        &cmd,
         Duration::from_secs(3_600),
         &mut on_reply,
         &mut |e: &WireEvent| watcher.event(e),
-    )
-    .map_err(fail_of)?;
+    );
+    let result = match followed {
+        Ok(ResultReply { result, .. }) => result,
+        // `follow` of a request that has ended: its result is kept, shown as `result` does.
+        Err(ClientError::Refused(r)) if r.error == ErrorCode::Ended => match ended_id {
+            Some(id) => return show_result(socket, ResultCmd { id }.into(), REPLY_TIMEOUT, false),
+            None => return Err(fail_of(ClientError::Refused(r))),
+        },
+        Err(e) => return Err(fail_of(e)),
+    };
     watcher.finish(&result);
     // Followed to the end: fetch it so the daemon need not keep it.
     let _ = client::call::<ResultReply>(socket, &ResultCmd { id: result.id }.into(), REPLY_TIMEOUT);
@@ -150,7 +201,7 @@ pub fn submit(a: SubmitArgs) -> Result<Exit, Fail> {
         cmd.messages.extend(prompt);
     }
     if a.follow {
-        return follow("submit", &socket, cmd);
+        return follow("submit", &socket, cmd.into(), true);
     }
     let v: SubmitReply = call(&socket, cmd, REPLY_TIMEOUT)?;
     stdout::print(&format!("req-{}\n", v.id))?;
@@ -163,7 +214,8 @@ pub fn run(a: RunArgs) -> Result<Exit, Fail> {
     follow(
         "run",
         &socket,
-        submit_cmd(&a.prompt, a.budget, a.thinking, a.max_tokens, true),
+        submit_cmd(&a.prompt, a.budget, a.thinking, a.max_tokens, true).into(),
+        true,
     )
 }
 
@@ -180,14 +232,27 @@ pub fn result(a: ResultArgs) -> Result<Exit, Fail> {
         ResultCmd { id: a.id }.into()
     };
     let timeout = REPLY_TIMEOUT + Duration::from_secs(a.wait);
-    let v: ResultReply = call(&socket, cmd, timeout)?;
-    if a.json {
+    show_result(&socket, cmd, timeout, a.json)
+}
+
+/// Fetches a result with `cmd` (`result` or `wait`) and shows it: the daemon's line with
+/// `json`, else rendered.
+fn show_result(socket: &Path, cmd: Command, timeout: Duration, json: bool) -> Result<Exit, Fail> {
+    let v: ResultReply = call(socket, cmd, timeout)?;
+    if json {
         stdout::print(&format!("{}\n", to_line(&v)))?;
         return Ok(exit_of(&v.result));
     }
     let mut w = RequestWatcher::for_stdout();
     w.result(&v.result);
     shown(&mut w, exit_of(&v.result))
+}
+
+/// `loopd follow`: a running request's events from now on and its result; one that has
+/// ended already, its result as `loopd result` shows it.
+pub fn follow_id(a: IdArgs) -> Result<Exit, Fail> {
+    let socket = addr(&a.addr)?;
+    follow("follow", &socket, FollowCmd { id: a.id }.into(), false)
 }
 
 /// `loopd cancel`.
