@@ -408,3 +408,50 @@ fn ctrl_c_while_following_names_follow_and_cancel() {
         );
     }
 }
+
+#[test]
+fn submit_and_status_print_the_reply_line_with_json_and_status_reads_by_field() {
+    let server = FakeServer::start(vec![(
+        CHAT,
+        vec![slow_answer(200, Duration::from_millis(50))],
+    )]);
+    let d = Running::on_system_clock(&server, 2);
+    let sock = s(&d.socket).to_owned();
+    let sock = sock.as_str();
+    let (code, stdout, stderr) = ran(loopd(&["status", "--socket", sock]));
+    assert_eq!(
+        (code, stdout.as_str(), stderr.as_str()),
+        (
+            Some(0),
+            "state: serving\nslots: 0 busy of 2\nrunning: none\nkept results: 0\n\
+             connections: 1\ntools: current_time, arithmetic, finish\n",
+            ""
+        )
+    );
+    let (code, stdout, stderr) = ran(loopd(&["submit", "--socket", sock, "--json", "hi"]));
+    assert_eq!(
+        (code, stdout.as_str(), stderr.as_str()),
+        (Some(0), "{\"ok\":true,\"id\":1}\n", "")
+    );
+    assert_eq!(running(&d), 1);
+    let (code, stdout, stderr) = ran(loopd(&["status", "--socket", sock, "--json"]));
+    assert_eq!(
+        (code, stdout.as_str(), stderr.as_str()),
+        (
+            Some(0),
+            "{\"ok\":true,\"status\":{\"state\":\"serving\",\"slots\":2,\"busy\":1,\
+             \"running\":[1],\"kept\":0,\"connections\":1,\"tools\":[\"current_time\",\
+             \"arithmetic\",\"finish\"]}}\n",
+            ""
+        )
+    );
+    let (code, stdout, _) = ran(loopd(&["status", "--socket", sock]));
+    assert_eq!(
+        (code, stdout.as_str()),
+        (
+            Some(0),
+            "state: serving\nslots: 1 busy of 2\nrunning: req-1\nkept results: 0\n\
+             connections: 1\ntools: current_time, arithmetic, finish\n"
+        )
+    );
+}

@@ -56,7 +56,8 @@ pub enum Cmd {
     /// Watch a request on `loopd serve` again (after Ctrl-C on `submit --follow` or `run
     /// --daemon`): its events from now on and its result, or the result if it has ended.
     Follow(IdArgs),
-    /// Print `loopd serve`'s status (slots, running, kept results), or its metrics.
+    /// Print `loopd serve`'s status, one line per field (state, slots, running requests, kept
+    /// results, connections, tools), or its reply line, or its metrics.
     Status(StatusArgs),
     /// Check a config as the commands would refuse it (every key, a placeholder template hash,
     /// and what `loopd serve` needs: [daemon] socket, [expect]) without a server, and print it
@@ -187,6 +188,9 @@ pub struct SubmitArgs {
     /// Stay connected: print the events and the result as they come.
     #[arg(long)]
     pub follow: bool,
+    /// Print the daemon's reply line (`{"ok":true,"id":7}`) instead of `req-7`.
+    #[arg(long, conflicts_with = "follow")]
+    pub json: bool,
     /// A JSON file of earlier turns, sent before the prompt: an array of messages as the
     /// protocol's `messages` (user, system, assistant with tool_calls, tool).
     #[arg(long, value_name = "FILE")]
@@ -229,6 +233,9 @@ pub struct StatusArgs {
     /// Print the metrics (Prometheus text format) instead.
     #[arg(long)]
     pub metrics: bool,
+    /// Print the daemon's reply line instead of one line per field.
+    #[arg(long, conflicts_with = "metrics")]
+    pub json: bool,
 }
 
 /// `7` or `req-7`.
@@ -331,6 +338,8 @@ mod tests {
         assert!(parse(&["run", "--config", "c", "--daemon", "--folder", "d", "p"]).is_err());
         // --socket only with --daemon; without --daemon the config is needed.
         assert!(parse(&["run", "--socket", "s", "p"]).is_err());
+        assert!(parse(&["submit", "--socket", "s", "--follow", "--json", "p"]).is_err());
+        assert!(parse(&["status", "--socket", "s", "--metrics", "--json"]).is_err());
         assert!(parse(&["run", "p"]).is_err());
         assert!(parse(&["run", "--daemon", "p"]).is_err());
         assert!(parse(&["probe"]).is_err());

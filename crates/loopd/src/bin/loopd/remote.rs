@@ -11,8 +11,8 @@ use std::time::Duration;
 use loopd::daemon::client::{self, ClientError};
 use loopd::daemon::protocol::{
     to_line, CancelCmd, CancelReply, Command, ErrorCode, FollowCmd, MetricsCmd, MetricsReply,
-    ResultCmd, ResultReply, StatusCmd, StatusReply, SubmitCmd, SubmitReply, WaitCmd, WireEvent,
-    WireMessage, WireResult,
+    ResultCmd, ResultReply, ServeState, Status, StatusCmd, StatusReply, SubmitCmd, SubmitReply,
+    WaitCmd, WireEvent, WireMessage, WireResult,
 };
 use loopd::Config;
 use serde::de::DeserializeOwned;
@@ -204,7 +204,12 @@ pub fn submit(a: SubmitArgs) -> Result<Exit, Fail> {
         return follow("submit", &socket, cmd.into(), true);
     }
     let v: SubmitReply = call(&socket, cmd, REPLY_TIMEOUT)?;
-    stdout::print(&format!("req-{}\n", v.id))?;
+    let line = if a.json {
+        to_line(&v)
+    } else {
+        format!("req-{}", v.id)
+    };
+    stdout::print(&format!("{line}\n"))?;
     Ok(Exit::Completed)
 }
 
@@ -272,13 +277,67 @@ pub fn status(a: StatusArgs) -> Result<Exit, Fail> {
         return Ok(Exit::Completed);
     }
     let v: StatusReply = call(&socket, StatusCmd {}, REPLY_TIMEOUT)?;
-    stdout::print(&format!("{}\n", to_line(&v.status)))?;
+    let text = if a.json {
+        format!("{}\n", to_line(&v))
+    } else {
+        readable(&v.status)
+    };
+    stdout::print(&text)?;
     Ok(Exit::Completed)
+}
+
+/// The daemon's status, one line per field.
+fn readable(s: &Status) -> String {
+    let state = match s.state {
+        ServeState::Serving => "serving",
+        ServeState::Stopping => "stopping",
+    };
+    let list = |items: Vec<String>| {
+        if items.is_empty() {
+            "none".to_owned()
+        } else {
+            items.join(", ")
+        }
+    };
+    format!(
+        "state: {state}\nslots: {} busy of {}\nrunning: {}\nkept results: {}\n\
+         connections: {}\ntools: {}\n",
+        s.busy,
+        s.slots,
+        list(s.running.iter().map(|id| format!("req-{id}")).collect()),
+        s.kept,
+        s.connections,
+        list(s.tools.clone()),
+    )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn status_reads_one_line_per_field() {
+        let mut s = Status {
+            state: ServeState::Serving,
+            slots: 2,
+            busy: 1,
+            running: vec![3, 4],
+            kept: 1,
+            connections: 2,
+            tools: vec!["arithmetic".into(), "finish".into()],
+        };
+        assert_eq!(
+            readable(&s),
+            "state: serving\nslots: 1 busy of 2\nrunning: req-3, req-4\nkept results: 1\n\
+             connections: 2\ntools: arithmetic, finish\n"
+        );
+        (s.state, s.running, s.tools) = (ServeState::Stopping, vec![], vec![]);
+        assert_eq!(
+            readable(&s),
+            "state: stopping\nslots: 1 busy of 2\nrunning: none\nkept results: 1\n\
+             connections: 2\ntools: none\n"
+        );
+    }
 
     #[test]
     fn every_error_code_has_its_status() {
