@@ -250,12 +250,12 @@ fn each_exit_status_of_the_table() {
         "{stderr}"
     );
     assert!(stderr.ends_with(" (a router needs --model)\n"), "{stderr}");
-    // A daemon client names the path too (its status is still 1: remote.rs, issue 30).
+    // A daemon client names the path too (each of them: daemon_cli.rs).
     let (code, _, stderr) = ran(loopd(&["status", "--socket", s(&absent)]));
     assert_eq!(
         (code, stderr),
         (
-            Some(1),
+            Some(6),
             format!(
                 "loopd status: cannot reach the daemon: {}: No such file or directory (os error \
                  2) (is `loopd serve` running?)\n",
@@ -264,7 +264,7 @@ fn each_exit_status_of_the_table() {
         )
     );
     std::fs::remove_dir_all(&dir).unwrap();
-    // 3 (a refusal): `loopd run` against a worker that cannot serve, in daemon.rs.
+    // 3, 4, 5 from the daemon's clients: daemon_cli.rs; 3 from `loopd run`: daemon.rs.
 }
 
 #[test]
@@ -280,6 +280,7 @@ fn completions_name_every_command_for_each_shell() {
             "submit",
             "result",
             "cancel",
+            "follow",
             "status",
             "check-config",
             "probe",

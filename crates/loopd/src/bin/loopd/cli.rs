@@ -53,7 +53,11 @@ pub enum Cmd {
     Result(ResultArgs),
     /// Cancel a running request on `loopd serve`.
     Cancel(IdArgs),
-    /// Print `loopd serve`'s status (slots, running, kept results), or its metrics.
+    /// Watch a request on `loopd serve` again (after Ctrl-C on `submit --follow` or `run
+    /// --daemon`): its events from now on and its result, or the result if it has ended.
+    Follow(IdArgs),
+    /// Print `loopd serve`'s status, one line per field (state, slots, running requests, kept
+    /// results, connections, tools), or its reply line, or its metrics.
     Status(StatusArgs),
     /// Check a config as the commands would refuse it (every key, a placeholder template hash,
     /// and what `loopd serve` needs: [daemon] socket, [expect]) without a server, and print it
@@ -95,6 +99,7 @@ impl Cmd {
             Cmd::Submit(_) => "submit",
             Cmd::Result(_) => "result",
             Cmd::Cancel(_) => "cancel",
+            Cmd::Follow(_) => "follow",
             Cmd::Status(_) => "status",
             Cmd::CheckConfig { .. } => "check-config",
             Cmd::Probe { .. } => "probe",
@@ -122,9 +127,12 @@ pub struct AskArgs {
 /// `loopd run`.
 #[derive(Debug, Args, PartialEq)]
 pub struct RunArgs {
-    /// The loopd config.toml.
-    #[arg(long)]
-    pub config: PathBuf,
+    /// The loopd config.toml (with --daemon: the one whose [daemon] socket to use).
+    #[arg(long, required_unless_present = "socket")]
+    pub config: Option<PathBuf>,
+    /// With --daemon: the daemon's socket, instead of the config's.
+    #[arg(long, requires = "daemon")]
+    pub socket: Option<PathBuf>,
     /// Tool iterations the request may use (default runner.budget).
     #[arg(long)]
     pub budget: Option<u32>,
@@ -137,8 +145,8 @@ pub struct RunArgs {
     /// The folder read_file may read under (in-process only; a daemon has its own).
     #[arg(long, conflicts_with = "daemon")]
     pub folder: Option<PathBuf>,
-    /// Submit through the `loopd serve` at the config's [daemon] socket instead of running
-    /// a runner in this process.
+    /// Submit through the `loopd serve` at --socket (or the config's [daemon] socket)
+    /// instead of running a runner in this process.
     #[arg(long)]
     pub daemon: bool,
     /// The user's message.
@@ -180,6 +188,9 @@ pub struct SubmitArgs {
     /// Stay connected: print the events and the result as they come.
     #[arg(long)]
     pub follow: bool,
+    /// Print the daemon's reply line (`{"ok":true,"id":7}`) instead of `req-7`.
+    #[arg(long, conflicts_with = "follow")]
+    pub json: bool,
     /// A JSON file of earlier turns, sent before the prompt: an array of messages as the
     /// protocol's `messages` (user, system, assistant with tool_calls, tool).
     #[arg(long, value_name = "FILE")]
@@ -204,7 +215,7 @@ pub struct ResultArgs {
     pub id: u64,
 }
 
-/// `loopd cancel`.
+/// `loopd cancel` and `loopd follow`.
 #[derive(Debug, Args, PartialEq)]
 pub struct IdArgs {
     #[command(flatten)]
@@ -222,6 +233,9 @@ pub struct StatusArgs {
     /// Print the metrics (Prometheus text format) instead.
     #[arg(long)]
     pub metrics: bool,
+    /// Print the daemon's reply line instead of one line per field.
+    #[arg(long, conflicts_with = "metrics")]
+    pub json: bool,
 }
 
 /// `7` or `req-7`.
@@ -269,6 +283,13 @@ mod tests {
             (r.budget, r.thinking, r.max_tokens, r.prompt.as_str()),
             (Some(3), true, Some(64), "p")
         );
+        let Ok(Cmd::Run(r)) = parse(&["run", "--daemon", "--socket", "s", "p"]) else {
+            panic!()
+        };
+        assert_eq!(
+            (r.config, r.socket.as_deref()),
+            (None, Some(std::path::Path::new("s")))
+        );
         let Ok(Cmd::Result(r)) = parse(&["result", "--socket", "s", "req-7"]) else {
             panic!()
         };
@@ -315,6 +336,12 @@ mod tests {
         assert!(parse(&["result", "--socket", "s", "x7"]).is_err());
         assert!(parse(&["cancel", "7"]).is_err());
         assert!(parse(&["run", "--config", "c", "--daemon", "--folder", "d", "p"]).is_err());
+        // --socket only with --daemon; without --daemon the config is needed.
+        assert!(parse(&["run", "--socket", "s", "p"]).is_err());
+        assert!(parse(&["submit", "--socket", "s", "--follow", "--json", "p"]).is_err());
+        assert!(parse(&["status", "--socket", "s", "--metrics", "--json"]).is_err());
+        assert!(parse(&["run", "p"]).is_err());
+        assert!(parse(&["run", "--daemon", "p"]).is_err());
         assert!(parse(&["probe"]).is_err());
         assert!(parse(&["check-config"]).is_err());
         assert!(parse(&["completions", "tcsh"]).is_err());

@@ -8,12 +8,14 @@ pub const TABLE: &str = "\
 Exit status:
   0    completed: the command did what it says (a request: it completed)
   1    failed: a request failed, a self-test check failed, the server answered with an error
-  2    usage: the command line or the config was refused (the key is named)
+  2    usage: the command line or the config was refused (the key is named), or the daemon
+       refused what it asked for (UNKNOWN_TOOL, LINE_TOO_LONG)
   3    refused: the request was not taken (NO_SLOT_AVAILABLE, WORKER_NOT_READY, WORKER_FAILED,
-       WORKER_STOPPED)
+       WORKER_STOPPED, NO_THREAD, SHUTTING_DOWN, STORE_FULL, TOO_MANY_CONNECTIONS)
   4    not found: no such request (never submitted, fetched already, or dropped)
   5    pending: the request is still running
   6    unreachable: nothing answers on the daemon's or the server's socket (the path is named)
+  130  interrupted (Ctrl-C) while following a request: it goes on; the hint names `loopd follow`
   141  stdout was closed before everything was written (`| head`): nothing more is said";
 
 /// One kind of end.
@@ -33,6 +35,8 @@ pub enum Exit {
     Pending,
     /// Nothing answers on a socket the command needs.
     Unreachable,
+    /// SIGINT while a request was followed: 128 + SIGINT, as a shell reports it.
+    Interrupted,
     /// stdout was closed under the command: 128 + SIGPIPE, what a shell reports for `cat` or
     /// `yes` cut off by `| head`, so `set -o pipefail` still sees that the output was cut short.
     StdoutClosed,
@@ -49,6 +53,7 @@ impl Exit {
             Exit::NotFound => 4,
             Exit::Pending => 5,
             Exit::Unreachable => 6,
+            Exit::Interrupted => 130,
             Exit::StdoutClosed => 141,
         }
     }
@@ -105,11 +110,12 @@ mod tests {
             Exit::NotFound,
             Exit::Pending,
             Exit::Unreachable,
+            Exit::Interrupted,
             Exit::StdoutClosed,
         ];
         let mut codes: Vec<u8> = all.iter().map(|e| e.code()).collect();
         codes.dedup();
-        assert_eq!(codes, [0, 1, 2, 3, 4, 5, 6, 141]);
+        assert_eq!(codes, [0, 1, 2, 3, 4, 5, 6, 130, 141]);
         for c in codes {
             assert!(TABLE.contains(&format!("\n  {c:<4} ")), "{c}");
         }

@@ -41,13 +41,14 @@ fn main() -> ExitCode {
     let done = match cli.command {
         Cmd::Selftest { config, slot } => run_selftest(&config, slot),
         Cmd::Ask(a) => run_ask(a),
-        Cmd::Run(a) if a.daemon => return remote::run(a),
+        Cmd::Run(a) if a.daemon => remote::run(a),
         Cmd::Run(a) => run_agent(a),
         Cmd::Serve { config, folder } => serve::serve(&config, folder.as_deref()),
-        Cmd::Submit(a) => return remote::submit(a),
-        Cmd::Result(a) => return remote::result(a),
-        Cmd::Cancel(a) => return remote::cancel(a),
-        Cmd::Status(a) => return remote::status(a),
+        Cmd::Submit(a) => remote::submit(a),
+        Cmd::Result(a) => remote::result(a),
+        Cmd::Cancel(a) => remote::cancel(a),
+        Cmd::Follow(a) => remote::follow_id(a),
+        Cmd::Status(a) => remote::status(a),
         Cmd::CheckConfig { config, probe } => check::check_config(&config, probe),
         Cmd::Probe { socket, model } => check::probe(&socket, model.as_deref()),
         Cmd::Completions { shell } => completions(shell),
@@ -245,7 +246,12 @@ fn run_ask(a: AskArgs) -> Result<Exit, Fail> {
 }
 
 fn run_agent(a: RunArgs) -> Result<Exit, Fail> {
-    let client = client_for(&a.config)?;
+    // clap requires it without --daemon; said rather than assumed.
+    let config = a
+        .config
+        .as_deref()
+        .ok_or_else(|| Fail::new(Exit::Usage, "--config is required without --daemon"))?;
+    let client = client_for(config)?;
     // As the daemon's submit: llama-worker is asked first, and a worker that cannot serve
     // refuses at once with the seed's name, without waiting on the server.
     worker_admits(client.config()).map_err(|e| Fail::new(Exit::Refused, e))?;

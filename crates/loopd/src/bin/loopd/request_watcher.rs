@@ -23,6 +23,8 @@ pub struct RequestWatcher<W: Write> {
     inner: Watcher<W>,
     /// The call running: its id and how it is shown, with its outcome when it ends.
     running: Option<(String, String)>,
+    /// The first write that failed: nothing more is written after it.
+    error: Option<std::io::Error>,
 }
 
 fn shorten(s: &str) -> String {
@@ -50,11 +52,31 @@ impl<W: Write> RequestWatcher<W> {
         RequestWatcher {
             inner: Watcher::new(out, terminal).with_colour(colour),
             running: None,
+            error: None,
         }
     }
 
-    /// Shows one event; write errors are ignored.
+    /// The first write that failed, if one did (a closed stdout: the command ends with 141
+    /// once the request has).
+    pub fn write_error(&mut self) -> Option<std::io::Error> {
+        self.error.take().or_else(|| self.inner.write_error())
+    }
+
+    /// One line of its own; after a failed write, nothing.
+    fn say(&mut self, line: &str) {
+        if self.error.is_none() {
+            self.error = self.inner.write_error();
+        }
+        if self.error.is_none() {
+            self.error = self.inner.notice(line).err();
+        }
+    }
+
+    /// Shows one event; the first write error is kept for [`write_error`](Self::write_error).
     pub fn event(&mut self, e: &WireEvent) {
+        if self.error.is_some() {
+            return;
+        }
         let chat = |c: ChatEvent| Some(c);
         let chat_event = match e {
             WireEvent::Content { text } => chat(ChatEvent::Content(text.clone())),
@@ -124,14 +146,14 @@ impl<W: Write> RequestWatcher<W> {
             // The chat events, shown above.
             _ => return,
         };
-        let _ = self.inner.notice(&line);
+        self.say(&line);
     }
 
     /// After the events: one line per generation, the calls never run, the outcome.
     pub fn finish(&mut self, r: &WireResult) {
         for (i, g) in r.generations.iter().enumerate() {
             let finish = g.finish_reason.as_deref().unwrap_or("failed");
-            let _ = self.inner.notice(&format!(
+            self.say(&format!(
                 "generation {}: budget left {}, prompt {} tokens ({} from cache), generated {}, \
                  {finish}, {:.1} s",
                 i + 1,
@@ -149,7 +171,7 @@ impl<W: Write> RequestWatcher<W> {
     /// its outcome, the calls never run, the outcome.
     pub fn result(&mut self, r: &WireResult) {
         if let Some(c) = &r.content {
-            let _ = self.inner.notice(c);
+            self.say(c);
         }
         for t in &r.tool_calls {
             let outcome = if t.ok {
@@ -157,7 +179,7 @@ impl<W: Write> RequestWatcher<W> {
             } else {
                 format!("error: {}", t.result)
             };
-            let _ = self.inner.notice(&format!(
+            self.say(&format!(
                 "tool {} -> {outcome}",
                 shown_call(&t.name, &t.arguments, t.source)
             ));
@@ -172,7 +194,7 @@ impl<W: Write> RequestWatcher<W> {
             } else {
                 "not run".to_owned()
             };
-            let _ = self.inner.notice(&format!(
+            self.say(&format!(
                 "tool {} -> {why}",
                 shown_call(&call.name, &call.arguments, WireSource::Native)
             ));
@@ -192,7 +214,7 @@ impl<W: Write> RequestWatcher<W> {
                 r.detail.as_deref().unwrap_or("")
             )
         };
-        let _ = self.inner.notice(&format!("req-{}: {end}", r.id));
+        self.say(&format!("req-{}: {end}", r.id));
     }
 }
 
