@@ -20,6 +20,7 @@ mod metrics;
 mod stack;
 mod stats;
 mod stream;
+mod worker_trips;
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -33,6 +34,7 @@ use client::{Request, Sample, Target};
 use metrics::Scrape;
 use stack::Stack;
 use stats::{goals, median, Medians};
+use worker_trips::Trips;
 
 /// The user message: long enough an answer that 64 tokens end it (`finish_reason` `length`).
 const PROMPT: &str = "Tell me about the history of the bicycle.";
@@ -117,20 +119,37 @@ fn main() {
     let started = Instant::now();
 
     let mut pair = [vec![], vec![], vec![]];
-    for _ in 0..pair_rounds {
+    for round in 0..pair_rounds {
+        let mut line = format!("pair {}/{pair_rounds}:", round + 1);
         for (p, target) in targets.iter().enumerate() {
-            pair[p].push(run_pair(&stack, target, &requests));
+            let rate = run_pair(&stack, target, &requests);
+            pair[p].push(rate);
+            line.push_str(&format!(" {} {rate:.1} tokens/s,", PATHS[p]));
         }
+        eprintln!("{}", line.trim_end_matches(','));
     }
     let pair_secs = started.elapsed().as_secs_f64();
     let load_pairs = load_average();
 
-    let mut status_rtt = Vec::new();
+    // The worker's round trips on their own: with the model idle, then while it generates
+    // (a direct request on slot 0; the trips register slot 1).
+    let worker = stack.server.status_socket().to_path_buf();
+    let mut idle = Trips::default();
     for _ in 0..rounds.max(1) {
-        let t = Instant::now();
-        stack.server.worker_status().expect("llama-worker status");
-        status_rtt.push(ms(t.elapsed()));
+        idle.measure(&worker, 1);
     }
+    let mut busy = Trips::default();
+    std::thread::scope(|s| {
+        let generating = s.spawn(|| client::run(&targets[0], &requests[0]));
+        while !generating.is_finished() {
+            busy.measure(&worker, 1);
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        generating
+            .join()
+            .expect("the client thread panicked")
+            .unwrap_or_else(|e| panic!("direct, while timing the worker: {e}"));
+    });
 
     let m = |xs: &[f64]| median(xs).unwrap_or(f64::NAN);
     println!();
@@ -180,12 +199,17 @@ fn main() {
         m(&stream_minus_metrics),
         stream_minus_metrics.iter().map(|d| d.abs()).fold(0.0, f64::max)
     );
-    println!(
-        "llama-worker `status` round trip from this process: median {:.2} ms, max {:.2} ms ({} calls)",
-        m(&status_rtt),
-        status_rtt.iter().copied().fold(0.0, f64::max),
-        status_rtt.len()
-    );
+    for (when, t) in [("model idle", &idle), ("model generating", &busy)] {
+        println!(
+            "llama-worker round trips, {when} ({} sets), median / max ms: status {}, register {}, progress {}, done {}; status + register + done {}",
+            t.status.len(),
+            spread(&t.status),
+            spread(&t.register),
+            spread(&t.progress),
+            spread(&t.done),
+            spread(&t.on_the_path()),
+        );
+    }
     let medians = Medians {
         proxy_cost: m(&cost[1]),
         daemon_cost: m(&cost[2]),
@@ -319,6 +343,12 @@ fn scrape(addr: SocketAddr) -> Scrape {
     let text = client::get(addr, &format!("/metrics?model={}", llama_harness::MODEL_ID))
         .unwrap_or_else(|e| panic!("GET /metrics: {e}"));
     Scrape::parse(&text).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// `median / max` of `xs`, in ms to two places.
+fn spread(xs: &[f64]) -> String {
+    let max = xs.iter().copied().fold(f64::NAN, f64::max);
+    format!("{:.2} / {max:.2}", median(xs).unwrap_or(f64::NAN))
 }
 
 fn ms(d: Duration) -> f64 {
