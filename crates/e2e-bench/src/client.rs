@@ -56,6 +56,9 @@ pub struct Sample {
     pub stream_compute_ms: Option<f64>,
     /// The daemon's request id (only on the daemon's path).
     pub id: Option<u64>,
+    /// Start to the read that brought the daemon's `{"ok":true,"id":N}` (only on its path):
+    /// its admission, before the request's thread exists.
+    pub admitted: Option<Duration>,
 }
 
 /// Why a request failed.
@@ -172,6 +175,7 @@ fn http(mut conn: impl Read + Write, bytes: &[u8], start: Instant) -> Result<Sam
                 tokens: answer.tokens,
                 stream_compute_ms: answer.compute_ms,
                 id: None,
+                admitted: None,
             });
         }
     }
@@ -182,6 +186,7 @@ fn daemon(mut conn: UnixStream, line: &[u8], start: Instant) -> Result<Sample, R
     conn.write_all(line)?;
     let mut answer = DaemonAnswer::default();
     let mut first = None;
+    let mut admitted = None;
     let mut buf = vec![0u8; 16 * 1024];
     loop {
         let n = conn.read(&mut buf)?;
@@ -192,6 +197,9 @@ fn daemon(mut conn: UnixStream, line: &[u8], start: Instant) -> Result<Sample, R
         if answer.feed(&buf[..n])? && first.is_none() {
             first = Some(now - start);
         }
+        if admitted.is_none() && answer.id.is_some() {
+            admitted = Some(now - start);
+        }
         if answer.done {
             return Ok(Sample {
                 start,
@@ -201,6 +209,7 @@ fn daemon(mut conn: UnixStream, line: &[u8], start: Instant) -> Result<Sample, R
                 tokens: answer.tokens,
                 stream_compute_ms: None,
                 id: answer.id,
+                admitted,
             });
         }
     }

@@ -92,6 +92,7 @@ fn main() {
     let mut cost = [vec![], vec![], vec![]];
     let mut stream_cost = [vec![], vec![], vec![]];
     let mut first = [vec![], vec![], vec![]];
+    let mut admitted = [vec![], vec![], vec![]];
     let mut stream_minus_metrics = Vec::new();
     let started = Instant::now();
     for round in 0..rounds {
@@ -110,6 +111,9 @@ fn main() {
                 stream_minus_metrics.push(stream - c);
             }
             first[p].push(ms(s.first_token));
+            if let Some(a) = s.admitted {
+                admitted[p].push(ms(a));
+            }
             line.push_str(&format!(" {} {w:.0} ms ({:.2}),", PATHS[p], w - c));
         }
         eprintln!("{}", line.trim_end_matches(','));
@@ -183,6 +187,12 @@ fn main() {
         2,
     );
     row("first token at the client", &first, "ms", 2);
+    row(
+        "the daemon's `ok` line (admission) at the client",
+        &admitted,
+        "ms",
+        2,
+    );
     row(
         &format!("two clients at once, tokens/s ({pair_rounds} pairs)"),
         &pair,
