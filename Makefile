@@ -10,11 +10,11 @@ NOSTD_CRATES := -p sse-nostd -p http-nostd -p llama-proto
 DEVICE_TARGET := thumbv7em-none-eabihf
 FUZZ_SECONDS ?= 60
 
-.PHONY: help check hermetic test units-check install-check up-check selftest ask run up verify-device verify-local fuzz fuzz-cmin fuzz-tools bench bench-rpc socat serve fixtures soak chaos llama fmt-check clippy unit no-std embedded
+.PHONY: help check hermetic test units-check install-check up-check selftest ask run up verify-device verify-local fuzz fuzz-cmin fuzz-tools bench bench-e2e bench-rpc socat serve fixtures soak chaos llama fmt-check clippy unit no-std embedded
 
 ## help: this list of targets
 help:
-	@awk '/^## [a-z-]+:/ { sub(/^## /, ""); n = index($$0, ":"); printf "make %-14s%s\n", substr($$0, 1, n - 1), substr($$0, n + 1); next } \
+	@awk '/^## [a-z0-9-]+:/ { sub(/^## /, ""); n = index($$0, ":"); printf "make %-14s%s\n", substr($$0, 1, n - 1), substr($$0, n + 1); next } \
 	     /^## / { sub(/^## /, ""); printf "%20s%s\n", "", $$0 }' $(MAKEFILE_LIST)
 
 ## check: the fast lane: format, lints, the hermetic tests (no llama.cpp build, no apt) and the
@@ -168,6 +168,16 @@ bench: socat
 ## (llama-bench; P N T R override sizes, threads, repetitions; docs/benchmarks/rpc.md)
 bench-rpc: llama
 	scripts/bench-rpc.sh
+
+## bench-e2e: one request direct to llama-server, through inferproxy and through `loopd serve`,
+## interleaved (ROUNDS=30 a series, PAIR_ROUNDS= pairs of two clients at once), the server's
+## compute subtracted; release builds; prints a table and issue 31's goals (docs/benchmarks/e2e.md)
+bench-e2e: llama
+	$(CARGO) build --release -p loopd -p inferproxy -p llama-worker -p e2e-bench
+	LOOPD_BIN=$(RELEASE)/loopd INFERPROXY_BIN=$(RELEASE)/inferproxy LLAMA_WORKER_BIN=$(RELEASE)/llama-worker \
+	  $(if $(ROUNDS),ROUNDS=$(ROUNDS)) $(if $(PAIR_ROUNDS),PAIR_ROUNDS=$(PAIR_ROUNDS)) $(RELEASE)/e2e-bench
+
+RELEASE = $(or $(CARGO_TARGET_DIR),target)/release
 
 ## socat: install socat with apt when missing (the peer of inferproxy's benchmark)
 socat:
