@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use llama_proto::hash::sha256;
 use serde_json::json;
 use support::daemon::Running;
+use support::ran;
 use support::{FakeServer, Reply};
 
 const TEMPLATE: &str = "{{ messages }}";
@@ -22,15 +23,6 @@ fn loopd(args: &[&str]) -> Output {
         .stdin(Stdio::null())
         .output()
         .unwrap()
-}
-
-/// Status, stdout, stderr.
-fn ran(out: Output) -> (Option<i32>, String, String) {
-    (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
 }
 
 fn props_server() -> FakeServer {

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use support::daemon::{slow_answer, Running};
+use support::ran;
 use support::{json_answer, FakeServer, Reply};
 
 const CHAT: &str = "/v1/chat/completions";
@@ -24,15 +25,6 @@ fn loopd(args: &[&str]) -> Output {
         .env_remove("NO_COLOR")
         .output()
         .unwrap()
-}
-
-/// Status, stdout, stderr.
-fn ran(out: Output) -> (Option<i32>, String, String) {
-    (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
 }
 
 fn s(p: &Path) -> &str {

@@ -582,3 +582,12 @@ pub fn hold_slot(client: &loopd::llama::Client, slot: u32) -> loopd::llama::Slot
         )
         .expect("a free slot")
 }
+
+/// A finished command's status, stdout and stderr, for the CLI tests' exact comparisons.
+pub fn ran(out: std::process::Output) -> (Option<i32>, String, String) {
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
