@@ -7,13 +7,15 @@ Starts scripts/serve.sh on a free port, sends each request below, and writes for
   fixtures/NAME.response.json  for pairs: the non-streamed response to the same request
 and the raw HTTP responses (head and chunked body, as received) of RAW below, and the router's
 own answers in fixtures/router/ (its model list with the model loaded, and with a model whose
-instance cannot load, a GGUF cut to a quarter: the list and the 500 a request then gets).
+instance cannot load, a GGUF cut to a quarter: the list and the 500 a request then gets), and
+`GET /slots` while slot 1 streams a story (fixtures/slots.generating.json: llama-worker reads each
+slot's `next_token[0].n_decoded` from it).
 Nothing here is edited by hand afterwards; fixtures/README.md describes each one.
 Standard library only.
 
   scripts/record-fixtures.py                 records everything
   scripts/record-fixtures.py --only NAME...  records only these (a NAME of PAIRS, STREAMS or RAW,
-                                             or reasoning_end or router), leaving the others as they are
+                                             or reasoning_end, router or slots), leaving the others as they are
 """
 import http.client
 import json
@@ -264,9 +266,35 @@ def record_router(srv):
         os.remove(cut)
 
 
+def record_slots(srv):
+    """`GET /slots` while slot 1 streams: the first answer with a token decoded on it."""
+    body = base([{"role": "user", "content": "Write a long story about a lighthouse."}], False,
+                200, id_slot=1)
+    done = threading.Event()
+
+    def generate():
+        try:
+            srv.request("POST", "/v1/chat/completions", body)
+        finally:
+            done.set()
+
+    threading.Thread(target=generate, daemon=True).start()
+    deadline = time.time() + 120
+    while True:
+        assert not done.is_set() and time.time() < deadline, "slot 1 never showed a token"
+        status, out = srv.request("GET", f"/slots?model={MODEL}")
+        assert status == 200, (status, out[:300])
+        slot = {s["id"]: s for s in json.loads(out)}.get(1, {})
+        if slot.get("is_processing") and slot.get("next_token", [{}])[0].get("n_decoded", 0) > 0:
+            break
+        time.sleep(0.05)
+    write("slots.generating.json", out)
+    done.wait(600)
+
+
 def main():
     only = set(sys.argv[2:]) if sys.argv[1:2] == ["--only"] else None
-    known = set(PAIRS) | set(STREAMS) | set(RAW) | {"reasoning_end", "router"}
+    known = set(PAIRS) | set(STREAMS) | set(RAW) | {"reasoning_end", "router", "slots"}
     if (only is not None and not only <= known) or (only is None and len(sys.argv) > 1):
         sys.exit(f"usage: record-fixtures.py [--only NAME...], NAME one of {sorted(known)}")
     wanted = lambda name: only is None or name in only
@@ -288,6 +316,8 @@ def main():
         for name, (file, request) in RAW.items():
             if wanted(name):
                 record_raw_chunked(srv, file, request)
+        if wanted("slots"):
+            record_slots(srv)
         if wanted("router"):
             record_router(srv)
     finally:

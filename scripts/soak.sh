@@ -26,6 +26,7 @@ suites=(
   "loopd-wedged-server|cargo test -q --features real-server -p loopd --test wedged_server"
   "loopd-wedged-server-unscaled:once|WEDGED_FACTOR=1 cargo test -q --features real-server -p loopd --test wedged_server model_instance"
   "loopd-busy-box|cargo test -q --features real-server -p loopd --test busy_box -- --ignored"
+  "loopd-slow-opening|cargo test -q --features real-server -p loopd --test busy_box a_tool_calls -- --ignored"
   "loopd-runner-real-server|cargo test -q --features real-server -p loopd --test runner_real_server"
   "loopd-daemon-real-server|cargo test -q --features real-server -p loopd --test daemon_real_server"
   "loopd-broken-model|cargo test -q --features real-server -p loopd --test broken_model"

@@ -23,6 +23,7 @@ pub mod process;
 pub mod rpc;
 pub mod rpc_unit;
 pub mod serve;
+pub mod slots;
 pub mod stat;
 pub mod status;
 pub mod worker;

@@ -173,8 +173,12 @@ struct Generation {
     slot: u32,
     phase: GenerationPhase,
     /// Registration, then each stream progress report (streaming: also the progress another
-    /// generation's prefill gave it, kept when that prefill ended).
+    /// generation's prefill gave it, kept when that prefill ended, and each rise of its
+    /// slot's decoded-token count).
     reported_at: Duration,
+    /// Its slot's decoded-token count at the last `/slots` answer while it streamed
+    /// ([`Policy::handle_slots_decoded`]); `None` until the first.
+    decoded: Option<u64>,
 }
 
 /// Where inside starting/restarting the worker is.
@@ -256,6 +260,7 @@ impl Policy {
                 slot,
                 phase: GenerationPhase::Prefill,
                 reported_at: now,
+                decoded: None,
             },
         );
         Ok(id)
@@ -342,6 +347,42 @@ impl Policy {
                 .filter(|(&o, _)| o != id)
                 .filter_map(|(_, other)| self.prefill_busy_at(other))
                 .fold(g.reported_at, Duration::max),
+        }
+    }
+
+    /// When the shell should next read each slot's decoded-token count (`GET /slots`, then
+    /// [`Policy::handle_slots_decoded`]): while ready, the first instant a streaming
+    /// generation's progress is half `stall_timeout` old. The shell asks at most once per CPU
+    /// probe interval, so a slot that decodes keeps its generation alive, and one that does not
+    /// still runs out at its progress plus `stall_timeout`.
+    pub fn slots_probe_at(&self) -> Option<Duration> {
+        if self.state != State::Ready {
+            return None;
+        }
+        self.generations
+            .iter()
+            .filter(|(_, g)| g.phase == GenerationPhase::Streaming)
+            .map(|(&id, g)| self.progress_of(id, g) + self.cfg.stall_timeout / 2)
+            .min()
+    }
+
+    /// `GET /slots`'s decoded-token counts, `(slot, n_decoded)`: a count above the one the
+    /// last answer gave is progress of the streaming generation on that slot (the server
+    /// generates for it, streamed or not: see [`crate::slots`]). The first count a generation
+    /// gets is only its baseline; a count that falls is a new baseline. A generation in its
+    /// prefill is judged by CPU time, as before.
+    pub fn handle_slots_decoded(&mut self, now: Duration, slots: &[(u32, u64)]) {
+        for g in self.generations.values_mut() {
+            if g.phase != GenerationPhase::Streaming {
+                continue;
+            }
+            let Some(&(_, n)) = slots.iter().find(|(slot, _)| *slot == g.slot) else {
+                continue;
+            };
+            if g.decoded.is_some_and(|before| n > before) {
+                g.reported_at = g.reported_at.max(now);
+            }
+            g.decoded = Some(n);
         }
     }
 
@@ -1397,6 +1438,83 @@ pub(crate) mod tests {
         assert_eq!(p.state(), State::Ready);
         p.handle_timeout(s(130));
         stalled(&mut p, id);
+    }
+
+    /// A tool call's opening at a token every few seconds: slot 2 streams nothing after its
+    /// first byte at 10 s while its decoded-token count rises (issue 29, shape b).
+    #[test]
+    fn a_silent_stream_whose_slot_decodes_is_alive_until_the_count_stands_still() {
+        let (mut p, id) = with_generation();
+        assert!(p.handle_progress(s(10), id, ProgressKind::FirstByte));
+        // Half stall_timeout after the first byte, the worker asks /slots; not before.
+        assert_eq!(p.slots_probe_at(), Some(s(70)));
+        assert_eq!(p.poll_timeout(), Some(s(130)));
+        // The first answer is a baseline, not progress; slot 0's count is not slot 2's.
+        p.handle_slots_decoded(s(70), &[(0, 900), (2, 30)]);
+        assert_eq!(p.poll_timeout(), Some(s(130)));
+        assert_eq!(p.slots_probe_at(), Some(s(70)));
+        let mut n = 30;
+        for t in (75..=600).step_by(5) {
+            n += 1;
+            p.handle_slots_decoded(s(t), &[(0, 900), (2, n)]);
+            p.handle_timeout(s(t));
+            assert_eq!((p.state(), drain(&mut p)), (State::Ready, vec![]), "at {t}");
+            assert_eq!(p.poll_timeout(), Some(s(t + 120)), "at {t}");
+            assert_eq!(p.slots_probe_at(), Some(s(t + 60)), "at {t}");
+        }
+        assert_eq!(p.generations()[0].last_progress_at, s(600));
+        // The count stands still from 600 s: the stall comes at 720 s, to the millisecond.
+        for t in (605..720).step_by(5) {
+            p.handle_slots_decoded(s(t), &[(2, n)]);
+            p.handle_timeout(s(t));
+            assert_eq!(p.state(), State::Ready, "at {t}");
+        }
+        p.handle_timeout(s(720) - MS1);
+        assert_eq!(p.state(), State::Ready);
+        p.handle_timeout(s(720));
+        stalled(&mut p, id);
+        assert_eq!(p.slots_probe_at(), None);
+    }
+
+    #[test]
+    fn another_slots_rising_count_is_not_this_streams_progress() {
+        let (mut p, id) = with_generation();
+        assert!(p.handle_progress(s(10), id, ProgressKind::FirstByte));
+        for (i, t) in (70..130).step_by(5).enumerate() {
+            p.handle_slots_decoded(s(t), &[(0, 10 + i as u64), (2, 7)]);
+        }
+        p.handle_timeout(s(130) - MS1);
+        assert_eq!(p.state(), State::Ready);
+        p.handle_timeout(s(130));
+        stalled(&mut p, id);
+    }
+
+    #[test]
+    fn a_falling_count_is_a_new_baseline_not_progress() {
+        let (mut p, id) = with_generation();
+        assert!(p.handle_progress(s(10), id, ProgressKind::FirstByte));
+        p.handle_slots_decoded(s(70), &[(2, 30)]);
+        p.handle_slots_decoded(s(75), &[(2, 3)]);
+        assert_eq!(p.poll_timeout(), Some(s(130)));
+        p.handle_slots_decoded(s(80), &[(2, 4)]);
+        assert_eq!(p.poll_timeout(), Some(s(200)));
+    }
+
+    #[test]
+    fn slots_are_asked_only_for_a_streaming_generation_while_ready() {
+        let (mut p, id) = with_generation();
+        // In its prefill: judged by CPU time, and its count (0) is no baseline.
+        assert_eq!(p.slots_probe_at(), None);
+        p.handle_slots_decoded(s(5), &[(2, 0)]);
+        p.handle_slots_decoded(s(6), &[(2, 1)]);
+        assert_eq!(p.generations()[0].last_progress_at, s(1));
+        assert!(p.handle_progress(s(10), id, ProgressKind::FirstByte));
+        assert_eq!(p.slots_probe_at(), Some(s(70)));
+        // A stream byte is progress: the probe moves with it.
+        assert!(p.handle_progress(s(20), id, ProgressKind::Bytes));
+        assert_eq!(p.slots_probe_at(), Some(s(80)));
+        p.stop(s(21));
+        assert_eq!(p.slots_probe_at(), None);
     }
 
     /// Streaming on slot 2 from 2 s to 10 s, then slot 0's long prompt registered at 10 s:

@@ -26,6 +26,7 @@ use crate::probe::{self, ProbeError, ProbeOutcome};
 use crate::process::{Exit, Lingering, ServerProcess};
 use crate::rpc::{rpc_arg, EndpointStatus};
 use crate::rpc_unit::RpcUnit;
+use crate::slots::{self, MAX_SLOTS_BODY, SLOTS_PATH};
 use crate::status::{ModelExit, ReadinessRecord, RpcLoss, Status};
 use worker_proto::{WatchEvent, MAX_WATCHERS};
 
@@ -435,6 +436,10 @@ pub struct Worker<C: SharedClock> {
     process: Option<ServerProcess>,
     next_readiness_at: Duration,
     next_cpu_at: Duration,
+    /// `GET /slots` is asked no earlier than this (once per CPU probe interval at most).
+    next_slots_at: Duration,
+    /// The last `/slots` probe failed (logged once, until one succeeds).
+    slots_failing: bool,
     /// The router's pid and its children (the model instances) at the last tick.
     instances: Option<(u32, Vec<u32>)>,
     /// Until when readiness is probed at the startup interval: an instance just left.
@@ -492,6 +497,8 @@ impl<C: SharedClock> Worker<C> {
             process: None,
             next_readiness_at: Duration::ZERO,
             next_cpu_at: Duration::ZERO,
+            next_slots_at: Duration::ZERO,
+            slots_failing: false,
             instances: None,
             recheck_until: Duration::ZERO,
             proc_root: PathBuf::from("/proc"),
@@ -596,6 +603,9 @@ impl<C: SharedClock> Worker<C> {
         }
         if let Some(t) = g.policy.poll_timeout() {
             next = next.min(t);
+        }
+        if let Some(t) = g.policy.slots_probe_at() {
+            next = next.min(t.max(self.next_slots_at));
         }
         if self.process.is_some() {
             next = next.min(self.next_readiness_at).min(self.next_cpu_at);
@@ -819,6 +829,7 @@ impl<C: SharedClock> Worker<C> {
             self.shared.lock().policy.handle_cpu_sample(now, ticks);
             self.next_cpu_at = now + self.timings.cpu_probe_interval;
         }
+        self.probe_slots_if_due(now);
         let state = self.shared.lock().policy.state();
         if now < self.next_readiness_at
             || !matches!(state, State::Starting | State::Restarting | State::Ready)
@@ -879,6 +890,58 @@ impl<C: SharedClock> Worker<C> {
             self.timings.startup_probe_interval
         };
         self.next_readiness_at = now + interval;
+    }
+
+    /// When the policy wants each slot's decoded-token count (a streaming generation's progress
+    /// is half `stall_timeout` old), asks `GET /slots`, at most once per CPU probe interval.
+    /// A failed probe feeds nothing: the generation runs out as it would without it.
+    fn probe_slots_if_due(&mut self, now: Duration) {
+        let (due, deadline) = {
+            let g = self.shared.lock();
+            (g.policy.slots_probe_at(), g.policy.poll_timeout())
+        };
+        if due.is_none_or(|t| now < t) || now < self.next_slots_at {
+            return;
+        }
+        self.next_slots_at = now + self.timings.cpu_probe_interval;
+        // A hung server does not answer: the wait ends by the policy's next deadline (a
+        // generation's stall), so the stall is not put off by the probe.
+        let timeout = deadline.map_or(self.timings.probe_timeout, |d| {
+            self.timings.probe_timeout.min(d.saturating_sub(now))
+        });
+        if timeout.is_zero() {
+            return;
+        }
+        let got = probe::http_get_body::<MAX_SLOTS_BODY>(
+            &self.config.host,
+            self.port,
+            &slots::path(&self.config.models),
+            timeout,
+            &|| self.shared.interrupt.load(Ordering::SeqCst),
+        );
+        let decoded = match got {
+            Ok((200, body)) => slots::decoded(&body).map_err(|e| e.to_string()),
+            Ok((code, _)) => Err(format!("GET {SLOTS_PATH}: status {code}")),
+            Err(ProbeError::Cancelled) => return,
+            Err(e) => Err(format!("GET {SLOTS_PATH}: {}", e.as_str())),
+        };
+        match decoded {
+            Ok(counts) => {
+                self.slots_failing = false;
+                // The answer's own time: the probe may have waited for a decode step.
+                let at = self.clock.now();
+                self.shared.lock().policy.handle_slots_decoded(at, &counts);
+            }
+            Err(e) => {
+                if !self.slots_failing {
+                    eprintln!(
+                        "llama-worker: {e}; a silent stream is judged without its slot's \
+                         decoded-token count"
+                    );
+                }
+                self.slots_failing = true;
+            }
+        }
     }
 
     /// With `models` required (router mode), looks at the router's children every tick: when

@@ -771,20 +771,79 @@ fn the_clients_stall_is_reported_as_stall_of_the_generation_before_it_is_unregis
     assert_eq!(kinds(&drain(&mut m)), Vec::<String>::new());
     m.handle_timeout(ms(153));
     assert_eq!(kinds(&drain(&mut m)), ["stall 4"]);
-    m.handle_stall_answer(ms(151), Ok(StallAnswer::NotReady));
+    m.handle_stall_answer(ms(153), Ok(StallAnswer::NotReady));
+    m.handle_timeout(ms(303));
+    assert_eq!(kinds(&drain(&mut m)), ["stall 4"]);
+    m.handle_stall_answer(ms(303), Ok(StallAnswer::NotReady));
+    // The stream's liveness puts the silence to the worker; the connection stays open.
+    m.handle_timeout(ms(409));
+    assert_eq!(kinds(&drain(&mut m)), Vec::<String>::new());
     m.handle_timeout(ms(410));
-    assert_eq!(kinds(&drain(&mut m)), ["close", "stall 4"]);
-    let not = StallAnswer::NotStalled {
-        since_progress_ms: 1,
-    };
-    m.handle_stall_answer(ms(411), Ok(not));
-    assert_eq!(kinds(&drain(&mut m)), ["generation_done 4", "status"]);
+    assert_eq!(kinds(&drain(&mut m)), ["stall 4"]);
+    // A worker that is not ready has no word on the server: the client's own verdict stands.
+    m.handle_stall_answer(ms(411), Ok(StallAnswer::NotReady));
+    assert_eq!(
+        kinds(&drain(&mut m)),
+        ["close", "generation_done 4", "status"]
+    );
     m.handle_worker_status(ms(412), Ok(status(WorkerState::Ready, 3, None)));
     let r = result(drain(&mut m));
     assert_eq!(
         failed(&r).0,
         FailReason::Client(InferError::Stalled(Silence::Liveness))
     );
+}
+
+/// Issue 29, shape b: a tool call's opening is generated but not streamed (the server's parser
+/// holds it back), so on a slow box the stream is silent past liveness while its slot decodes.
+/// The worker, which reads the slot's decoded tokens, says `not_stalled`, and the stream goes
+/// on; its bytes then finish the request, with no retry.
+#[test]
+fn a_silent_stream_the_worker_calls_alive_goes_on_and_completes() {
+    let mut b = Buffers::new();
+    let s = settings(true);
+    let mut m = registered(&mut b, &s, 4);
+    m.handle_bytes(ms(10), &answered());
+    assert_eq!(kinds(&drain(&mut m)), ["progress 4 first_byte"]);
+    m.handle_timeout(ms(153));
+    assert_eq!(kinds(&drain(&mut m)), ["stall 4"]);
+    let alive = || {
+        Ok(StallAnswer::NotStalled {
+            since_progress_ms: 20,
+        })
+    };
+    m.handle_stall_answer(ms(154), alive());
+    assert_eq!(kinds(&drain(&mut m)), Vec::<String>::new());
+    // The next periodic report (stall_ms after the last, 304) is out when liveness (410)
+    // comes: its answer is the verdict, and no second report is sent.
+    m.handle_timeout(ms(304));
+    assert_eq!(kinds(&drain(&mut m)), ["stall 4"]);
+    m.handle_timeout(ms(410));
+    assert_eq!(kinds(&drain(&mut m)), Vec::<String>::new());
+    m.handle_timeout(ms(411));
+    assert_eq!(kinds(&drain(&mut m)), Vec::<String>::new());
+    m.handle_stall_answer(ms(412), alive());
+    assert_eq!(kinds(&drain(&mut m)), Vec::<String>::new());
+    // Liveness runs again from the verdict: 412 + 400. The periodic report is due at 562.
+    m.handle_timeout(ms(562));
+    assert_eq!(kinds(&drain(&mut m)), ["stall 4"]);
+    m.handle_stall_answer(ms(563), alive());
+    m.handle_timeout(ms(712));
+    assert_eq!(kinds(&drain(&mut m)), ["stall 4"]);
+    m.handle_stall_answer(ms(713), alive());
+    m.handle_timeout(ms(811));
+    assert_eq!(kinds(&drain(&mut m)), Vec::<String>::new());
+    // The call's text arrives (less than PROGRESS_EVERY after the first byte's report: not
+    // reported), then the end.
+    m.handle_bytes(ms(811), &data(json!({ "content": " there" }), None, 0));
+    let end = [&data(json!({}), Some("stop"), 0)[..], b"data: [DONE]\n\n"].concat();
+    m.handle_bytes(ms(812), &end);
+    let out = drain(&mut m);
+    assert_eq!(kinds(&out), ["close", "generation_done 4", "done"]);
+    let r = result(out);
+    assert_eq!(r.content.as_deref(), Some(" there"));
+    assert!(r.retries.is_empty(), "{:?}", r.retries);
+    assert_eq!(r.stalls.len(), 4);
 }
 
 #[test]

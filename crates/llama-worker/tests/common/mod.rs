@@ -5,7 +5,7 @@
 use std::io::{Read, Write};
 use std::net::TcpListener;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -31,11 +31,15 @@ pub enum Mode {
     ModelLoading = 5,
 }
 
-/// A tiny HTTP server thread standing in for llama-server's `/health` and `/v1/models`.
+/// A tiny HTTP server thread standing in for llama-server's `/health` and `/v1/models`, and
+/// its `/slots`: slot 0 never ran a task, slot 2's `n_decoded` goes up by one on every
+/// `/slots` answer while [`Endpoint::set_decoding`] says so (a slot generating), else stays.
 pub struct Endpoint {
     pub port: u16,
     mode: Arc<AtomicU8>,
     hits: Arc<AtomicU64>,
+    decoding: Arc<AtomicBool>,
+    slots_hits: Arc<AtomicU64>,
 }
 
 impl Endpoint {
@@ -44,15 +48,33 @@ impl Endpoint {
         let port = l.local_addr().unwrap().port();
         let shared = Arc::new(AtomicU8::new(mode as u8));
         let hits = Arc::new(AtomicU64::new(0));
+        let decoding = Arc::new(AtomicBool::new(false));
+        let slots_hits = Arc::new(AtomicU64::new(0));
         let (m, h) = (shared.clone(), hits.clone());
+        let (dec, sh) = (decoding.clone(), slots_hits.clone());
         thread::spawn(move || {
+            let decoded = Arc::new(AtomicU64::new(40));
             for conn in l.incoming() {
                 let Ok(mut s) = conn else { continue };
                 h.fetch_add(1, Ordering::SeqCst);
                 let m = m.clone();
+                let (dec, sh, decoded) = (dec.clone(), sh.clone(), decoded.clone());
                 thread::spawn(move || {
                     let mut buf = [0u8; 1024];
-                    let _ = s.read(&mut buf);
+                    let n = s.read(&mut buf).unwrap_or(0);
+                    if buf[..n].starts_with(b"GET /slots ") {
+                        sh.fetch_add(1, Ordering::SeqCst);
+                        let rise = u64::from(dec.load(Ordering::SeqCst));
+                        let count = decoded.fetch_add(rise, Ordering::SeqCst) + rise;
+                        let body = format!(
+                            "[{{\"id\":0,\"is_processing\":false}},{{\"id\":2,\
+                             \"is_processing\":true,\"next_token\":[{{\"n_decoded\":{count}}}]}}]"
+                        );
+                        let head =
+                            format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", body.len());
+                        let _ = s.write_all((head + &body).as_bytes());
+                        return;
+                    }
                     let reply: &[u8] = match m.load(Ordering::SeqCst) {
                         0 => b"HTTP/1.1 200 OK\r\nContent-Length: 15\r\n\r\n{\"status\":\"ok\"}",
                         4 => {
@@ -82,7 +104,19 @@ impl Endpoint {
             port,
             mode: shared,
             hits,
+            decoding,
+            slots_hits,
         }
+    }
+
+    /// Whether slot 2's decoded-token count rises with each `/slots` answer.
+    pub fn set_decoding(&self, on: bool) {
+        self.decoding.store(on, Ordering::SeqCst);
+    }
+
+    /// `/slots` requests answered so far.
+    pub fn slots_hits(&self) -> u64 {
+        self.slots_hits.load(Ordering::SeqCst)
     }
 
     /// Connections accepted so far.

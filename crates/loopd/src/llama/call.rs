@@ -53,7 +53,7 @@ pub enum CallOutput {
         /// The completion id.
         id: String,
     },
-    /// Ask the judge named with [`judge_prefill`](ChatCall::judge_prefill) whether the
+    /// Ask the judge named with [`judge_silence`](ChatCall::judge_silence) whether the
     /// server is alive; answer with [`handle_silence_verdict`](ChatCall::handle_silence_verdict).
     JudgeSilence,
     /// The attempt is over: close its connection (the server stops generating) and give the
@@ -152,9 +152,10 @@ impl<'b> ChatCall<'b> {
         self.hold = true;
     }
 
-    /// Whether the attempt sent from now on has its silent prefill judged
-    /// ([`CallOutput::JudgeSilence`]) rather than failed at `idle_grace_ms`.
-    pub fn judge_prefill(&mut self, judge: bool) {
+    /// Whether the attempt sent from now on has its silences judged
+    /// ([`CallOutput::JudgeSilence`]): a prefill's rather than failed at `idle_grace_ms`, a
+    /// stream's rather than failed at `liveness_ms`.
+    pub fn judge_silence(&mut self, judge: bool) {
         self.judge = judge;
     }
 
@@ -251,7 +252,7 @@ impl<'b> ChatCall<'b> {
             x.set_first_byte_deadline(at);
         }
         if self.judge {
-            x.judge_prefill();
+            x.judge_silence();
         }
         (self.sent, self.answering) = (true, false);
         self.phase = Phase::Exchange(Box::new(x));
@@ -327,7 +328,7 @@ impl<'b> ChatCall<'b> {
         }
     }
 
-    /// The judge's verdict on a silent prefill (see [`ChatExchange::handle_silence_verdict`]).
+    /// The judge's verdict on a silence (see [`ChatExchange::handle_silence_verdict`]).
     pub fn handle_silence_verdict(&mut self, now: Duration, alive: bool) {
         if let Phase::Exchange(x) = &mut self.phase {
             x.handle_silence_verdict(now, alive);

@@ -18,12 +18,15 @@
 //!   every `liveness_ms`) ([`FirstByteWait`] turns the answers into `WaitTimeout`, `LoadTimeout` or `Stalled(IdleGrace)`); for a retry, nothing
 //!   past the retry budget before the first byte
 //!   ([`set_first_byte_deadline`](ChatExchange::set_first_byte_deadline)).
-//!   With a judge ([`judge_prefill`](ChatExchange::judge_prefill): llama-worker, which sees
-//!   the server's CPU time) `idle_grace_ms` asks it ([`Output::JudgeSilence`]) instead of
-//!   failing, and the wait starts over while it says the server is alive;
+//!   With a judge ([`judge_silence`](ChatExchange::judge_silence): llama-worker, which sees
+//!   the server's CPU time and each slot's decoded tokens) `idle_grace_ms` asks it
+//!   ([`Output::JudgeSilence`]) instead of failing, and the wait starts over while it says
+//!   the server is alive;
 //! - the response head, once its first byte came: `call_ms` whole, and `liveness_ms` of silence;
 //! - a 200 stream from its first event past the prompt: `liveness_ms` of silence, and no
-//!   total deadline;
+//!   total deadline; with a judge, the silence is put to it instead, and the stream's
+//!   liveness starts over while it says the server is alive (its slot decodes tokens it
+//!   does not stream yet, as a tool call's opening, or another slot's prompt holds it up);
 //! - an error body: `call_ms` from the head; what arrived by then is kept.
 
 use std::collections::VecDeque;
@@ -55,8 +58,9 @@ pub enum Output {
         /// The completion id.
         id: String,
     },
-    /// No byte came while the slot stayed idle for `idle_grace_ms`, and a judge was named
-    /// with [`judge_prefill`](ChatExchange::judge_prefill): ask it whether the server is
+    /// No byte came while the slot stayed idle for `idle_grace_ms`, or none for `liveness_ms`
+    /// mid-stream, and a judge was named with
+    /// [`judge_silence`](ChatExchange::judge_silence): ask it whether the server is
     /// alive and pass its verdict to
     /// [`handle_silence_verdict`](ChatExchange::handle_silence_verdict). No `/slots` poll
     /// runs until then.
@@ -167,20 +171,29 @@ impl<'b> ChatExchange<'b> {
         self.clip = Some(at);
     }
 
-    /// Names a judge of a silent prefill: `idle_grace_ms` asks it ([`Output::JudgeSilence`])
-    /// rather than failing with `Stalled(IdleGrace)`.
-    pub fn judge_prefill(&mut self) {
+    /// Names a judge of silence: a prefill's `idle_grace_ms` and a stream's `liveness_ms` ask
+    /// it ([`Output::JudgeSilence`]) rather than failing with `Stalled`.
+    pub fn judge_silence(&mut self) {
         self.judge = true;
     }
 
-    /// The judge's verdict on a silent prefill, at `now`: alive, the first-byte wait starts
-    /// over (a `/slots` poll `poll_ms` later); not alive, `Stalled(IdleGrace)`. Ignored unless
-    /// a verdict was asked for, and once a byte came.
+    /// The judge's verdict on a silence, at `now`. In the prefill: alive, the first-byte wait
+    /// starts over (a `/slots` poll `poll_ms` later); not alive, `Stalled(IdleGrace)`; ignored
+    /// once a byte came. Mid-stream: alive, the stream's liveness runs from `now` (or its last
+    /// byte, if later); not alive, `Stalled(Liveness)`. Ignored unless a verdict was asked for.
     pub fn handle_silence_verdict(&mut self, now: Duration, alive: bool) {
-        if !std::mem::take(&mut self.judging)
-            || self.outcome.is_some()
-            || !matches!(self.phase, Phase::Sent | Phase::Prefill)
-        {
+        if !std::mem::take(&mut self.judging) || self.outcome.is_some() {
+            return;
+        }
+        if matches!(self.phase, Phase::Stream) {
+            if alive {
+                self.last_byte = self.last_byte.max(now);
+            } else {
+                self.fail(InferError::Stalled(Silence::Liveness));
+            }
+            return;
+        }
+        if !matches!(self.phase, Phase::Sent | Phase::Prefill) {
             return;
         }
         if alive {
@@ -339,8 +352,12 @@ impl<'b> ChatExchange<'b> {
                     });
                 }
             }
-            Phase::Stream if now >= liveness => self.fail(InferError::Stalled(Silence::Liveness)),
-            Phase::Stream => {}
+            Phase::Stream if now < liveness || self.judging => {}
+            Phase::Stream if self.judge => {
+                self.judging = true;
+                self.outputs.push_back(Output::JudgeSilence);
+            }
+            Phase::Stream => self.fail(InferError::Stalled(Silence::Liveness)),
             Phase::ErrorBody { until, .. } if now >= until.min(liveness) => self.finish_error(),
             Phase::ErrorBody { .. } => {}
         }
@@ -369,6 +386,7 @@ impl<'b> ChatExchange<'b> {
             Phase::Prefill if self.polling || self.judging => None,
             Phase::Prefill => Some(self.next_poll),
             Phase::Head => Some(liveness.min(self.first_byte + ms(self.limits.call_ms))),
+            Phase::Stream if self.judging => None,
             Phase::Stream => Some(liveness),
             Phase::ErrorBody { until, .. } => Some(liveness.min(*until)),
         }

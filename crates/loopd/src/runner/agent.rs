@@ -18,10 +18,12 @@
 //! are reported (`progress <id> first_byte|bytes`), and it is unregistered (`done <id>`) when
 //! it ends, after any stall report about it (`stall <id>`). A failure the worker pushes for the
 //! generation ([`handle_worker_failed`]) ends the request at once. A registered generation's
-//! silent prefill is the worker's to judge: when the slot stays idle for
-//! `limits.idle_grace_ms` with no answer yet (the head and `prompt_progress` are not one:
-//! llama-server sends them as soon as it takes the request), it is reported as a stall, and
-//! the wait starts over while the worker says `not_stalled`.
+//! silences are the worker's to judge: when the slot stays idle for `limits.idle_grace_ms`
+//! with no answer yet (the head and `prompt_progress` are not one: llama-server sends them as
+//! soon as it takes the request), or the stream is silent for `runner.stall_ms`, it is
+//! reported as a stall, and the wait starts over while the worker says `not_stalled` (it has
+//! seen the server's CPU time work on the prompt, or the generation's slot decode tokens that
+//! are not streamed yet, such as a tool call's opening).
 //!
 //! [`handle_sent`]: AgentRequest::handle_sent
 //! [`handle_bytes`]: AgentRequest::handle_bytes
@@ -497,7 +499,8 @@ impl<'b> AgentRequest<'b> {
             self.actions
                 .push_back(Action::Event(RequestEvent::Stall(a)));
             if a == StallAnswer::Restarting {
-                let detail = if self.judging {
+                let prefill = matches!(&self.phase, Phase::Generating(c) if !c.answering());
+                let detail = if self.judging && prefill {
                     format!(
                         "no byte while the slot was idle for {} ms (limits.idle_grace_ms); \
                          llama-worker saw no progress either and restarted llama-server",
@@ -570,7 +573,7 @@ impl<'b> AgentRequest<'b> {
         }
         let registered = self.generation.is_some();
         if let Phase::Generating(call) = &mut self.phase {
-            call.judge_prefill(registered);
+            call.judge_silence(registered);
             let chat = call.request().clone();
             self.actions.push_back(Action::Send(chat));
         }
@@ -863,9 +866,13 @@ impl<'b> AgentRequest<'b> {
             CallOutput::EndReasoning { id } => self.actions.push_back(Action::EndReasoning { id }),
             CallOutput::JudgeSilence => {
                 self.judging = true;
-                self.stall_out = true;
-                let generation = self.generation;
-                self.actions.push_back(Action::ReportStall { generation });
+                // A report already out (the periodic one, due at the same silence with the
+                // defaults) is the question: its answer is the verdict.
+                if !self.stall_out {
+                    self.stall_out = true;
+                    let generation = self.generation;
+                    self.actions.push_back(Action::ReportStall { generation });
+                }
             }
             CallOutput::Close { abandoned } => {
                 self.registering = false;

@@ -208,6 +208,46 @@ fn silence_after_the_first_byte_is_stalled_at_liveness_ms() {
     assert_eq!(x.partial().message.content.as_deref(), Some("Red"));
 }
 
+/// With a judge (llama-worker), a silent stream is put to it at liveness instead of failing:
+/// alive, liveness runs from the verdict; not alive, `Stalled(Liveness)` with what streamed.
+#[test]
+fn a_judged_silent_stream_goes_on_while_the_judge_says_alive() {
+    let mut b = Buffers::new();
+    let mut x = ChatExchange::new(limits(), t(0), &mut b);
+    x.judge_silence();
+    let mut bytes = HEAD.to_vec();
+    bytes.extend(chunked(&[content("Red", 1)]));
+    x.handle_bytes(t(10), &bytes);
+    assert_eq!(outputs(&mut x), [text("Red")]);
+    x.handle_timeout(t(109));
+    assert_eq!(outputs(&mut x), []);
+    x.handle_timeout(t(110));
+    assert_eq!(outputs(&mut x), [Output::JudgeSilence]);
+    // Asked once; no timer runs while the judge thinks, and time alone changes nothing.
+    assert_eq!(x.poll_timeout(), None);
+    x.handle_timeout(t(125));
+    assert_eq!(outputs(&mut x), []);
+    assert!(!x.is_over());
+    x.handle_silence_verdict(t(130), true);
+    assert_eq!(x.poll_timeout(), Some(t(230)));
+    // A verdict nobody asked for is ignored.
+    x.handle_silence_verdict(t(131), false);
+    assert!(!x.is_over());
+    x.handle_timeout(t(229));
+    assert_eq!(outputs(&mut x), []);
+    x.handle_timeout(t(230));
+    assert_eq!(outputs(&mut x), [Output::JudgeSilence]);
+    // Bytes while the judge thinks are kept; a "not alive" verdict still ends it.
+    x.handle_bytes(t(231), &chunked(&[content(" and", 2)]));
+    x.handle_silence_verdict(t(240), false);
+    assert!(matches!(
+        error(&mut x),
+        InferError::Stalled(Silence::Liveness)
+    ));
+    assert_eq!(outputs(&mut x), [text(" and")]);
+    assert_eq!(x.partial().message.content.as_deref(), Some("Red and"));
+}
+
 #[test]
 fn a_stream_has_no_total_deadline() {
     let mut b = Buffers::new();
@@ -680,7 +720,7 @@ fn the_prefill_after_the_head_has_the_bounds_of_the_wait_before_it() {
     // A judge is asked instead, as before the head.
     let mut b = Buffers::new();
     let mut x = ChatExchange::new(limits(), t(0), &mut b);
-    x.judge_prefill();
+    x.judge_silence();
     x.handle_bytes(t(1), HEAD);
     for at in [101, 120] {
         x.handle_timeout(t(at));
