@@ -18,8 +18,9 @@
 # something failed.
 #
 # Only this script signals its children: each runs in a session of its own (setsid), so Ctrl-C
-# reaches the script alone, which sends each child one SIGTERM. `up` runs itself as a terminal
-# job of its own (set -m), so make does not see the Ctrl-C either: it exits 0 and says so.
+# reaches the script alone, which sends each child one SIGTERM. In a terminal, `up` runs itself
+# as the terminal's foreground job (scripts/foreground.py), so make, which would die of the
+# SIGINT and say `Interrupt`, does not see the Ctrl-C: it exits 0 and the script says so.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -27,9 +28,7 @@ cmd=${1:-selftest}
 shift || true
 
 if [ "$cmd" = up ] && [ -t 0 ] && [ -z "${LOCAL_STACK_JOB:-}" ]; then
-  set -m
-  LOCAL_STACK_JOB=1 "$0" up "$@"
-  exit
+  LOCAL_STACK_JOB=1 exec python3 "$root/scripts/foreground.py" "$0" up "$@"
 fi
 
 "$root/scripts/llama-server.sh" all >/dev/null
