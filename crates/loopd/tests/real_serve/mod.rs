@@ -62,12 +62,14 @@ impl Drop for Serve {
     }
 }
 
-/// Starts `loopd serve --config config --folder folder` with its stderr in `dir/serve.log`
+/// Starts `loopd serve --config config --folder folder` with its stderr appended to `dir/serve.log`
 /// and its store in `dir` (`STATE_DIRECTORY`, unless the config names one), and returns once
 /// it said `READY=1`; panics with what it said otherwise.
 pub fn start_serve(config: &Path, folder: &Path, dir: &Path) -> (Serve, PathBuf) {
     let notify_path = dir.join("notify.sock");
     let log = dir.join("serve.log");
+    // A daemon started again in the same directory (make chaos) binds afresh and logs on.
+    let _ = std::fs::remove_file(&notify_path);
     let notify = UnixDatagram::bind(&notify_path).unwrap();
     let mut serve = Serve(
         Command::new(env!("CARGO_BIN_EXE_loopd"))
@@ -78,7 +80,13 @@ pub fn start_serve(config: &Path, folder: &Path, dir: &Path) -> (Serve, PathBuf)
             .env("NOTIFY_SOCKET", &notify_path)
             .env("STATE_DIRECTORY", dir)
             .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
+            .stderr(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&log)
+                    .unwrap(),
+            )
             .spawn()
             .unwrap(),
     );
