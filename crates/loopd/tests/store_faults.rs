@@ -1,6 +1,7 @@
 //! The durable store's faults, each refused with its own error and nothing acknowledged lost:
 //! a second opener (in this process and in another), a corrupt file, a read-only directory, a
-//! full disk, and a daemon SIGKILLed right after acknowledging.
+//! full disk (the store alone, and the daemon over the fake server), and a daemon SIGKILLed
+//! right after acknowledging.
 //!
 //! The read-only directory and the full disk need a file system of their own: the test runs
 //! itself again (this binary, only that test) under `unshare --user --map-root-user --mount`,
@@ -14,7 +15,14 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+mod support;
+
+use std::sync::Arc;
+
 use loopd::daemon::{Db, DbError, DbSettings, Durability, Lookup, OpenErrorKind};
+use serde_json::{json, Value};
+use support::daemon::{error_of, submit, Running};
+use support::{done, json_chunk, json_content, FakeServer, Reply, CHAT};
 
 /// Set in a child: which role this run of the binary plays, and the store's path.
 const ROLE: &str = "LOOPD_STORE_FAULT_ROLE";
@@ -322,6 +330,116 @@ fn a_full_disk_refuses_the_submit_and_loses_nothing_acknowledged() {
         "{out}"
     );
     assert_eq!(marked(&out, "=> accepted ").len(), 1, "{out}");
+}
+
+/// The answer of the daemon test below: a first word, then 100 KiB in ten pieces, 300 ms
+/// apart, so its result is larger than any room a full disk leaves in the store's files.
+fn big_answer() -> (Reply, String) {
+    let piece = "x".repeat(10 * 1024);
+    let mut pieces = vec![json_content("start ")];
+    pieces.extend((0..10).map(|_| json_content(&piece)));
+    pieces.push(json_chunk(json!({}), Some("stop"), 5));
+    pieces.push(done());
+    let reply = Reply::sse(pieces).each_after(Duration::from_millis(300));
+    (reply, format!("start {}", piece.repeat(10)))
+}
+
+/// The daemon on a full disk (issue 30): a submit is refused `STORE_FULL` with the store named;
+/// the two requests it had acknowledged end on the full disk, and their results, which the
+/// store cannot take, are kept in memory: one is fetched from there while the disk is full, the
+/// other is written once space is freed (and found by the next open of the store); then
+/// submits are taken again, with a greater id.
+#[test]
+fn a_full_disk_at_the_daemon_refuses_submits_and_keeps_the_results_it_owes() {
+    const TEST: &str = "a_full_disk_at_the_daemon_refuses_submits_and_keeps_the_results_it_owes";
+    if let Some((role, path)) = role() {
+        assert_eq!(role, "daemon-disk-full");
+        let dir = path.parent().unwrap();
+        mount(&[
+            "-t",
+            "tmpfs",
+            "-o",
+            "size=1m",
+            "tmpfs",
+            dir.to_str().unwrap(),
+        ]);
+        let (reply, content) = big_answer();
+        let server = FakeServer::start(vec![(CHAT, vec![reply.clone(), reply.clone(), reply])]);
+        let mut d = Running::start_with_store(
+            &server,
+            3,
+            Arc::new(clock::SystemClock::new()),
+            Duration::from_secs(60),
+            &path,
+        );
+        let id = |v: Value| v["id"].as_u64().unwrap_or_else(|| panic!("no id: {v}"));
+        let (fetched, held) = (id(d.call(submit("a"))), id(d.call(submit("b"))));
+        // Another program fills the disk.
+        let filler = dir.join("filler");
+        let mut f = std::fs::File::create(&filler).unwrap();
+        while f.write_all(&[0u8; 4096]).is_ok() {}
+        drop(f);
+        let big = "q".repeat(200 * 1024);
+        let refused =
+            d.call(json!({"cmd": "submit", "messages": [{"role": "user", "content": big}]}));
+        assert_eq!(error_of(&refused), "STORE_FULL", "{refused}");
+        let detail = refused["detail"].as_str().unwrap_or("");
+        assert!(
+            detail.contains(path.to_str().unwrap()) && detail.contains("already acknowledged"),
+            "{refused}"
+        );
+        println!("=> refused: {detail}");
+        // The first ends on the full disk and is fetched whole, from memory.
+        let r = d.call(json!({"cmd": "wait", "id": fetched, "timeout_ms": 20_000}));
+        assert_eq!(r["result"]["outcome"], "completed", "{r}");
+        assert_eq!(r["result"]["content"].as_str(), Some(content.as_str()));
+        println!("=> fetched {fetched} on the full disk");
+        // The second ends too (it runs beside the first) and is not fetched yet.
+        let ended = |d: &Running| {
+            let s = d.call(json!({"cmd": "status"}));
+            s["status"]["running"]
+                .as_array()
+                .is_some_and(|r| r.iter().all(|x| x["id"] != json!(held)))
+        };
+        let until = std::time::Instant::now() + Duration::from_secs(20);
+        while !ended(&d) {
+            assert!(
+                std::time::Instant::now() < until,
+                "request {held} never ended"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        // Space comes back: the daemon's maintenance writes the held result, and takes submits.
+        std::fs::remove_file(&filler).unwrap();
+        let again = d.call(submit("c"));
+        let next = id(again);
+        assert!(next > held, "{next} after {held}");
+        println!("=> accepted {next} once space was freed");
+        d.stop();
+        drop(d);
+        let mut db = Db::open(&path, settings()).unwrap();
+        match db.take_result(held, SystemTime::now()).unwrap() {
+            Lookup::Done(body) => {
+                let v: Value = serde_json::from_str(&body).unwrap();
+                assert_eq!(v["outcome"], "completed", "{body}");
+                assert_eq!(v["content"].as_str(), Some(content.as_str()));
+            }
+            other => panic!("request {held}'s result was not stored: {other:?}"),
+        }
+        println!("=> stored {held}");
+        // The one fetched from memory left no row behind to come back as daemon_restarted.
+        assert_eq!(
+            db.take_result(fetched, SystemTime::now()).unwrap(),
+            Lookup::NotFound
+        );
+        return;
+    }
+    let dir = llama_harness::temp_dir("fault-daemon-full").join("mnt");
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = in_namespace(TEST, "daemon-disk-full", &dir.join("loopd.db"));
+    for marker in ["=> refused: ", "=> fetched ", "=> accepted ", "=> stored "] {
+        assert_eq!(marked(&out, marker).len(), 1, "{marker}: {out}");
+    }
 }
 
 /// A daemon that writes, checkpoints and acknowledges in a loop is SIGKILLed mid-stream: the

@@ -64,6 +64,14 @@ impl Daemon {
         let deadline = s.clock.now() + timeout;
         let mut inner = lock(&s.inner);
         loop {
+            if let Some((_, body)) = inner.unstored.remove(&id) {
+                // Fetched from memory: its row (still `running` in the store) goes, now or,
+                // on a disk still full, once the store takes writes again.
+                if inner.db.forget(id).is_err() {
+                    inner.unforgotten.push(id);
+                }
+                return result_line(id, &body);
+            }
             match inner.db.take_result(id, s.clock.wall()) {
                 Ok(Lookup::Done(r)) => {
                     inner.freed = true;
@@ -88,7 +96,14 @@ impl Daemon {
 
     fn cancel(&self, id: u64) -> String {
         let s = &self.state;
-        let found = lock(&s.inner).db.peek_result(id, s.clock.wall());
+        let found = {
+            let inner = lock(&s.inner);
+            if inner.unstored.contains_key(&id) {
+                Ok(Lookup::Done(String::new()))
+            } else {
+                inner.db.peek_result(id, s.clock.wall())
+            }
+        };
         match found {
             Ok(Lookup::Pending) => {
                 // Outside the store's lock: the runner's table comes first.

@@ -438,7 +438,8 @@ impl Db {
     }
 
     /// Deletes the running request `id` that was never acknowledged (the daemon could not
-    /// start it after all), so it does not come back as `daemon_restarted`.
+    /// start it after all), or whose result a full disk kept in memory and a client has
+    /// fetched from there, so it does not come back as `daemon_restarted`.
     pub fn forget(&mut self, id: u64) -> Result<(), DbError> {
         let n = self.conn.execute(
             "DELETE FROM requests WHERE id = ?1 AND state = 'running'",

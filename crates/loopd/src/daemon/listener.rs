@@ -127,6 +127,8 @@ impl Daemon {
         let state = Arc::new(State {
             clock,
             inner: Mutex::new(Inner {
+                unstored: Default::default(),
+                unforgotten: Vec::new(),
                 db,
                 live: HashMap::new(),
                 freed: !recovered.is_empty(),
@@ -230,11 +232,13 @@ impl Daemon {
         }
     }
 
-    /// Deletes expired results; gives freed pages back to the file system when rows were
-    /// freed and `idle` (if nothing runs) or `anyway` allow. Whether it compacted.
+    /// Writes the results a full disk kept in memory, deletes expired results; gives freed
+    /// pages back to the file system when rows were freed and `idle` (if nothing runs) or
+    /// `anyway` allow. Whether it compacted.
     fn tick(&self, idle: bool, anyway: bool) -> bool {
         let s = &self.state;
         let mut inner = lock(&s.inner);
+        s.store_held(&mut inner);
         if let Err(e) = inner.db.expire(s.clock.wall()) {
             eprintln!("loopd serve: expiring results: {e}");
         }
@@ -273,6 +277,9 @@ impl Daemon {
         }
         let deadline = s.clock.now() + self.settings.shutdown_wait;
         let mut inner = lock(&s.inner);
+        // A last try for results a full disk kept in memory (those still refused are lost
+        // to this process: the next start makes them daemon_restarted, with their checkpoint).
+        s.store_held(&mut inner);
         // Every request ended, and every follower has written its end line: the process
         // exits after this, and a line still in a channel would be lost.
         while !inner.live.is_empty() || s.followers.load(Ordering::SeqCst) > 0 {

@@ -6,7 +6,7 @@
 //! Lock order: the runner's table, then this lock (the runner calls [`State::name`] with its
 //! table locked); so nothing here calls into the runner while holding this lock.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{SyncSender, TrySendError};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -42,6 +42,13 @@ pub(super) struct Inner {
     pub live: HashMap<u64, Live>,
     /// Rows were deleted (or a write met a full disk) since the last compaction.
     pub freed: bool,
+    /// Results the store could not take (a full disk), by id: `(reason, result line)`. They
+    /// are served from here and written at each maintenance tick until the store takes them,
+    /// so an acknowledged request's result is never lost to a full disk while the daemon runs.
+    pub unstored: BTreeMap<u64, (String, String)>,
+    /// Requests fetched from `unstored` whose `running` row the full disk kept: deleted at the
+    /// same ticks, so they do not come back as `daemon_restarted`.
+    pub unforgotten: Vec<u64>,
 }
 
 /// Why a submit was refused after the runner had its say.
@@ -206,9 +213,11 @@ impl State {
         if let Err(e) = inner.db.finish(id.0, reason, &body, self.clock.wall()) {
             inner.freed |= e == DbError::DiskFull;
             eprintln!(
-                "loopd serve: {id}: its result could not be stored ({e}); it stays running in \
-                 the store and is failed as daemon_restarted at the next start"
+                "loopd serve: {id}: its result could not be stored ({e}); it is kept in memory, \
+                 served from there and written once the store takes it (a daemon that stops \
+                 first leaves it daemon_restarted with its last checkpoint)"
             );
+            inner.unstored.insert(id.0, (reason.to_owned(), body));
         }
         self.drain_evicted(&mut inner);
         // Under the lock, so no follower can join the hub after its last line.
@@ -220,6 +229,29 @@ impl State {
         }
         drop(inner);
         self.changed.notify_all();
+    }
+
+    /// Writes the results a full disk kept in memory, oldest first, until the store refuses
+    /// one (the disk is still full: the next try is the next maintenance tick).
+    pub fn store_held(&self, inner: &mut Inner) {
+        while let Some(&id) = inner.unforgotten.first() {
+            if inner.db.forget(id).is_err() {
+                return;
+            }
+            inner.unforgotten.remove(0);
+        }
+        while let Some((&id, (reason, body))) = inner.unstored.first_key_value() {
+            let (reason, body) = (reason.clone(), body.clone());
+            if inner
+                .db
+                .finish(id, &reason, &body, self.clock.wall())
+                .is_err()
+            {
+                return;
+            }
+            inner.unstored.remove(&id);
+            eprintln!("loopd serve: {}: its result is stored now", RequestId(id));
+        }
     }
 
     /// Logs and counts each result the store dropped unfetched.

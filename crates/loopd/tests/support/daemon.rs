@@ -48,6 +48,18 @@ impl Running {
 
     pub fn start(server: &FakeServer, slots: u32, clock: Arc<dyn Clock>, ttl: Duration) -> Running {
         let dir = server.socket().parent().unwrap().to_owned();
+        Self::start_with_store(server, slots, clock, ttl, &dir.join("loopd.db"))
+    }
+
+    /// [`start`](Self::start) with the store at `store` (its own file system in a test).
+    pub fn start_with_store(
+        server: &FakeServer,
+        slots: u32,
+        clock: Arc<dyn Clock>,
+        ttl: Duration,
+        store: &std::path::Path,
+    ) -> Running {
+        let dir = server.socket().parent().unwrap().to_owned();
         let socket = dir.join("loopd.sock");
         let client = Arc::new(Client::new(config(server)));
         let tools = builtin_tools(None, client.shared_clock()).unwrap();
@@ -60,7 +72,7 @@ impl Running {
             _ => Durability::Normal,
         };
         let db = Db::open(
-            &dir.join("loopd.db"),
+            store,
             DbSettings {
                 durability,
                 ttl,
