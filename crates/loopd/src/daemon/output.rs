@@ -56,6 +56,9 @@ pub enum Change {
     Text,
     /// A tool iteration ended: checkpointed now.
     Iteration,
+    /// A retry dropped the failed attempt's text (the transcript drops it too): checkpointed
+    /// now, so a restart never brings back text that the request itself threw away.
+    Dropped,
 }
 
 impl Output {
@@ -103,6 +106,11 @@ impl Output {
                 }
                 Change::None
             }
+            RequestEvent::Chat(ChatEvent::Retrying { .. }) => {
+                self.content.clear();
+                self.reasoning.clear();
+                Change::Dropped
+            }
             RequestEvent::Iteration { budget_left, .. } => {
                 self.budget_left = Some(*budget_left);
                 Change::Iteration
@@ -130,7 +138,7 @@ impl Checkpoints {
     pub fn due(&mut self, change: Change, now: Duration) -> bool {
         let due = match change {
             Change::None => false,
-            Change::Iteration => true,
+            Change::Iteration | Change::Dropped => true,
             Change::Text => self
                 .last
                 .is_none_or(|at| now >= at.saturating_add(CHECKPOINT_EVERY)),
@@ -222,6 +230,31 @@ mod tests {
         assert!(c.due(Change::Iteration, MS(1_101)));
         assert!(!c.due(Change::Text, MS(2_100)));
         assert!(c.due(Change::Text, MS(2_101)));
+    }
+
+    /// Found by `make chaos` (seed 778): a retried attempt's text stayed in the checkpoint and
+    /// came back after a daemon kill in front of the next attempt's.
+    #[test]
+    fn a_retry_drops_the_failed_attempts_text_and_is_written_at_once() {
+        let mut out = Output::default();
+        let mut c = Checkpoints::default();
+        out.handle(&RequestEvent::Generation {
+            number: 1,
+            budget_left: 2,
+        });
+        let first = out.handle(&RequestEvent::Chat(ChatEvent::Content("The sea,".into())));
+        assert!(c.due(first, MS(100)));
+        let retry = out.handle(&RequestEvent::Chat(ChatEvent::Retrying {
+            attempt: 2,
+            after_ms: 400,
+            error: "stream_closed_early".into(),
+        }));
+        assert_eq!(retry, Change::Dropped);
+        assert!(c.due(retry, MS(200)), "written at once, not a second later");
+        assert_eq!((out.content.as_str(), out.reasoning.as_str()), ("", ""));
+        out.handle(&RequestEvent::Chat(ChatEvent::Content("The".into())));
+        assert_eq!(out.content, "The");
+        assert_eq!(out.generation, 1);
     }
 
     #[test]
