@@ -8,9 +8,10 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use loopd::daemon::{
-    store_path, Db, DbError, DbSettings, Durability, EvictReason, Evicted, Interrupted, Lookup,
+    store_path, Db, DbError, DbSettings, Durability, EvictReason, Evicted, Interrupted,
     NoStorePath, OpenErrorKind, RESTARTED, SCHEMA_VERSION,
 };
+use loopd::runner::ResultError;
 use rusqlite::Connection;
 
 /// Wall time `ms` milliseconds after an arbitrary fixed date.
@@ -44,23 +45,29 @@ fn a_result_is_pending_then_fetched_once() {
     let id = db.insert_submitted(r#"{"q":1}"#, at(0)).unwrap();
     assert_eq!(id, 1);
     assert_eq!(db.running().unwrap(), vec![1]);
-    assert_eq!(db.take_result(1, at(1)).unwrap(), Lookup::Pending);
-    assert_eq!(db.peek_result(1, at(1)).unwrap(), Lookup::Pending);
+    assert_eq!(db.take_result(1, at(1)).unwrap(), Err(ResultError::Pending));
+    assert_eq!(db.peek_result(1, at(1)).unwrap(), Err(ResultError::Pending));
     assert!(db.knows(1, at(1)).unwrap());
     db.finish(1, "completed", r#"{"r":1}"#, at(5)).unwrap();
     assert_eq!(db.running().unwrap(), Vec::<u64>::new());
     assert_eq!(db.kept().unwrap(), 1);
     assert_eq!(
         db.peek_result(1, at(6)).unwrap(),
-        Lookup::Done(r#"{"r":1}"#.to_string()),
+        Ok(r#"{"r":1}"#.to_string()),
         "a peek leaves it"
     );
     assert_eq!(
         db.take_result(1, at(6)).unwrap(),
-        Lookup::Done(r#"{"r":1}"#.to_string())
+        Ok(r#"{"r":1}"#.to_string())
     );
-    assert_eq!(db.take_result(1, at(7)).unwrap(), Lookup::NotFound);
-    assert_eq!(db.take_result(99, at(7)).unwrap(), Lookup::NotFound);
+    assert_eq!(
+        db.take_result(1, at(7)).unwrap(),
+        Err(ResultError::NotFound)
+    );
+    assert_eq!(
+        db.take_result(99, at(7)).unwrap(),
+        Err(ResultError::NotFound)
+    );
     assert!(!db.knows(1, at(7)).unwrap());
     assert_eq!(db.kept().unwrap(), 0);
     assert!(drained(&mut db).is_empty());
@@ -106,8 +113,14 @@ fn a_result_expires_at_its_ttl_to_the_millisecond_and_is_reported_once() {
     assert!(db.knows(id, at(1_499)).unwrap());
     assert!(drained(&mut db).is_empty());
     assert!(!db.knows(id, at(1_500)).unwrap());
-    assert_eq!(db.peek_result(id, at(1_500)).unwrap(), Lookup::NotFound);
-    assert_eq!(db.take_result(id, at(1_500)).unwrap(), Lookup::NotFound);
+    assert_eq!(
+        db.peek_result(id, at(1_500)).unwrap(),
+        Err(ResultError::NotFound)
+    );
+    assert_eq!(
+        db.take_result(id, at(1_500)).unwrap(),
+        Err(ResultError::NotFound)
+    );
     assert_eq!(drained(&mut db), vec![ev(id, EvictReason::Expired)]);
     db.expire(at(9_000)).unwrap();
     assert!(drained(&mut db).is_empty());
@@ -125,7 +138,10 @@ fn past_the_cap_the_oldest_result_goes() {
     }
     assert_eq!(db.kept().unwrap(), 2);
     assert_eq!(drained(&mut db), vec![ev(1, EvictReason::OverCap)]);
-    assert_eq!(db.take_result(1, at(30)).unwrap(), Lookup::NotFound);
+    assert_eq!(
+        db.take_result(1, at(30)).unwrap(),
+        Err(ResultError::NotFound)
+    );
     assert_eq!(db.poll_timeout().unwrap(), Some(at(1_010)));
     // The cap counts results only: running requests are the runner's to limit.
     for _ in 0..3 {
@@ -156,10 +172,7 @@ fn a_fetched_result_is_never_reported_as_evicted() {
     let mut db = Db::open(&fresh("db-fetched"), settings(100, 1)).unwrap();
     let a = db.insert_submitted("{}", at(0)).unwrap();
     db.finish(a, "completed", "\"a\"", at(0)).unwrap();
-    assert_eq!(
-        db.take_result(a, at(1)).unwrap(),
-        Lookup::Done("\"a\"".into())
-    );
+    assert_eq!(db.take_result(a, at(1)).unwrap(), Ok("\"a\"".into()));
     let b = db.insert_submitted("{}", at(2)).unwrap();
     db.finish(b, "completed", "\"b\"", at(2)).unwrap();
     assert_eq!(db.poll_timeout().unwrap(), Some(at(102)));
@@ -193,18 +206,12 @@ fn rows_and_ids_survive_a_reopen_and_ids_are_never_reused() {
             db.insert_submitted("{}", at(0)).unwrap();
         }
         db.finish(3, "completed", "\"three\"", at(1)).unwrap();
-        assert_eq!(
-            db.take_result(3, at(2)).unwrap(),
-            Lookup::Done("\"three\"".into())
-        );
+        assert_eq!(db.take_result(3, at(2)).unwrap(), Ok("\"three\"".into()));
         db.finish(2, "cancelled", "\"two\"", at(2)).unwrap();
     }
     let mut db = Db::open(&path, settings(60_000, 10)).unwrap();
     assert_eq!(db.running().unwrap(), vec![1]);
-    assert_eq!(
-        db.take_result(2, at(3)).unwrap(),
-        Lookup::Done("\"two\"".into())
-    );
+    assert_eq!(db.take_result(2, at(3)).unwrap(), Ok("\"two\"".into()));
     assert_eq!(
         db.insert_submitted("{}", at(4)).unwrap(),
         4,
@@ -257,16 +264,13 @@ fn recover_ends_every_running_request_with_its_checkpoint() {
     assert_eq!(db.running().unwrap(), Vec::<u64>::new());
     assert_eq!(
         db.take_result(1, at(1_001)).unwrap(),
-        Lookup::Done("{\"failed\":1,\"output\":\"partial one\"}".into())
+        Ok("{\"failed\":1,\"output\":\"partial one\"}".into())
     );
     assert_eq!(
         db.take_result(3, at(1_001)).unwrap(),
-        Lookup::Done("{\"failed\":3,\"output\":null}".into())
+        Ok("{\"failed\":3,\"output\":null}".into())
     );
-    assert_eq!(
-        db.take_result(2, at(1_001)).unwrap(),
-        Lookup::Done("\"two\"".into())
-    );
+    assert_eq!(db.take_result(2, at(1_001)).unwrap(), Ok("\"two\"".into()));
     // The reason is a real column, for the daemon's queries (and an operator's).
     drop(db);
     let reasons = reasons(&path);
@@ -359,7 +363,7 @@ fn a_v1_file_written_by_hand_opens_with_its_rows() {
     assert_eq!(db.running().unwrap(), vec![41]);
     assert_eq!(
         db.take_result(42, at(2_000)).unwrap(),
-        Lookup::Done("\"done\"".into())
+        Ok("\"done\"".into())
     );
     assert_eq!(
         db.recover(at(2_000), |r| r.output.unwrap().to_string())
@@ -486,7 +490,7 @@ fn full_durability_opens_and_writes_the_same() {
     .unwrap();
     let id = db.insert_submitted("{}", at(0)).unwrap();
     db.finish(id, "completed", "1", at(1)).unwrap();
-    assert_eq!(db.take_result(id, at(2)).unwrap(), Lookup::Done("1".into()));
+    assert_eq!(db.take_result(id, at(2)).unwrap(), Ok("1".into()));
     assert_eq!(
         (Durability::Normal.as_str(), Durability::Full.as_str()),
         ("normal", "full")
@@ -509,10 +513,7 @@ fn the_files_stay_bounded_in_a_long_run() {
         db.checkpoint(id, &result[..4096], at(t)).unwrap();
         db.finish(id, "completed", &result, at(t)).unwrap();
         if n % 2 == 0 {
-            assert!(matches!(
-                db.take_result(id, at(t)).unwrap(),
-                Lookup::Done(_)
-            ));
+            assert!(db.take_result(id, at(t)).unwrap().is_ok());
         }
         peak = peak.max(db.file_bytes());
         if n % 250 == 249 {

@@ -19,7 +19,8 @@ mod support;
 
 use std::sync::Arc;
 
-use loopd::daemon::{Db, DbError, DbSettings, Durability, Lookup, OpenErrorKind};
+use loopd::daemon::{Db, DbError, DbSettings, Durability, OpenErrorKind};
+use loopd::runner::ResultError;
 use serde_json::{json, Value};
 use support::daemon::{error_of, submit, Running};
 use support::{done, json_chunk, json_content, FakeServer, Reply, CHAT};
@@ -301,7 +302,10 @@ fn a_full_disk_refuses_the_submit_and_loses_nothing_acknowledged() {
             db.finish(acked[0], "completed", &big, at(1)),
             Err(DbError::DiskFull)
         );
-        assert_eq!(db.take_result(acked[0], at(1)).unwrap(), Lookup::Pending);
+        assert_eq!(
+            db.take_result(acked[0], at(1)).unwrap(),
+            Err(ResultError::Pending)
+        );
         drop(db);
         // The next daemon opens the full disk's store (open writes nothing) and finds them
         // all; once space is freed, it ends and fetches them, and takes submits again.
@@ -313,7 +317,7 @@ fn a_full_disk_refuses_the_submit_and_loses_nothing_acknowledged() {
         db.compact().unwrap();
         for &id in &acked[..acked.len() / 2] {
             db.finish(id, "completed", "0", at(2)).unwrap();
-            assert_eq!(db.take_result(id, at(2)).unwrap(), Lookup::Done("0".into()));
+            assert_eq!(db.take_result(id, at(2)).unwrap(), Ok("0".into()));
         }
         let next = db.insert_submitted(&payload, at(3)).unwrap();
         println!("=> accepted {next} once space was freed");
@@ -419,7 +423,7 @@ fn a_full_disk_at_the_daemon_refuses_submits_and_keeps_the_results_it_owes() {
         drop(d);
         let mut db = Db::open(&path, settings()).unwrap();
         match db.take_result(held, SystemTime::now()).unwrap() {
-            Lookup::Done(body) => {
+            Ok(body) => {
                 let v: Value = serde_json::from_str(&body).unwrap();
                 assert_eq!(v["outcome"], "completed", "{body}");
                 assert_eq!(v["content"].as_str(), Some(content.as_str()));
@@ -430,7 +434,7 @@ fn a_full_disk_at_the_daemon_refuses_submits_and_keeps_the_results_it_owes() {
         // The one fetched from memory left no row behind to come back as daemon_restarted.
         assert_eq!(
             db.take_result(fetched, SystemTime::now()).unwrap(),
-            Lookup::NotFound
+            Err(ResultError::NotFound)
         );
         return;
     }
@@ -497,7 +501,7 @@ fn a_sigkilled_daemon_loses_nothing_it_acknowledged() {
         };
         assert_eq!(
             db.take_result(id, at(1_000_001)).unwrap(),
-            Lookup::Done(want),
+            Ok(want),
             "id {id}"
         );
     }

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::connection::send;
-use super::db::{DbError, Lookup};
+use super::db::DbError;
 use super::listener::{Daemon, EVENT_QUEUE, TICK};
 use super::protocol::{
     to_line, CancelReply, CancelState, Command, ErrorCode, MetricsReply, OkTrue, ProtoError,
@@ -73,12 +73,14 @@ impl Daemon {
                 return result_line(id, &body);
             }
             match inner.db.take_result(id, s.clock.wall()) {
-                Ok(Lookup::Done(r)) => {
+                Ok(Ok(r)) => {
                     inner.freed = true;
                     return result_line(id, &r);
                 }
-                Ok(Lookup::NotFound) => return ProtoError::from(ResultError::NotFound).to_line(),
-                Ok(Lookup::Pending) => {}
+                Ok(Err(ResultError::NotFound)) => {
+                    return ProtoError::from(ResultError::NotFound).to_line()
+                }
+                Ok(Err(ResultError::Pending)) => {}
                 Err(e) => return State::failed(e).to_line(),
             }
             s.drain_evicted(&mut inner);
@@ -99,19 +101,19 @@ impl Daemon {
         let found = {
             let inner = lock(&s.inner);
             if inner.unstored.contains_key(&id) {
-                Ok(Lookup::Done(String::new()))
+                Ok(Ok(String::new()))
             } else {
                 inner.db.peek_result(id, s.clock.wall())
             }
         };
         match found {
-            Ok(Lookup::Pending) => {
+            Ok(Err(ResultError::Pending)) => {
                 // Outside the store's lock: the runner's table comes first.
                 let _ = self.runner.cancel(RequestId(id));
                 cancel_line(CancelState::Cancelling)
             }
-            Ok(Lookup::Done(_)) => cancel_line(CancelState::Ended),
-            Ok(Lookup::NotFound) => ProtoError::from(ResultError::NotFound).to_line(),
+            Ok(Ok(_)) => cancel_line(CancelState::Ended),
+            Ok(Err(ResultError::NotFound)) => ProtoError::from(ResultError::NotFound).to_line(),
             Err(e) => State::failed(e).to_line(),
         }
     }

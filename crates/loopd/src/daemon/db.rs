@@ -37,6 +37,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rusqlite::{params, Connection, ErrorCode, OptionalExtension, TransactionBehavior};
 
+use crate::runner::ResultError;
+
 /// The schema this binary writes (`PRAGMA user_version`). A file with a newer one is refused.
 pub const SCHEMA_VERSION: u32 = 1;
 
@@ -240,16 +242,10 @@ pub struct Evicted {
     pub reason: EvictReason,
 }
 
-/// What [`Db::take_result`] found.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Lookup<T> {
-    /// The result, now removed from the store.
-    Done(T),
-    /// The request is still running.
-    Pending,
-    /// Never submitted, already fetched, or evicted.
-    NotFound,
-}
+/// What [`Db::take_result`] found: the result (then removed from the store), or the runner's
+/// own [`ResultError`]: `Pending` (still running) or `NotFound` (never submitted, already
+/// fetched, or evicted). One spelling of both, for the runner's table and the store.
+pub type Lookup<T> = Result<T, ResultError>;
 
 /// A request found running by [`Db::recover`]: what its result is made from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -502,7 +498,7 @@ impl Db {
             )
             .optional()?;
         match taken {
-            Some(result) => Ok(Lookup::Done(result)),
+            Some(result) => Ok(Ok(result)),
             None => self.lookup_running(id),
         }
     }
@@ -519,7 +515,7 @@ impl Db {
             )
             .optional()?;
         match kept {
-            Some(result) => Ok(Lookup::Done(result)),
+            Some(result) => Ok(Ok(result)),
             None => self.lookup_running(id),
         }
     }
@@ -534,14 +530,17 @@ impl Db {
             )
             .optional()?;
         Ok(match running {
-            Some(()) => Lookup::Pending,
-            None => Lookup::NotFound,
+            Some(()) => Err(ResultError::Pending),
+            None => Err(ResultError::NotFound),
         })
     }
 
     /// Whether `id` is running, or ended and kept and not yet expired at `now`.
     pub fn knows(&self, id: u64, now: SystemTime) -> Result<bool, DbError> {
-        Ok(!matches!(self.peek_result(id, now)?, Lookup::NotFound))
+        Ok(!matches!(
+            self.peek_result(id, now)?,
+            Err(ResultError::NotFound)
+        ))
     }
 
     /// Deletes every result kept for `ttl` or longer at `now`; each is reported once by
