@@ -416,10 +416,13 @@ impl<'b> AgentRequest<'b> {
         let used = call.handle_bytes(now, input);
         // The head comes as soon as the server takes the request: the worker judges the
         // prefill by CPU time until the first event (appendix J), so that is the first byte.
-        if used > 0 && call.answering() {
+        let answering = used > 0 && call.answering();
+        // The read's events go out first: the caller's first token does not wait for the
+        // worker's round trip (issue 31, `make bench-e2e`'s trace).
+        self.pump(now);
+        if answering {
             self.report_progress(now);
         }
-        self.pump(now);
         used
     }
 

@@ -31,6 +31,33 @@ struct ToolRun {
     cancel: Cancel,
 }
 
+/// What [`drive`] ends with: the request's result, and the generation whose `done` the
+/// worker is still owed. That call waits until the result has been handed on (issue 31: the
+/// caller's result does not wait for a worker round trip); the caller makes it with
+/// [`done_after`].
+pub(super) struct Driven {
+    pub result: RequestResult,
+    done: Option<u64>,
+}
+
+impl Driven {
+    /// The generation whose `done` is owed, if any.
+    pub fn done(&self) -> Option<u64> {
+        self.done
+    }
+}
+
+/// Tells the worker that the last generation of a driven request ended (see [`Driven`]).
+pub(super) fn done_after(shared: &Shared, id: RequestId, driven_done: Option<u64>) {
+    let (Some(g), Some(socket)) = (driven_done, shared.settings.worker_socket.as_deref()) else {
+        return;
+    };
+    let timeout = Duration::from_millis(shared.settings.worker_timeout_ms);
+    if let Err(e) = worker::done(socket, g, timeout) {
+        eprintln!("loopd: {id}: llama-worker did not answer `done` ({e})");
+    }
+}
+
 /// Runs `req` to its result on runner slot `slot`.
 pub(super) fn drive(
     shared: &Shared,
@@ -40,7 +67,7 @@ pub(super) fn drive(
     spawns: Option<u64>,
     cancel: &Cancel,
     mut observer: Option<Observer>,
-) -> RequestResult {
+) -> Driven {
     let client = &shared.client;
     let config = client.config();
     let clock = client.clock();
@@ -78,8 +105,20 @@ pub(super) fn drive(
         }
     };
     let socket = shared.settings.worker_socket.as_deref();
+    // A generation's `done`, sent before the next worker call or wait, or after the result.
+    let mut owed: Option<u64> = None;
+    let pay = |owed: &mut Option<u64>, unanswered: &mut dyn FnMut(&str, &WorkerError)| {
+        if let (Some(g), Some(s)) = (owed.take(), socket) {
+            if let Err(e) = worker::done(s, g, worker_timeout) {
+                unanswered("done", &e);
+            }
+        }
+    };
     loop {
         while let Some(action) = m.poll_action() {
+            if !matches!(action, Action::Event(_) | Action::Done(_)) {
+                pay(&mut owed, &mut unanswered);
+            }
             match action {
                 Action::Event(e) => emit(&e),
                 Action::Acquire => {
@@ -155,18 +194,19 @@ pub(super) fn drive(
                 }
                 Action::GenerationDone { id: g } => {
                     unroute(shared, &mut registered);
-                    let Some(s) = socket else { continue };
-                    if let Err(e) = worker::done(s, g, worker_timeout) {
-                        unanswered("done", &e);
-                    }
+                    owed = Some(g);
                 }
                 Action::Done(result) => {
                     unroute(shared, &mut registered);
                     io.close(false);
-                    return *result;
+                    return Driven {
+                        result: *result,
+                        done: owed,
+                    };
                 }
             }
         }
+        pay(&mut owed, &mut unanswered);
         if let Ok((g, reason)) = pushed.try_recv() {
             if registered == Some(g) {
                 registered = None;

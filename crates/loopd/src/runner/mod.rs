@@ -352,12 +352,23 @@ impl Runner {
                 let run = std::panic::AssertUnwindSafe(|| {
                     drive::drive(&shared, id, slot as u32, req, spawns, &token, observer)
                 });
-                let result = std::panic::catch_unwind(run).unwrap_or_else(|_| {
-                    let reason = FailReason::Panicked;
-                    let detail = "the request's observer or BIOS provider panicked".into();
-                    agent::no_output(id, budget, Outcome::Failed { reason, detail })
-                });
+                let (result, owed) = match std::panic::catch_unwind(run) {
+                    Ok(d) => {
+                        let owed = d.done();
+                        (d.result, owed)
+                    }
+                    Err(_) => {
+                        let reason = FailReason::Panicked;
+                        let detail = "the request's observer or BIOS provider panicked".into();
+                        (
+                            agent::no_output(id, budget, Outcome::Failed { reason, detail }),
+                            None,
+                        )
+                    }
+                };
                 shared.end(slot, result);
+                // The worker hears of the last generation's end after the result went on.
+                drive::done_after(&shared, id, owed);
             })
             .map_err(|_| SubmitError::NoThread)?;
         t.slots[slot] = Some(id);
