@@ -2,9 +2,11 @@
 //! llama-server, inferproxy, `loopd serve`), spoken to over the daemon's socket:
 //!
 //! 1. inferproxy's accept bucket emptied (connections opened and closed until one is refused,
-//!    as a burst of clients would), then two short requests submitted at once: both complete,
-//!    each after a `retrying` event (the bucket refills at 2 a second; the first retry waits
-//!    about 2 s);
+//!    as a burst of clients would) and kept empty while two short requests are submitted at
+//!    once and for a second after: both complete, each after a `retrying` event (the bucket
+//!    refills at 2 a second; the first retry waits about 2 s). Kept empty, not emptied once:
+//!    a token that refilled between the emptying and a request's connect let it through at
+//!    once in 1 of 5 soak runs, and then the test had nothing to check;
 //! 2. inferproxy killed under a streaming request and started again a moment later: the request
 //!    completes after a retry, and its answer holds nothing of the cut attempt twice.
 //!
@@ -71,6 +73,24 @@ fn empty_bucket(socket: &Path) -> usize {
     panic!("inferproxy admitted 40 connections at once: is its accept limit gone?");
 }
 
+/// Keeps inferproxy's accept bucket empty until `stop` (each token that refills is taken by a
+/// connection closed at once); returns how many it took.
+fn keep_bucket_empty(socket: &Path, stop: &std::sync::atomic::AtomicBool) -> usize {
+    let mut took = 0;
+    while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+        if let Ok(mut s) = UnixStream::connect(socket) {
+            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            let _ = s.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+            let mut head = [0u8; 12];
+            if matches!(s.read(&mut head), Ok(n) if n > 0) {
+                took += 1;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    took
+}
+
 /// The retries of a result, as `(error, attempt)`.
 fn retries(r: &Value) -> Vec<(String, u64)> {
     r["retries"]
@@ -103,8 +123,9 @@ fn a_refused_or_cut_generation_is_retried_and_completes() {
     let (_serve, log) = start_serve(&config, &folder, &dir);
     let said = || std::fs::read_to_string(&log).unwrap_or_default();
 
-    // 1. The bucket emptied, then two requests at once.
+    // 1. The bucket emptied and kept empty, then two requests at once.
     let took = empty_bucket(proxy.socket());
+    let stop = std::sync::atomic::AtomicBool::new(false);
     // One command per connection (docs/loopd.md).
     let ask = |cmd: &Value| {
         let mut conn = Conn::open(&socket);
@@ -112,11 +133,19 @@ fn a_refused_or_cut_generation_is_retried_and_completes() {
         conn.line()
     };
     let mut ids = Vec::new();
-    for prompt in ["What is the capital of France?", "Name a colour."] {
-        let reply = ask(&submit(prompt, 16, false));
-        assert_eq!(reply["ok"], true, "{reply}");
-        ids.push(reply["id"].as_u64().unwrap());
-    }
+    let refilled = std::thread::scope(|scope| {
+        let keeper = scope.spawn(|| keep_bucket_empty(proxy.socket(), &stop));
+        for prompt in ["What is the capital of France?", "Name a colour."] {
+            let reply = ask(&submit(prompt, 16, false));
+            assert_eq!(reply["ok"], true, "{reply}");
+            ids.push(reply["id"].as_u64().unwrap());
+        }
+        // The first attempts go out at once; the retries about 2 s later find tokens again.
+        std::thread::sleep(Duration::from_secs(1));
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        keeper.join().unwrap()
+    });
+    eprintln!("kept the bucket empty for a second: {refilled} refilled tokens taken");
     for id in ids {
         let reply = ask(&json!({"cmd": "wait", "id": id, "timeout_ms": 600000}));
         let r = &reply["result"];
