@@ -101,7 +101,7 @@ soak: llama
 
 ## chaos: N agent requests (N=50) of mixed tool use through the real stack while faults are
 ## injected at random times (SIGKILL/SIGSTOP of the model instance, inferproxy killed and
-## restarted, a cancel, a hanging tool); SEED= replays a run, LOAD=2 runs two CPU-bound
+## restarted, a cancel, a hanging tool, loopd serve killed and started again); SEED= replays a run, LOAD=2 runs two CPU-bound
 ## processes beside the stack (docs/chaos.md)
 chaos: llama
 	$(if $(N),CHAOS_N=$(N)) $(if $(SEED),CHAOS_SEED=$(SEED)) $(if $(LOAD),CHAOS_LOAD=$(LOAD)) \
