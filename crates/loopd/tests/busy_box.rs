@@ -37,6 +37,11 @@ use loopd::runner::{
     StandardBios, Submission, ToolRegistry,
 };
 
+/// One test at a time: each starts a stack of its own and sets the load it needs (two
+/// CPU-bound loops in one, a throttled instance in the other), and the other's beside it is
+/// load neither test means (the throttled one was restarted in 3 of 3 soak runs beside them).
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
 /// The CPU-bound processes beside the stack (the two shell loops).
 const LOAD: usize = 2;
 /// The longest prompt, in lines of [`long_prompt`]: about 3,600 tokens, which fits a slot's
@@ -203,6 +208,7 @@ fn measure(stack: &Stack) -> (f64, f64) {
 #[test]
 #[ignore = "loads the box for minutes; make soak runs it (ONLY=loopd-busy-box)"]
 fn a_stream_held_up_by_the_other_slots_long_prompt_on_a_busy_box_is_not_restarted() {
+    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let load = CpuLoad::start(LOAD);
     let mut stack = Stack::start(5);
     let (per_line, rate) = measure(&stack);
@@ -391,6 +397,7 @@ fn tool_request() -> Submission {
 #[test]
 #[ignore = "throttles a real server for minutes; make soak runs it (ONLY=loopd-busy-box)"]
 fn a_tool_calls_silent_opening_on_a_slow_server_is_not_a_stall() {
+    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     // stall_timeout and liveness 3 s; /slots asked from 1.5 s of silence, every 0.5 s.
     let stack = Stack::start_with(10, |client| {
         builtin_tools(None, client.shared_clock()).unwrap()
