@@ -34,7 +34,8 @@ impl Trips {
         worker_proto::status(socket, TIMEOUT).expect("llama-worker status");
         timed(&mut self.status, t);
         let t = Instant::now();
-        let answer = worker_proto::register(socket, slot, TIMEOUT).expect("llama-worker register");
+        let answer =
+            worker_proto::register(socket, slot, None, TIMEOUT).expect("llama-worker register");
         timed(&mut self.register, t);
         let RegisterAnswer::Registered(id) = answer else {
             panic!("llama-worker refused register {slot}: {answer:?}");

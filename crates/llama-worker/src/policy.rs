@@ -62,6 +62,9 @@ pub enum Refusal {
     Failed,
     /// The worker is stopped (`WORKER_STOPPED`).
     Stopped,
+    /// Another client's registration holds the slot (`SLOT_TAKEN`): see
+    /// [`Policy::register_owned`].
+    SlotTaken,
 }
 
 impl Refusal {
@@ -71,6 +74,7 @@ impl Refusal {
             Self::NotReady => "WORKER_NOT_READY",
             Self::Failed => "WORKER_FAILED",
             Self::Stopped => "WORKER_STOPPED",
+            Self::SlotTaken => "SLOT_TAKEN",
         }
     }
 }
@@ -179,6 +183,8 @@ struct Generation {
     /// Its slot's decoded-token count at the last `/slots` answer while it streamed
     /// ([`Policy::handle_slots_decoded`]); `None` until the first.
     decoded: Option<u64>,
+    /// The `watch` connection that registered it (`None`: a client that named none).
+    owner: Option<u64>,
 }
 
 /// Where inside starting/restarting the worker is.
@@ -251,7 +257,28 @@ impl Policy {
 
     /// Registers a generation sent on `slot`: its id while ready, otherwise the refusal.
     pub fn register(&mut self, now: Duration, slot: u32) -> Result<u64, Refusal> {
+        self.register_owned(now, slot, None)
+    }
+
+    /// Registers a generation sent on `slot` for the `watch` connection `owner` (`None`: a
+    /// client that names none). While a generation of another owner is registered on the same
+    /// slot the answer is [`Refusal::SlotTaken`]: two clients (two daemons sharing one server)
+    /// never generate on one slot at once. The same owner may hold the slot twice (a new
+    /// generation registered a moment before the last one's `done`).
+    pub fn register_owned(
+        &mut self,
+        now: Duration,
+        slot: u32,
+        owner: Option<u64>,
+    ) -> Result<u64, Refusal> {
         self.admit()?;
+        if self
+            .generations
+            .values()
+            .any(|g| g.slot == slot && g.owner != owner)
+        {
+            return Err(Refusal::SlotTaken);
+        }
         let id = self.next_generation;
         self.next_generation += 1;
         self.generations.insert(
@@ -261,6 +288,7 @@ impl Policy {
                 phase: GenerationPhase::Prefill,
                 reported_at: now,
                 decoded: None,
+                owner,
             },
         );
         Ok(id)
@@ -312,6 +340,12 @@ impl Policy {
     /// Forgets every registered generation without failing it (its clients are gone).
     pub fn forget_generations(&mut self) {
         self.generations.clear();
+    }
+
+    /// Forgets the generations `watch` connection `owner` registered, without failing them
+    /// (that client is gone; the others' stay).
+    pub fn forget_generations_of(&mut self, owner: u64) {
+        self.generations.retain(|_, g| g.owner != Some(owner));
     }
 
     /// The registered generations, by id.
@@ -1438,6 +1472,30 @@ pub(crate) mod tests {
         assert_eq!(p.state(), State::Ready);
         p.handle_timeout(s(130));
         stalled(&mut p, id);
+    }
+
+    /// Issue 33: two clients (two daemons) on one server. A slot one watch connection's
+    /// generation holds is refused to any other owner; the same owner may hold it twice; a
+    /// closed connection's registrations go, the others' stay.
+    #[test]
+    fn a_slot_held_by_one_owner_is_refused_to_the_others_until_it_is_done() {
+        let mut p = ready_at(s(0));
+        let a = p.register_owned(s(1), 0, Some(1)).unwrap();
+        assert_eq!(p.register_owned(s(1), 0, Some(2)), Err(Refusal::SlotTaken));
+        assert_eq!(p.register_owned(s(1), 0, None), Err(Refusal::SlotTaken));
+        assert_eq!(Refusal::SlotTaken.code(), "SLOT_TAKEN");
+        let again = p.register_owned(s(2), 0, Some(1)).unwrap();
+        let b = p.register_owned(s(2), 1, Some(2)).unwrap();
+        let legacy = p.register(s(2), 3).unwrap();
+        assert_eq!(p.register_owned(s(2), 3, Some(2)), Err(Refusal::SlotTaken));
+        assert!(p.unregister(a) && p.unregister(again));
+        let c = p.register_owned(s(3), 0, Some(2)).unwrap();
+        p.forget_generations_of(2);
+        let left: Vec<u64> = p.generations().iter().map(|g| g.id).collect();
+        assert_eq!(left, [legacy]);
+        assert!(!p.unregister(b) && !p.unregister(c));
+        assert_eq!(drain(&mut p), [], "forgotten, not failed");
+        assert!(p.take_failed_generations().is_empty());
     }
 
     /// A tool call's opening at a token every few seconds: slot 2 streams nothing after its

@@ -62,8 +62,9 @@ pub fn answer<C: SharedClock>(handle: &WorkerHandle<C>, command: &str) -> String
         }
         Ok(Request::Command(Command::Stall)) => stall_answer(handle.report_stall()),
         Ok(Request::StallOf { id }) => stall_answer(handle.report_stall_of(id)),
-        Ok(Request::Register { slot }) => match handle.register(slot) {
+        Ok(Request::Register { slot, watch }) => match handle.register_owned(slot, watch) {
             Ok(id) => RegisterAnswer::Registered(id),
+            Err(Refusal::SlotTaken) => RegisterAnswer::SlotTaken,
             Err(r) => RegisterAnswer::Refused(match r {
                 Refusal::Failed => State::Failed,
                 Refusal::Stopped => State::Stopped,
@@ -85,7 +86,7 @@ pub fn answer<C: SharedClock>(handle: &WorkerHandle<C>, command: &str) -> String
 
 /// Serves one `watch` connection until its client goes away or a write times out.
 fn serve_watch<C: SharedClock>(handle: &WorkerHandle<C>, stream: &UnixStream) -> io::Result<()> {
-    let Some(rx) = handle.watch() else {
+    let Some((id, rx)) = handle.watch() else {
         let reply = error_reply(&format!(
             "too many watch connections (at most {})",
             worker_proto::MAX_WATCHERS
@@ -101,7 +102,7 @@ fn serve_watch<C: SharedClock>(handle: &WorkerHandle<C>, stream: &UnixStream) ->
         (&*stream).write_all(format!("{}\n", event.to_json()).as_bytes())?;
     })();
     drop(rx);
-    handle.unwatch();
+    handle.unwatch(id);
     result
 }
 

@@ -61,6 +61,8 @@ struct Inner {
     /// Open `watch` connections; when the last one closes, registered generations are
     /// forgotten (their clients are gone and can report neither progress nor their end).
     watching: usize,
+    /// The last watch connection's id (each gets the next).
+    next_watch: u64,
     /// The state last pushed to the watchers.
     pushed_state: State,
 }
@@ -309,8 +311,14 @@ impl<C: SharedClock> WorkerHandle<C> {
 
     /// Registers a generation a client sent on `slot` (`register`): its id while ready.
     pub fn register(&self, slot: u32) -> Result<u64, Refusal> {
+        self.register_owned(slot, None)
+    }
+
+    /// Registers a generation a client sent on `slot` for its `watch` connection `watch`
+    /// (`register <slot> <watch>`): see [`Policy::register_owned`].
+    pub fn register_owned(&self, slot: u32, watch: Option<u64>) -> Result<u64, Refusal> {
         let now = self.clock.now();
-        let r = self.shared.lock().policy.register(now, slot);
+        let r = self.shared.lock().policy.register_owned(now, slot, watch);
         // Its stall deadline is the driving loop's next wake-up.
         self.shared.wake.notify_all();
         r
@@ -339,16 +347,20 @@ impl<C: SharedClock> WorkerHandle<C> {
         v
     }
 
-    /// Opens a watch: the queue its events arrive on, the current state first; `None` when
-    /// [`MAX_WATCHERS`] are open. Call [`WorkerHandle::unwatch`] when the connection ends.
-    pub fn watch(&self) -> Option<Receiver<WatchEvent>> {
+    /// Opens a watch: its id and the queue its events arrive on, its `hello` (the id) and the
+    /// current state first; `None` when [`MAX_WATCHERS`] are open. Call
+    /// [`WorkerHandle::unwatch`] with the id when the connection ends.
+    pub fn watch(&self) -> Option<(u64, Receiver<WatchEvent>)> {
         let mut g = self.shared.lock();
         // A closed watcher is found by a failed send; a ping is harmless to the live ones.
         g.push(WatchEvent::Ping);
         if g.watching >= MAX_WATCHERS {
             return None;
         }
+        g.next_watch += 1;
+        let id = g.next_watch;
         let (tx, rx) = mpsc::channel();
+        let _ = tx.send(WatchEvent::Hello { watch: id });
         let first = WatchEvent::State {
             state: g.policy.state(),
             spawns: g.spawns,
@@ -356,13 +368,15 @@ impl<C: SharedClock> WorkerHandle<C> {
         let _ = tx.send(first);
         g.watchers.push(tx);
         g.watching += 1;
-        Some(rx)
+        Some((id, rx))
     }
 
-    /// A watch connection ended. When none is left, registered generations are forgotten.
-    pub fn unwatch(&self) {
+    /// Watch connection `id` ended: the generations it registered are forgotten, and when no
+    /// watch is left, every registered generation (those registered without a watch too).
+    pub fn unwatch(&self, id: u64) {
         let mut g = self.shared.lock();
         g.watching = g.watching.saturating_sub(1);
+        g.policy.forget_generations_of(id);
         if g.watching == 0 {
             g.policy.forget_generations();
         }
@@ -483,6 +497,7 @@ impl<C: SharedClock> Worker<C> {
                     rpc_lost: None,
                     watchers: Vec::new(),
                     watching: 0,
+                    next_watch: 0,
                     pushed_state: State::Stopped,
                 }),
                 wake: Condvar::new(),

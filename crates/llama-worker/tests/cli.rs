@@ -1112,21 +1112,41 @@ fn registered_generations_and_the_watch_channel_end_to_end() {
     let child = spawn_run(&config, &ep);
     wait_status(&socket, "ready");
     let mut w = watch(&socket, t).unwrap();
+    assert_eq!(next_event(&mut w), WatchEvent::Hello { watch: 1 });
     let ready1 = WatchEvent::State {
         state: State::Ready,
         spawns: 1,
     };
     assert_eq!(next_event(&mut w), ready1);
     assert_eq!(
-        register(&socket, 0, t).unwrap(),
+        register(&socket, 0, Some(1), t).unwrap(),
         RegisterAnswer::Registered(1)
     );
     assert_eq!(
-        register(&socket, 1, t).unwrap(),
+        register(&socket, 1, Some(1), t).unwrap(),
         RegisterAnswer::Registered(2)
     );
+    // A second client (issue 33: two daemons on one server): the slots watch 1 holds are
+    // refused to it, another one is not, and its registrations go with its connection.
+    let mut other = watch(&socket, t).unwrap();
+    assert_eq!(next_event(&mut other), WatchEvent::Hello { watch: 2 });
+    assert_eq!(
+        register(&socket, 0, Some(2), t).unwrap(),
+        RegisterAnswer::SlotTaken
+    );
+    assert_eq!(
+        register(&socket, 0, None, t).unwrap(),
+        RegisterAnswer::SlotTaken
+    );
+    assert_eq!(
+        register(&socket, 5, Some(2), t).unwrap(),
+        RegisterAnswer::Registered(3)
+    );
+    assert_eq!(field(&ask(&socket, "status"), "inflight"), "3");
+    // (That a closed watch takes its registrations along is tested on the fake clock.)
+    assert_eq!(done(&socket, 3, t).unwrap(), Ack::Ok);
+    drop(other);
     let s = ask(&socket, "status");
-    assert_eq!(field(&s, "inflight"), "2", "{s}");
     assert!(
         s.contains(
             ",\"generations\":[{\"id\":1,\"slot\":0,\"phase\":\"prefill\",\"progress_age_s\":"
@@ -1202,15 +1222,15 @@ fn registered_generations_and_the_watch_channel_end_to_end() {
     assert_eq!(field(&s, "inflight"), "0");
     // A server that dies under a registered generation: `server_died`, at once.
     assert_eq!(
-        register(&socket, 3, t).unwrap(),
-        RegisterAnswer::Registered(3)
+        register(&socket, 3, Some(1), t).unwrap(),
+        RegisterAnswer::Registered(4)
     );
     let pid: u32 = field(&s, "pid").parse().unwrap();
     signal(pid, "KILL");
     assert_eq!(
         next_event(&mut w),
         WatchEvent::Failed {
-            id: 3,
+            id: 4,
             reason: FailReason::ServerDied
         }
     );

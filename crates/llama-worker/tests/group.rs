@@ -401,3 +401,36 @@ fn a_server_in_uninterruptible_sleep_does_not_hang_stop() {
     );
     assert_eq!(live(pgid), Vec::<i32>::new());
 }
+
+/// Issue 33: each registration belongs to the watch connection named with it. Closing one
+/// watch forgets that client's generations (it is gone) and keeps the other client's; a slot
+/// the other holds is refused meanwhile.
+#[test]
+fn a_closed_watch_takes_its_registrations_and_leaves_the_others() {
+    let ep = Endpoint::start(Mode::Ok);
+    let clock = FakeClock::new();
+    let mut w = Worker::new(config("sleep 300"), ep.port, clock.clone()).unwrap();
+    let h = w.handle();
+    h.start();
+    assert!(tick_until(&mut w, T, |w| state(w) == State::Ready));
+    let (one, first) = h.watch().unwrap();
+    let (two, _second) = h.watch().unwrap();
+    assert_ne!(one, two);
+    assert_eq!(
+        first.try_recv(),
+        Ok(worker_proto::WatchEvent::Hello { watch: one })
+    );
+    let a = h.register_owned(0, Some(one)).unwrap();
+    let b = h.register_owned(1, Some(two)).unwrap();
+    assert_eq!(h.register_owned(0, Some(two)), Err(Refusal::SlotTaken));
+    assert_eq!(h.status().inflight, 2);
+    h.unwatch(two);
+    assert_eq!(h.status().inflight, 1);
+    assert!(!h.done(b), "watch {two}'s generation went with it");
+    assert_eq!(h.register_owned(1, Some(one)).map(|_| ()), Ok(()));
+    assert!(h.done(a));
+    h.unwatch(one);
+    assert_eq!(h.status().inflight, 0);
+    h.stop();
+    w.tick();
+}

@@ -1008,13 +1008,18 @@ fn a_panicking_observer_fails_its_request_and_frees_the_slot() {
     assert!(r.outcome.fail_reason().is_none(), "{:?}", r.outcome);
 }
 
-/// The commands the worker got about generations, in order.
+/// The commands the worker got about generations, in order, a `register`'s watch id left out
+/// (it names the runner's watch connection once its hello has been read).
 fn generation_commands(worker: &FakeWorker) -> Vec<String> {
     let ours = ["register", "progress", "done", "stall"];
     worker
         .commands()
         .into_iter()
         .filter(|c| ours.iter().any(|w| c.split(' ').next() == Some(w)))
+        .map(|c| match c.split(' ').collect::<Vec<_>>().as_slice() {
+            ["register", slot, _watch] => format!("register {slot}"),
+            _ => c,
+        })
         .collect()
 }
 
@@ -1023,8 +1028,16 @@ fn each_generation_is_registered_with_the_worker_and_done_when_it_ends() {
     let server = FakeServer::start(vec![(CHAT, vec![answer("ok")])]);
     let worker = FakeWorker::start(Script::default());
     let s = setup(config(&server, Some(&worker)), 1);
+    // The registration names the runner's watch connection (issue 33), once its hello came.
+    support_wait(|| worker.watching() == 1);
+    std::thread::sleep(Duration::from_millis(200));
     let r = run(&s, ask("x"));
     assert!(matches!(r.outcome, Outcome::Completed { .. }), "{r:?}");
+    assert!(
+        worker.commands().contains(&"register 0 1".to_owned()),
+        "{:?}",
+        worker.commands()
+    );
     // `done` follows the result (the caller does not wait for it), so it is waited for.
     let said = llama_harness::wait_for("done 1 at the worker", Duration::from_secs(5), || {
         let c = generation_commands(&worker);

@@ -217,10 +217,15 @@ impl GenerationPhase {
 pub enum Request {
     /// A bare-word command.
     Command(Command),
-    /// `register <slot>`: a generation was sent to the server on this slot.
+    /// `register <slot> [<watch>]`: a generation was sent to the server on this slot. With
+    /// the id of the client's own `watch` connection (its `hello` line), the registration
+    /// belongs to that connection: forgotten when it closes, and the slot refused to any other
+    /// owner while it is registered (`slot_taken`), so two daemons can share a server.
     Register {
         /// The server slot the client's gate gave it.
         slot: u32,
+        /// The owning `watch` connection's id, if the client names one.
+        watch: Option<u64>,
     },
     /// `progress <id> first_byte|bytes`.
     Progress {
@@ -292,6 +297,10 @@ impl Request {
         let r = match first {
             "register" => Request::Register {
                 slot: num(words.next(), "slot")?,
+                watch: match words.next() {
+                    None => None,
+                    w => Some(num(w, "watch")?),
+                },
             },
             "progress" => {
                 let id = num(words.next(), "id")?;
@@ -323,7 +332,11 @@ impl Request {
     pub fn to_line(self) -> String {
         match self {
             Request::Command(c) => c.as_str().to_string(),
-            Request::Register { slot } => format!("register {slot}"),
+            Request::Register { slot, watch: None } => format!("register {slot}"),
+            Request::Register {
+                slot,
+                watch: Some(w),
+            } => format!("register {slot} {w}"),
             Request::Progress { id, kind } => format!("progress {id} {}", kind.as_str()),
             Request::Done { id } => format!("done {id}"),
             Request::StallOf { id } => format!("stall {id}"),
@@ -332,6 +345,9 @@ impl Request {
     }
 }
 
+/// The word of [`RegisterAnswer::SlotTaken`].
+const SLOT_TAKEN: &str = "slot_taken";
+
 /// The answer to `register`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RegisterAnswer {
@@ -339,6 +355,9 @@ pub enum RegisterAnswer {
     Registered(u64),
     /// `{"refused":"restarting"}`: the worker is not ready (its state); send nothing.
     Refused(State),
+    /// `{"refused":"slot_taken"}`: another `watch` connection's registration holds this slot
+    /// (another client is generating on it); send nothing.
+    SlotTaken,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -361,6 +380,10 @@ impl RegisterAnswer {
                 registered: None,
                 refused: Some(s.as_str()),
             },
+            Self::SlotTaken => RegisterJson {
+                registered: None,
+                refused: Some(SLOT_TAKEN),
+            },
         };
         serde_json::to_string(&j).unwrap_or_default()
     }
@@ -368,6 +391,9 @@ impl RegisterAnswer {
     /// Parses an answer line.
     pub fn parse(line: &str) -> Result<RegisterAnswer, WorkerError> {
         let raw: RegisterJson<'_> = serde_json::from_str(line).map_err(|_| bad(line))?;
+        if raw.registered.is_none() && raw.refused == Some(SLOT_TAKEN) {
+            return Ok(Self::SlotTaken);
+        }
         match (raw.registered, raw.refused.and_then(State::parse)) {
             (Some(id), None) => Ok(Self::Registered(id)),
             (None, Some(s)) => Ok(Self::Refused(s)),
@@ -410,7 +436,13 @@ impl Ack {
 /// One line of a `watch` connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WatchEvent {
-    /// `{"event":"state","state":"ready","spawns":3}`: the first line, and each state change.
+    /// `{"event":"hello","watch":4}`: the first line: this connection's id, which the client
+    /// names in `register <slot> <watch>` to own its registrations.
+    Hello {
+        /// The connection's id (unique per worker process).
+        watch: u64,
+    },
+    /// `{"event":"state","state":"ready","spawns":3}`: the second line, and each state change.
     State {
         /// The new state.
         state: State,
@@ -440,6 +472,8 @@ struct WatchJson<'a> {
     id: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     reason: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    watch: Option<u64>,
 }
 
 impl WatchEvent {
@@ -451,8 +485,13 @@ impl WatchEvent {
             spawns: None,
             id: None,
             reason: None,
+            watch: None,
         };
         match self {
+            Self::Hello { watch } => {
+                j.event = "hello";
+                j.watch = Some(watch);
+            }
             Self::State { state, spawns } => {
                 j.event = "state";
                 j.state = Some(state.as_str());
@@ -471,6 +510,14 @@ impl WatchEvent {
     /// Parses an event line.
     pub fn parse(line: &str) -> Result<WatchEvent, WorkerError> {
         let j: WatchJson<'_> = serde_json::from_str(line).map_err(|_| bad(line))?;
+        if let ("hello", Some(watch), None, None, None) =
+            (j.event, j.watch, j.state, j.spawns, j.id)
+        {
+            return Ok(Self::Hello { watch });
+        }
+        if j.watch.is_some() {
+            return Err(bad(line));
+        }
         match (j.event, j.state.and_then(State::parse), j.spawns, j.id) {
             ("state", Some(state), Some(spawns), None) => Ok(Self::State { state, spawns }),
             ("failed", None, None, Some(id)) => match j.reason.and_then(FailReason::parse) {
@@ -742,15 +789,18 @@ pub fn report_stall(socket: &Path, timeout: Duration) -> Result<StallAnswer, Wor
     StallAnswer::parse(&call(socket, Command::Stall, timeout)?)
 }
 
-/// Registers a generation sent on `slot`: its id, or the worker's state when it is not ready.
+/// Registers a generation sent on `slot`, owned by the client's `watch` connection `watch`
+/// (its `hello` id) when given: its id, the worker's state when it is not ready, or
+/// `slot_taken` when another connection's registration holds the slot.
 pub fn register(
     socket: &Path,
     slot: u32,
+    watch: Option<u64>,
     timeout: Duration,
 ) -> Result<RegisterAnswer, WorkerError> {
     RegisterAnswer::parse(&call_line(
         socket,
-        &Request::Register { slot }.to_line(),
+        &Request::Register { slot, watch }.to_line(),
         timeout,
     )?)
 }
@@ -918,7 +968,20 @@ mod tests {
             ("status", Request::Command(Command::Status)),
             (" stall \n", Request::Command(Command::Stall)),
             ("stall 7", Request::StallOf { id: 7 }),
-            ("register 0", Request::Register { slot: 0 }),
+            (
+                "register 0",
+                Request::Register {
+                    slot: 0,
+                    watch: None,
+                },
+            ),
+            (
+                "register 1 4",
+                Request::Register {
+                    slot: 1,
+                    watch: Some(4),
+                },
+            ),
             (
                 "progress 18446744073709551615 first_byte",
                 Request::Progress {
@@ -947,6 +1010,8 @@ mod tests {
             ("register", RequestError::Missing("slot")),
             ("register -1", RequestError::BadNumber("slot")),
             ("register 4294967296", RequestError::BadNumber("slot")),
+            ("register 0 x", RequestError::BadNumber("watch")),
+            ("register 0 4 5", RequestError::Extra),
             ("progress 1", RequestError::Missing("kind")),
             ("progress x bytes", RequestError::BadNumber("id")),
             ("progress 1 tokens", RequestError::BadProgressKind),
@@ -974,9 +1039,14 @@ mod tests {
             RegisterAnswer::Refused(State::Restarting).to_json(),
             "{\"refused\":\"restarting\"}"
         );
+        assert_eq!(
+            RegisterAnswer::SlotTaken.to_json(),
+            "{\"refused\":\"slot_taken\"}"
+        );
         for a in [
             RegisterAnswer::Registered(1),
             RegisterAnswer::Refused(State::Failed),
+            RegisterAnswer::SlotTaken,
         ] {
             assert_eq!(RegisterAnswer::parse(&a.to_json()).unwrap(), a);
         }
@@ -1001,6 +1071,10 @@ mod tests {
                 "{\"event\":\"failed\",\"id\":7,\"reason\":\"worker_restarted\"}",
             ),
             (WatchEvent::Ping, "{\"event\":\"ping\"}"),
+            (
+                WatchEvent::Hello { watch: 4 },
+                "{\"event\":\"hello\",\"watch\":4}",
+            ),
         ];
         for (e, line) in events {
             assert_eq!(e.to_json(), line);
@@ -1010,6 +1084,8 @@ mod tests {
             "{\"event\":\"failed\",\"id\":7,\"reason\":\"tired\"}",
             "{\"event\":\"state\",\"state\":\"ready\"}",
             "{\"event\":\"party\"}",
+            "{\"event\":\"hello\"}",
+            "{\"event\":\"ping\",\"watch\":4}",
         ] {
             assert!(WatchEvent::parse(bad).is_err(), "{bad}");
         }

@@ -145,7 +145,7 @@ impl Health {
         }
         h.heard = Some(now);
         match event {
-            WatchEvent::Ping => {}
+            WatchEvent::Ping | WatchEvent::Hello { .. } => {}
             WatchEvent::State { state, .. } => self.set_state(host, HostState::Worker(state)),
             WatchEvent::Failed { id, reason } => {
                 let holder = self.requests.iter().find_map(|(&rid, t)| {

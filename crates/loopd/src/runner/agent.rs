@@ -558,6 +558,15 @@ impl<'b> AgentRequest<'b> {
         if let Ok(RegisterAnswer::Registered(id)) = answer {
             self.generation = Some(id);
         }
+        if let Ok(RegisterAnswer::SlotTaken) = answer {
+            let detail = format!(
+                "llama-worker refused to register generation {}: another client's generation \
+                 holds server slot {} (slot_taken)",
+                self.r.generations.len() + 1,
+                self.slot
+            );
+            self.set_fail(FailReason::Client(InferError::Busy), detail);
+        }
         if let Ok(RegisterAnswer::Refused(state)) = answer {
             let reason = match state {
                 WorkerState::Stopped => FailReason::WorkerStopped,

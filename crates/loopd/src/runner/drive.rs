@@ -172,7 +172,9 @@ pub(super) fn drive(
                 }
                 Action::RegisterGeneration => {
                     let Some(s) = socket else { continue };
-                    let answer = worker::register(s, slot, worker_timeout);
+                    // Owned by the runner's watch connection, when it has said hello.
+                    let watch = shared.watch.as_ref().and_then(|w| w.id());
+                    let answer = worker::register(s, slot, watch, worker_timeout);
                     match &answer {
                         Ok(RegisterAnswer::Registered(g)) => {
                             registered = Some(*g);
@@ -180,7 +182,7 @@ pub(super) fn drive(
                                 w.route(*g, pushed_to.clone());
                             }
                         }
-                        Ok(RegisterAnswer::Refused(_)) => {}
+                        Ok(RegisterAnswer::Refused(_) | RegisterAnswer::SlotTaken) => {}
                         Err(e) => unanswered("register", e),
                     }
                     m.handle_registered(clock.now(), answer);

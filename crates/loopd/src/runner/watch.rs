@@ -21,6 +21,9 @@ pub(super) type Pushed = (u64, WorkerFailReason);
 /// The routes from generation ids to their drivers, shared with the watch thread.
 pub(super) struct Watch {
     routes: Mutex<HashMap<u64, Sender<Pushed>>>,
+    /// The open connection's id (its `hello`), which each registration names so that it
+    /// belongs to this connection; `None` before the hello and once the connection is lost.
+    id: Mutex<Option<u64>>,
     stop: AtomicBool,
 }
 
@@ -31,6 +34,7 @@ impl Watch {
     pub(super) fn start(socket: PathBuf, timeout: Duration, retry: Duration) -> Option<Arc<Watch>> {
         let w = Arc::new(Watch {
             routes: Mutex::new(HashMap::new()),
+            id: Mutex::new(None),
             stop: AtomicBool::new(false),
         });
         let t = w.clone();
@@ -44,6 +48,11 @@ impl Watch {
     /// Sends failures pushed for generation `id` to `to`.
     pub(super) fn route(&self, id: u64, to: Sender<Pushed>) {
         lock(&self.routes).insert(id, to);
+    }
+
+    /// The open watch connection's id, for `register <slot> <watch>`.
+    pub(super) fn id(&self) -> Option<u64> {
+        *lock(&self.id)
     }
 
     /// Forgets generation `id` (it ended).
@@ -77,10 +86,12 @@ impl Watch {
                                     let _ = to.send((id, reason));
                                 }
                             }
+                            Ok(WatchEvent::Hello { watch }) => *lock(&self.id) = Some(watch),
                             Ok(_) => {}
                             // A line this loopd does not know: the next one may be.
                             Err(WorkerError::BadAnswer(_)) => {}
                             Err(e) => {
+                                *lock(&self.id) = None;
                                 eprintln!("loopd: llama-worker's watch was lost ({e})");
                                 lost = true;
                                 break;

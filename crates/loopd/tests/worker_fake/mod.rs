@@ -2,7 +2,8 @@
 //! `stall <id>` the scripted verdict (a `restarting` verdict also moves the state to
 //! `restarting` with a new spawn, as the real worker does). `register <slot>` answers ids 1,
 //! 2, ... while the scripted state is `ready` (else refused with it), `progress` and `done`
-//! answer `{"ok":true}`, and `watch` stays open: the state line, then the failures pushed
+//! answer `{"ok":true}`, and `watch` stays open: its `hello` (ids 1, 2, ...), the state line,
+//! then the failures pushed
 //! with [`FakeWorker::push_failed`], and a ping every second. Every command is recorded.
 #![allow(dead_code)]
 
@@ -41,6 +42,7 @@ struct Shared {
     commands: Mutex<Vec<String>>,
     stop: AtomicBool,
     next_id: AtomicU64,
+    next_watch: AtomicU64,
     watchers: Mutex<Vec<Sender<String>>>,
 }
 
@@ -66,6 +68,7 @@ impl FakeWorker {
             commands: Mutex::new(Vec::new()),
             stop: AtomicBool::new(false),
             next_id: AtomicU64::new(1),
+            next_watch: AtomicU64::new(1),
             watchers: Mutex::new(Vec::new()),
         });
         let s = shared.clone();
@@ -171,6 +174,8 @@ fn serve(conn: UnixStream, s: &Arc<Shared>) {
                 script.state, script.spawns
             );
             let (tx, rx) = mpsc::channel();
+            let hello = s.next_watch.fetch_add(1, Ordering::SeqCst);
+            let _ = tx.send(format!("{{\"event\":\"hello\",\"watch\":{hello}}}"));
             let _ = tx.send(first);
             s.watchers.lock().unwrap().push(tx);
             let _ = conn.set_write_timeout(Some(Duration::from_secs(2)));
