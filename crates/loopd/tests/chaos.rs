@@ -366,8 +366,24 @@ struct Shared {
     done: AtomicBool,
     /// `loopd serve` kills so far (counted before each kill).
     daemon_kills: AtomicUsize,
+    /// Twice the kills done, plus one while a kill is under way (from just before it until
+    /// the next daemon is ready): one atomic, so a snapshot never falls between the two.
+    daemon_epoch: AtomicUsize,
     /// Every acknowledged id, with the daemon kills counted when it was acknowledged.
     acks: Mutex<Vec<(usize, u64)>>,
+}
+
+impl Shared {
+    /// The daemon epoch before any kill under way: a connection opened now may still be
+    /// talking to the daemon being killed. Compared with [`Shared::epoch`] later, a difference
+    /// says a kill began since.
+    fn daemons_before(&self) -> usize {
+        self.daemon_epoch.load(Ordering::SeqCst) & !1
+    }
+
+    fn epoch(&self) -> usize {
+        self.daemon_epoch.load(Ordering::SeqCst)
+    }
 }
 
 /// How one request ended, as seen here.
@@ -436,8 +452,8 @@ fn run_one(
     deadline: Duration,
     shared: &Shared,
 ) -> Result<Attempt, String> {
-    let kills = shared.daemon_kills.load(Ordering::SeqCst);
-    let killed = || shared.daemon_kills.load(Ordering::SeqCst) != kills;
+    let kills = shared.daemons_before();
+    let killed = || shared.epoch() != kills;
     let restarting = |e: String| {
         if killed() {
             Ok(Attempt::Refused(DAEMON_RESTARTING.to_owned()))
@@ -494,14 +510,15 @@ fn run_one(
     let id = first["id"]
         .as_u64()
         .ok_or_else(|| format!("no id in {first}"))?;
-    let acked_at = shared.daemon_kills.load(Ordering::SeqCst);
+    // A kill under way: this ack came from the daemon being killed.
+    let acked_at = shared.daemons_before();
     shared.acks.lock().unwrap().push((acked_at, id));
     shared.running.lock().unwrap().insert(id, false);
     let mut streamed = String::new();
     let mut hang_started = None;
     let mut tools = Vec::new();
     let mut last_generation = None;
-    let killed_since_ack = || shared.daemon_kills.load(Ordering::SeqCst) != acked_at;
+    let killed_since_ack = || shared.epoch() != acked_at;
     let mut across_restart = false;
     let copy = loop {
         let line = match next_line("result") {
@@ -824,6 +841,7 @@ impl Injector<'_> {
         let (config, folder, dir) = self.serve_paths;
         let mut serve = self.serve.lock().unwrap();
         let pid = serve.0.id();
+        self.shared.daemon_epoch.fetch_add(1, Ordering::SeqCst);
         self.shared.daemon_kills.fetch_add(1, Ordering::SeqCst);
         assert!(kill("-KILL", pid), "kill -KILL {pid}");
         let _ = serve.0.wait();
@@ -831,6 +849,7 @@ impl Injector<'_> {
         say!("SIGKILL loopd serve {pid}; starting the next one on the same store");
         let (next, _) = start_serve(config, folder, dir);
         *serve = next;
+        self.shared.daemon_epoch.fetch_add(1, Ordering::SeqCst);
         *self
             .out
             .counts
