@@ -8,7 +8,9 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{config, dead, live, state, tick_until, wait_members, Endpoint, Mode};
+use common::{
+    config, dead, live, ready_idle_worker, state, tick_until, wait_members, Endpoint, Mode,
+};
 use llama_worker::{
     Clock, FailReason, FakeClock, Refusal, RestartCause, StallVerdict, State, SystemClock, Worker,
 };
@@ -408,11 +410,8 @@ fn a_server_in_uninterruptible_sleep_does_not_hang_stop() {
 #[test]
 fn a_closed_watch_takes_its_registrations_and_leaves_the_others() {
     let ep = Endpoint::start(Mode::Ok);
-    let clock = FakeClock::new();
-    let mut w = Worker::new(config("sleep 300"), ep.port, clock.clone()).unwrap();
+    let (mut w, clock) = ready_idle_worker(&ep);
     let h = w.handle();
-    h.start();
-    assert!(tick_until(&mut w, T, |w| state(w) == State::Ready));
     let (one, first) = h.watch().unwrap();
     let (two, _second) = h.watch().unwrap();
     assert_ne!(one, two);

@@ -7,22 +7,18 @@ mod common;
 
 use std::time::Duration;
 
-use common::{config, state, tick_until, Endpoint, Mode};
+use common::{ready_idle_worker, state, Endpoint, Mode};
 use llama_worker::policy::ProgressKind;
-use llama_worker::{FakeClock, RestartCause, State, Worker};
+use llama_worker::{RestartCause, State};
 
-const T: Duration = Duration::from_secs(10);
 const STEP: Duration = Duration::from_millis(50);
 
 #[test]
 fn a_silent_stream_lives_while_its_slot_decodes_and_stalls_once_it_stops() {
     let ep = Endpoint::start(Mode::Ok);
-    let clock = FakeClock::new();
     // stall_timeout 1 s, CPU (and /slots) every 0.25 s; `sleep` spends no CPU time.
-    let mut w = Worker::new(config("sleep 300"), ep.port, clock.clone()).unwrap();
+    let (mut w, clock) = ready_idle_worker(&ep);
     let h = w.handle();
-    h.start();
-    assert!(tick_until(&mut w, T, |w| state(w) == State::Ready));
     ep.set_decoding(true);
     let id = h.register(2).unwrap();
     assert!(h.progress(id, ProgressKind::FirstByte));
@@ -74,11 +70,8 @@ fn a_silent_stream_lives_while_its_slot_decodes_and_stalls_once_it_stops() {
 #[test]
 fn a_count_that_stands_still_stalls_at_the_timeout() {
     let ep = Endpoint::start(Mode::Ok);
-    let clock = FakeClock::new();
-    let mut w = Worker::new(config("sleep 300"), ep.port, clock.clone()).unwrap();
+    let (mut w, clock) = ready_idle_worker(&ep);
     let h = w.handle();
-    h.start();
-    assert!(tick_until(&mut w, T, |w| state(w) == State::Ready));
     let id = h.register(2).unwrap();
     assert!(h.progress(id, ProgressKind::FirstByte));
     // The count stands still: /slots is asked, and the stall comes at 1 s to the step.

@@ -240,3 +240,16 @@ pub fn wait_group_gone(pgid: i32, limit: Duration) {
         thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// A worker on a fake clock running `sleep 300` (no CPU time) against `ep`, started and
+/// ticked (in real time) until it is ready; with the clock that drives it.
+pub fn ready_idle_worker(
+    ep: &Endpoint,
+) -> (Worker<llama_worker::FakeClock>, llama_worker::FakeClock) {
+    let clock = llama_worker::FakeClock::new();
+    let mut w = Worker::new(config("sleep 300"), ep.port, clock.clone()).unwrap();
+    w.handle().start();
+    assert!(tick_until(&mut w, Duration::from_secs(10), |w| state(w)
+        == State::Ready));
+    (w, clock)
+}
