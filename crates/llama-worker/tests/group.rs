@@ -410,7 +410,7 @@ fn a_server_in_uninterruptible_sleep_does_not_hang_stop() {
 #[test]
 fn a_closed_watch_takes_its_registrations_and_leaves_the_others() {
     let ep = Endpoint::start(Mode::Ok);
-    let (mut w, clock) = ready_idle_worker(&ep);
+    let (mut w, _clock) = ready_idle_worker(&ep);
     let h = w.handle();
     let (one, first) = h.watch().unwrap();
     let (two, _second) = h.watch().unwrap();
