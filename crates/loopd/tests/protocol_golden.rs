@@ -130,6 +130,7 @@ fn the_docs_result() -> WireResult {
             since_progress_ms: 200,
         }],
         retries: vec![],
+        host: None,
     }
 }
 

@@ -296,6 +296,7 @@ fn request(prompt: &str, max_tokens: u64) -> Submission {
         }],
         budget: Some(0),
         tools: None,
+        session: None,
         options: loopd::llama::ChatOptions {
             thinking: false,
             max_tokens: Some(max_tokens),

@@ -93,6 +93,7 @@ fn run(
         messages: conversation(),
         budget: Some(2),
         tools: None,
+        session: None,
         options: ChatOptions {
             thinking: false,
             max_tokens: Some(48),

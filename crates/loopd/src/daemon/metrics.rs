@@ -252,6 +252,7 @@ mod tests {
             budget_left: 1,
             stalls: vec![],
             retries: vec![],
+            host: None,
         }
     }
 

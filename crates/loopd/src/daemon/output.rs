@@ -207,6 +207,7 @@ pub fn restarted_result(i: &Interrupted<'_>, budget: u32) -> String {
         budget_left: out.budget_left.unwrap_or(budget),
         stalls: Vec::new(),
         retries: Vec::new(),
+        host: None,
     };
     let mut w = WireResult::from(&r);
     w.fail_reason = Some(RESTARTED.to_owned());

@@ -343,6 +343,7 @@ mod tests {
             budget_left: 2,
             stalls: Vec::new(),
             retries: Vec::new(),
+            host: None,
         }
     }
 

@@ -92,6 +92,18 @@ pub enum PlacedBy {
     Running,
 }
 
+impl PlacedBy {
+    /// `session`, `most_free`, `round_robin` or `running`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PlacedBy::Session => "session",
+            PlacedBy::MostFree => "most_free",
+            PlacedBy::RoundRobin => "round_robin",
+            PlacedBy::Running => "running",
+        }
+    }
+}
+
 /// A seat given, and why there.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Placed {
@@ -183,6 +195,18 @@ impl Placement {
         id: RequestId,
         key: Option<SessionKey>,
     ) -> Result<Placed, SubmitError> {
+        self.place_avoiding(now, id, key, &[])
+    }
+
+    /// [`Placement::place`] on a host not in `avoid` (their workers refused just now, or did
+    /// not answer): the refusal, if none is left, is the code of the hosts not avoided.
+    pub fn place_avoiding(
+        &mut self,
+        now: Duration,
+        id: RequestId,
+        key: Option<SessionKey>,
+        avoid: &[HostId],
+    ) -> Result<Placed, SubmitError> {
         self.sessions.expire(now);
         if let Some(r) = self.running.get(&id) {
             return Ok(Placed {
@@ -190,7 +214,7 @@ impl Placement {
                 by: PlacedBy::Running,
             });
         }
-        let placed = self.choose(now, key, None)?;
+        let placed = self.choose(now, key, avoid)?;
         self.take(now, id, key, placed.at);
         Ok(placed)
     }
@@ -200,7 +224,7 @@ impl Placement {
     pub fn rehome(&mut self, now: Duration, id: RequestId) -> Option<Result<Placed, SubmitError>> {
         self.sessions.expire(now);
         let r = *self.running.get(&id)?;
-        let placed = match self.choose(now, r.key, Some(r.at.host)) {
+        let placed = match self.choose(now, r.key, &[r.at.host]) {
             Ok(p) => p,
             Err(e) => return Some(Err(e)),
         };
@@ -218,6 +242,27 @@ impl Placement {
             self.sessions.touch(now, key, r.at);
         }
         Some(r.at)
+    }
+
+    /// The running request `from` is now called `to` (a seat held under a provisional id
+    /// until the caller named the request); its seat and session are unchanged. Nothing
+    /// happens when `from` is not running or `to` is.
+    pub fn rename(&mut self, from: RequestId, to: RequestId) {
+        if self.running.contains_key(&to) {
+            return;
+        }
+        let Some(r) = self.running.remove(&from) else {
+            return;
+        };
+        if let Some(h) = self.hosts.get_mut(r.at.host.0) {
+            h.set(r.at.slot, Some(to));
+        }
+        self.running.insert(to, r);
+    }
+
+    /// How many slots the host has here (its `slots`).
+    pub fn slots_of(&self, host: HostId) -> usize {
+        self.hosts.get(host.0).map_or(0, |h| h.slots.len())
     }
 
     /// Forgets the sessions expired at `now`.
@@ -264,10 +309,10 @@ impl Placement {
         &mut self,
         now: Duration,
         key: Option<SessionKey>,
-        exclude: Option<HostId>,
+        exclude: &[HostId],
     ) -> Result<Placed, SubmitError> {
         let usable = |i: usize, h: &HostTable| {
-            Some(HostId(i)) != exclude && h.state.is_ready() && h.free() > 0
+            !exclude.contains(&HostId(i)) && h.state.is_ready() && h.free() > 0
         };
         let found = match self.policy {
             PlacementPolicy::Affinity => {
@@ -315,7 +360,7 @@ impl Placement {
         })
     }
 
-    fn refusal(&self, exclude: Option<HostId>) -> SubmitError {
+    fn refusal(&self, exclude: &[HostId]) -> SubmitError {
         let rank = |e: &SubmitError| match e {
             SubmitError::WorkerNotReady => 0,
             SubmitError::WorkerFailed => 1,
@@ -323,7 +368,7 @@ impl Placement {
         };
         let mut best = None;
         for (i, h) in self.hosts.iter().enumerate() {
-            if Some(HostId(i)) == exclude {
+            if exclude.contains(&HostId(i)) {
                 continue;
             }
             match h.state.refusal() {

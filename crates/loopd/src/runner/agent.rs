@@ -274,6 +274,50 @@ pub(super) fn no_output(id: RequestId, budget: u32, outcome: Outcome) -> Request
         budget_left: budget,
         stalls: Vec::new(),
         retries: Vec::new(),
+        host: None,
+    }
+}
+
+/// What a request starts with: the tools it offers and the BIOS its generations open with.
+pub(super) struct Opening {
+    pub tools: ToolRegistry,
+    pub schemas: Vec<crate::llama::ToolSchema>,
+    pub exit_names: Vec<String>,
+    pub bios_text: String,
+}
+
+/// The request's choice of `registry`'s tools (what its generations offer; a call to any
+/// other is refused as a call to an unknown one) and the BIOS `bios` writes for it with
+/// `budget` iterations: the same text the machine sends, so a session key hashed from it
+/// (`fleet::SessionKey`) is the one the server's prompt cache sees.
+pub(super) fn opening(
+    registry: &ToolRegistry,
+    bios: &dyn BiosProvider,
+    req: &Submission,
+    budget: u32,
+) -> Opening {
+    let tools = match &req.tools {
+        Some(names) => registry.only(names),
+        None => registry.clone(),
+    };
+    let schemas = tools.schemas();
+    let exit_names: Vec<String> = schemas
+        .iter()
+        .filter(|s| tools.is_exit(&s.name))
+        .map(|s| s.name.clone())
+        .collect();
+    let bios_text = bios.bios(&BiosContext {
+        budget_left: budget,
+        budget,
+        iterations: 0,
+        tools: &schemas,
+        exit_tools: &exit_names,
+    });
+    Opening {
+        tools,
+        schemas,
+        exit_names,
+        bios_text,
     }
 }
 
@@ -282,25 +326,12 @@ impl<'b> AgentRequest<'b> {
     /// generation 1.
     pub fn new(now: Duration, setup: Setup<'_>, req: Submission, storage: Storage<'b>) -> Self {
         let budget = req.budget.unwrap_or(setup.settings.budget);
-        // The request's choice is the registry from here on: what the generations offer, and
-        // a call to any other tool is refused as a call to an unknown one.
-        let tools = match &req.tools {
-            Some(names) => setup.tools.only(names),
-            None => setup.tools.clone(),
-        };
-        let schemas = tools.schemas();
-        let exit_names: Vec<String> = schemas
-            .iter()
-            .filter(|s| tools.is_exit(&s.name))
-            .map(|s| s.name.clone())
-            .collect();
-        let bios_text = setup.bios.bios(&BiosContext {
-            budget_left: budget,
-            budget,
-            iterations: 0,
-            tools: &schemas,
-            exit_tools: &exit_names,
-        });
+        let Opening {
+            tools,
+            schemas,
+            exit_names,
+            bios_text,
+        } = opening(setup.tools, &*setup.bios, &req, budget);
         let completed = Outcome::Completed {
             finish_reason: FinishReason::Stop,
         };
@@ -652,6 +683,16 @@ impl<'b> AgentRequest<'b> {
     /// The caller cancelled the request: it ends as `cancelled` with its output so far.
     pub fn cancel(&mut self, now: Duration) {
         self.set_fail(FailReason::Cancelled, "cancelled by the caller".into());
+        self.abort(now);
+    }
+
+    /// The request's host was lost (fleet health): it ends `host_lost` with its partial
+    /// output, whatever it was doing; nothing is retried.
+    pub fn handle_host_lost(&mut self, now: Duration, detail: String) {
+        if matches!(self.phase, Phase::Done) {
+            return;
+        }
+        self.set_fail(FailReason::HostLost, detail);
         self.abort(now);
     }
 

@@ -16,9 +16,19 @@ use std::time::Duration;
 use crate::llama::{wait_until, Buffers, ByteSink, Cancel, ChatIo};
 
 use super::agent::{Action, AgentRequest, Setup};
-use super::watch::Pushed;
+use super::hosts::Host;
+use super::watch::Notice;
 use super::worker::{self, RegisterAnswer, WorkerError};
 use super::{Observer, RequestEvent, RequestId, RequestResult, Shared, Submission, ToolError};
+use crate::fleet::PlacedBy;
+
+/// Where a request runs: its host (index), the server slot there, and why there.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Seat {
+    pub host: usize,
+    pub slot: u32,
+    pub by: PlacedBy,
+}
 
 /// While a generation is registered, the longest wait before a failure the watch pushed for
 /// it is seen (the socket read and the sleep are cut into slices this long).
@@ -48,31 +58,35 @@ impl Driven {
 }
 
 /// Tells the worker that the last generation of a driven request ended (see [`Driven`]).
-pub(super) fn done_after(shared: &Shared, id: RequestId, driven_done: Option<u64>) {
-    let (Some(g), Some(socket)) = (driven_done, shared.settings.worker_socket.as_deref()) else {
+pub(super) fn done_after(host: &Host, id: RequestId, driven_done: Option<u64>) {
+    let (Some(g), Some(socket)) = (driven_done, host.settings.worker_socket.as_deref()) else {
         return;
     };
-    let timeout = Duration::from_millis(shared.settings.worker_timeout_ms);
+    let timeout = Duration::from_millis(host.settings.worker_timeout_ms);
     if let Err(e) = worker::done(socket, g, timeout) {
         eprintln!("loopd: {id}: llama-worker did not answer `done` ({e})");
     }
 }
 
-/// Runs `req` to its result on runner slot `slot`.
+/// Runs `req` to its result on `seat`; `ends` hears when its host is lost.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn drive(
     shared: &Shared,
     id: RequestId,
-    slot: u32,
+    seat: Seat,
     req: Submission,
     spawns: Option<u64>,
     cancel: &Cancel,
+    ends: Receiver<Notice>,
     mut observer: Option<Observer>,
 ) -> Driven {
-    let client = &shared.client;
+    let host = &shared.hosts[seat.host];
+    let slot = seat.slot;
+    let client = &host.client;
     let config = client.config();
     let clock = client.clock();
     let poll = Duration::from_millis(config.limits.poll_ms);
-    let worker_timeout = Duration::from_millis(shared.settings.worker_timeout_ms);
+    let worker_timeout = Duration::from_millis(host.settings.worker_timeout_ms);
     let mut buffers = Buffers::new();
     let setup = Setup {
         id,
@@ -80,7 +94,7 @@ pub(super) fn drive(
         limits: config.limits,
         retry: config.retry.clone(),
         jitter: client.shared_jitter(),
-        settings: &shared.settings,
+        settings: &host.settings,
         tools: &shared.tools,
         bios: shared.bios.clone(),
         spawns,
@@ -91,12 +105,19 @@ pub(super) fn drive(
             o(e);
         }
     };
+    if shared.named {
+        emit(&RequestEvent::Placed {
+            host: host.name.clone(),
+            slot,
+            by: seat.by.as_str(),
+        });
+    }
     let mut io = ChatIo::new(client, slot);
     let mut tool: Option<ToolRun> = None;
     let mut cancelled = false;
     // The generation registered with the worker, and where the watch sends its failure.
     let mut registered: Option<u64> = None;
-    let (pushed_to, pushed) = mpsc::channel::<Pushed>();
+    let (pushed_to, pushed) = mpsc::channel::<Notice>();
     // A worker that does not answer is logged once per request; the request goes on.
     let mut quiet = false;
     let mut unanswered = |what: &str, e: &WorkerError| {
@@ -104,7 +125,7 @@ pub(super) fn drive(
             eprintln!("loopd: {id}: llama-worker did not answer `{what}` ({e}); going on");
         }
     };
-    let socket = shared.settings.worker_socket.as_deref();
+    let socket = host.settings.worker_socket.as_deref();
     // A generation's `done`, sent before the next worker call or wait, or after the result.
     let mut owed: Option<u64> = None;
     let pay = |owed: &mut Option<u64>, unanswered: &mut dyn FnMut(&str, &WorkerError)| {
@@ -156,7 +177,7 @@ pub(super) fn drive(
                     }
                 }
                 Action::WorkerStatus => {
-                    let st = match &shared.settings.worker_socket {
+                    let st = match &host.settings.worker_socket {
                         Some(socket) => worker::status(socket, worker_timeout),
                         None => continue,
                     };
@@ -173,12 +194,12 @@ pub(super) fn drive(
                 Action::RegisterGeneration => {
                     let Some(s) = socket else { continue };
                     // Owned by the runner's watch connection, when it has said hello.
-                    let watch = shared.watch.as_ref().and_then(|w| w.id());
+                    let watch = host.watch.as_ref().and_then(|w| w.id());
                     let answer = worker::register(s, slot, watch, worker_timeout);
                     match &answer {
                         Ok(RegisterAnswer::Registered(g)) => {
                             registered = Some(*g);
-                            if let Some(w) = &shared.watch {
+                            if let Some(w) = &host.watch {
                                 w.route(*g, pushed_to.clone());
                             }
                         }
@@ -195,11 +216,11 @@ pub(super) fn drive(
                     }
                 }
                 Action::GenerationDone { id: g } => {
-                    unroute(shared, &mut registered);
+                    unroute(host, &mut registered);
                     owed = Some(g);
                 }
                 Action::Done(result) => {
-                    unroute(shared, &mut registered);
+                    unroute(host, &mut registered);
                     io.close(false);
                     return Driven {
                         result: *result,
@@ -209,11 +230,16 @@ pub(super) fn drive(
             }
         }
         pay(&mut owed, &mut unanswered);
-        if let Ok((g, reason)) = pushed.try_recv() {
-            if registered == Some(g) {
-                registered = None;
+        if let Ok(notice) = pushed.try_recv().or_else(|_| ends.try_recv()) {
+            match notice {
+                Notice::Failed(g, reason) => {
+                    if registered == Some(g) {
+                        registered = None;
+                    }
+                    m.handle_worker_failed(clock.now(), g, reason);
+                }
+                Notice::HostLost(detail) => m.handle_host_lost(clock.now(), detail),
             }
-            m.handle_worker_failed(clock.now(), g, reason);
             continue;
         }
         if cancel.is_cancelled() && !cancelled {
@@ -271,8 +297,8 @@ impl ByteSink for AgentRequest<'_> {
 }
 
 /// Stops routing pushed failures to this request: its generation ended.
-fn unroute(shared: &Shared, registered: &mut Option<u64>) {
-    if let (Some(g), Some(w)) = (registered.take(), &shared.watch) {
+fn unroute(host: &Host, registered: &mut Option<u64>) {
+    if let (Some(g), Some(w)) = (registered.take(), &host.watch) {
         w.unroute(g);
     }
 }

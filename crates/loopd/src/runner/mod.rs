@@ -35,6 +35,7 @@ mod answer;
 mod bios;
 mod builtin;
 mod drive;
+mod hosts;
 mod result;
 mod tools;
 mod watch;
@@ -47,12 +48,14 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use crate::fleet::{Fleet, HostConfig, HostId, HostState, Placement, PlacementConfig, SessionKey};
 use crate::llama::{Cancel, ChatMessage, ChatOptions, Client};
 
 pub use crate::config::{LoopThresholds, RunnerConfig};
 pub use agent::{Action, AgentRequest, Setup, PROGRESS_EVERY};
 pub use bios::{BiosContext, BiosProvider, StandardBios};
 pub use builtin::{builtin_tools, Arithmetic, CurrentTime, Finish, ReadFile, READ_FILE_CAP};
+pub use hosts::HostSpec;
 pub use result::{
     CallSource, ExitSignal, FailReason, GenerationStats, Outcome, RequestEvent, RequestResult,
     RetryRecord, ToolRecord,
@@ -86,6 +89,10 @@ pub struct Submission {
     /// How the model answers (thinking, `max_tokens`, sampling), sent unchanged with every
     /// generation: the chat request's own struct, not a copy of its fields.
     pub options: ChatOptions,
+    /// The conversation this request continues, for placement on several hosts: requests of
+    /// one session go back to the host whose prompt cache holds it. `None`: the session is
+    /// the BIOS, the system message and the first user message.
+    pub session: Option<String>,
 }
 
 /// Why `submit` refused a request; none of them uses a slot.
@@ -162,6 +169,19 @@ impl fmt::Display for ResultError {
 
 impl std::error::Error for ResultError {}
 
+/// One host as [`Runner::hosts`] shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostStatus {
+    /// Its name (`local` for the one host of a config without `[[host]]`).
+    pub name: String,
+    /// What the runner knows of it: its worker's state, `unknown` or `lost`.
+    pub state: HostState,
+    /// The slots the runner owns there.
+    pub slots: usize,
+    /// Of them, those running a request.
+    pub busy: usize,
+}
+
 /// What watches one request live.
 pub type Observer = Box<dyn FnMut(&RequestEvent) + Send>;
 
@@ -194,22 +214,34 @@ enum Record {
 }
 
 struct Table {
-    slots: Vec<Option<RequestId>>,
+    /// Every owned (host, slot) seat and the request holding it, the session map, and each
+    /// host's state as the health thread last said it.
+    placement: Placement,
     /// Running requests, and (without a completion sink) results not yet fetched.
     records: HashMap<RequestId, Record>,
 }
 
 struct Shared {
+    /// The client the runner was made with: its clock, and its config for what is not per
+    /// host.
     client: Arc<Client>,
     tools: ToolRegistry,
     bios: Arc<dyn BiosProvider>,
     settings: RunnerConfig,
-    /// The watch channel's routes, with a worker socket.
-    watch: Option<Arc<watch::Watch>>,
+    /// The hosts, in config order (`HostId` `i` is `hosts[i]`).
+    hosts: Vec<hosts::Host>,
+    /// Whether the hosts came from `[[host]]` (named in results and events).
+    named: bool,
+    /// Where a lost host is told to its running requests.
+    ends: hosts::Ends,
+    /// The health thread's queue.
+    health: Mutex<Option<std::sync::mpsc::Sender<hosts::Input>>>,
     table: Mutex<Table>,
     stored: Condvar,
     /// The ids [`Runner::submit`] gives.
     next_id: AtomicU64,
+    /// The ids a seat is held under until the caller names the request.
+    next_provisional: AtomicU64,
     /// Where results go; unset: into `table.records`.
     completion: OnceLock<Completion>,
 }
@@ -235,48 +267,161 @@ impl fmt::Debug for Runner {
 
 impl Runner {
     /// A runner of `slots` slots (at least 1) over `client`, with `tools` and `bios`; the
-    /// rest of its settings come from the client's config (`[runner]`).
+    /// rest of its settings come from the client's config (`[runner]`). Its one host is the
+    /// client's inference socket and `runner.worker_socket`, unnamed: today's config.
     pub fn new(
         client: Arc<Client>,
         tools: ToolRegistry,
         bios: Arc<dyn BiosProvider>,
         slots: u32,
     ) -> Runner {
-        let settings = client.config().runner.clone();
-        let watch = settings.worker_socket.clone().and_then(|socket| {
-            let timeout = Duration::from_millis(settings.worker_timeout_ms);
-            let retry = Duration::from_millis(settings.worker_poll_ms);
-            watch::Watch::start(socket, timeout, retry)
-        });
-        let shared = Arc::new(Shared {
+        let config = client.config();
+        let host = HostSpec {
+            name: "local".into(),
+            infer_socket: config.socket.clone(),
+            worker_socket: config.runner.worker_socket.clone(),
+            slots: (0..slots.max(1)).collect(),
+        };
+        Runner::build(
             client,
             tools,
             bios,
+            vec![host],
+            PlacementConfig::default(),
+            false,
+        )
+        .unwrap_or_else(|_| unreachable!("one host with slots 0..n is a valid fleet"))
+    }
+
+    /// A runner over several inference hosts (`[[host]]`), placed by `placement`; the rest
+    /// of its settings come from the client's config. Refused as the config check would
+    /// refuse the same list (an empty list, a bad or repeated name, a host without slots or
+    /// with a slot twice).
+    pub fn with_hosts(
+        client: Arc<Client>,
+        tools: ToolRegistry,
+        bios: Arc<dyn BiosProvider>,
+        hosts: Vec<HostSpec>,
+        placement: PlacementConfig,
+    ) -> Result<Runner, crate::fleet::FleetError> {
+        Runner::build(client, tools, bios, hosts, placement, true)
+    }
+
+    fn build(
+        client: Arc<Client>,
+        tools: ToolRegistry,
+        bios: Arc<dyn BiosProvider>,
+        specs: Vec<HostSpec>,
+        placement: PlacementConfig,
+        named: bool,
+    ) -> Result<Runner, crate::fleet::FleetError> {
+        let settings = client.config().runner.clone();
+        let fleet = Fleet::new(
+            specs
+                .iter()
+                .map(|h| HostConfig {
+                    name: h.name.clone(),
+                    infer_socket: h.infer_socket.clone(),
+                    worker_socket: h.worker_socket.clone().unwrap_or_default(),
+                    slots: h.slots.clone(),
+                })
+                .collect(),
+            u32::MAX,
+        )?;
+        let (to_health, inputs) = std::sync::mpsc::channel();
+        let timeout = Duration::from_millis(settings.worker_timeout_ms);
+        let retry = Duration::from_millis(settings.worker_poll_ms);
+        let mut table = Table {
+            placement: Placement::new(&fleet, placement),
+            records: HashMap::new(),
+        };
+        let now = client.clock().now();
+        let hosts = specs
+            .iter()
+            .enumerate()
+            .map(|(i, spec)| {
+                let mut host = hosts::Host::new(&client, spec);
+                match &spec.worker_socket {
+                    Some(socket) => {
+                        let feed = (HostId(i), to_health.clone());
+                        host.watch =
+                            watch::Watch::start(socket.clone(), timeout, retry, Some(feed));
+                    }
+                    // No worker to ask: the host is as ready as its server.
+                    None => table.placement.handle_host_state(
+                        now,
+                        HostId(i),
+                        HostState::Worker(WorkerState::Ready),
+                    ),
+                }
+                host
+            })
+            .collect();
+        let shared = Arc::new(Shared {
+            client: client.clone(),
+            tools,
+            bios,
             settings,
-            watch,
-            table: Mutex::new(Table {
-                slots: vec![None; slots.max(1) as usize],
-                records: HashMap::new(),
-            }),
+            hosts,
+            named,
+            ends: Mutex::new(HashMap::new()),
+            health: Mutex::new(Some(to_health)),
+            table: Mutex::new(table),
             stored: Condvar::new(),
             next_id: AtomicU64::new(1),
+            next_provisional: AtomicU64::new(0),
             completion: OnceLock::new(),
         });
-        Runner { shared }
+        if hosts::start_health(
+            Arc::downgrade(&shared),
+            &fleet,
+            client.shared_clock(),
+            inputs,
+        )
+        .is_none()
+        {
+            *lock(&shared.health) = None;
+        }
+        Ok(Runner { shared })
     }
 
-    /// Slots in the table.
-    pub fn slots(&self) -> usize {
-        lock(&self.shared.table).slots.len()
-    }
-
-    /// Slots in use now.
-    pub fn busy_slots(&self) -> usize {
-        lock(&self.shared.table)
-            .slots
+    /// Each host's name, state, owned slots and busy slots, in config order.
+    pub fn hosts(&self) -> Vec<HostStatus> {
+        let t = lock(&self.shared.table);
+        self.shared
+            .hosts
             .iter()
-            .filter(|s| s.is_some())
-            .count()
+            .enumerate()
+            .map(|(i, h)| {
+                let id = HostId(i);
+                let slots = t.placement.slots_of(id);
+                let free = t.placement.free_slots(id).unwrap_or(0);
+                HostStatus {
+                    name: h.name.clone(),
+                    state: t.placement.host_state(id).unwrap_or(HostState::Unknown),
+                    slots,
+                    busy: slots - free,
+                }
+            })
+            .collect()
+    }
+
+    /// Whether the hosts came from `[[host]]` (and are named in results and events).
+    pub fn named_hosts(&self) -> bool {
+        self.shared.named
+    }
+
+    /// Seats in the table: every host's owned slots.
+    pub fn slots(&self) -> usize {
+        let t = lock(&self.shared.table);
+        (0..self.shared.hosts.len())
+            .map(|i| t.placement.slots_of(HostId(i)))
+            .sum()
+    }
+
+    /// Seats in use now.
+    pub fn busy_slots(&self) -> usize {
+        lock(&self.shared.table).placement.running().count()
     }
 
     /// Results stored and not yet fetched, plus requests running.
@@ -320,39 +465,94 @@ impl Runner {
         name: impl FnOnce() -> Result<(RequestId, Option<Observer>), E>,
     ) -> Result<RequestId, E> {
         let s = &self.shared;
+        let clock = s.client.clock();
         // A full table refuses before anyone is asked anything.
-        if lock(&s.table).slots.iter().all(|x| x.is_some()) {
+        if self.busy_slots() == self.slots() {
             return Err(SubmitError::NoSlotAvailable.into());
         }
-        let spawns = match &s.settings.worker_socket {
-            None => None,
-            Some(socket) => {
-                let timeout = Duration::from_millis(s.settings.worker_timeout_ms);
-                match worker::status(socket, timeout) {
-                    Ok(st) => match SubmitError::of_worker_state(st.state) {
-                        None => Some(st.spawns),
-                        Some(refused) => return Err(refused.into()),
-                    },
-                    Err(_) => return Err(SubmitError::WorkerNotReady.into()),
+        s.learn_hosts(true);
+        let key = s.session_key(&req);
+        // The seat is held under a provisional id while its host's worker is asked.
+        let provisional =
+            RequestId(u64::MAX - s.next_provisional.fetch_add(1, Ordering::Relaxed) % (1 << 32));
+        let timeout = Duration::from_millis(s.settings.worker_timeout_ms);
+        // Hosts whose worker refused or did not answer just now, and the last such answer.
+        let mut avoid: Vec<HostId> = Vec::new();
+        let mut refused: Option<SubmitError> = None;
+        let mut relearned = false;
+        let (placed, spawns) = loop {
+            let placed =
+                lock(&s.table)
+                    .placement
+                    .place_avoiding(clock.now(), provisional, key, &avoid);
+            let placed = match placed {
+                Ok(p) => p,
+                // A worker state seen on the watch may be older than the worker's own word
+                // (a state that changed without a line yet): ask each worker once.
+                Err(e) if e != SubmitError::NoSlotAvailable && !relearned => {
+                    relearned = true;
+                    s.learn_hosts(false);
+                    continue;
+                }
+                // Every host avoided: the last worker's word; else placement's.
+                Err(e) if avoid.len() == s.hosts.len() => return Err(refused.unwrap_or(e).into()),
+                Err(e) => return Err(e.into()),
+            };
+            let host = &s.hosts[placed.at.host.0];
+            let Some(socket) = &host.settings.worker_socket else {
+                break (placed, None);
+            };
+            let answer = worker::status(socket, timeout);
+            let mut t = lock(&s.table);
+            match answer {
+                Ok(st) => match SubmitError::of_worker_state(st.state) {
+                    None => break (placed, Some(st.spawns)),
+                    Some(no) => {
+                        t.placement.release(clock.now(), provisional);
+                        let at = placed.at.host;
+                        if t.placement.host_state(at) != Some(HostState::Lost) {
+                            let state = HostState::Worker(st.state);
+                            t.placement.handle_host_state(clock.now(), at, state);
+                        }
+                        refused = Some(no);
+                        avoid.push(at);
+                    }
+                },
+                Err(_) => {
+                    t.placement.release(clock.now(), provisional);
+                    refused = Some(SubmitError::WorkerNotReady);
+                    avoid.push(placed.at.host);
                 }
             }
         };
         let mut t = lock(&s.table);
-        let Some(slot) = t.slots.iter().position(|x| x.is_none()) else {
-            return Err(SubmitError::NoSlotAvailable.into());
+        let (id, observer) = match name() {
+            Ok(named) => named,
+            Err(e) => {
+                t.placement.release(clock.now(), provisional);
+                return Err(e);
+            }
         };
-        let (id, observer) = name()?;
+        t.placement.rename(provisional, id);
         let cancel = Cancel::new();
         let (shared, token) = (s.clone(), cancel.clone());
         let budget = req.budget.unwrap_or(s.settings.budget);
+        let (ends_to, ends) = std::sync::mpsc::channel();
+        lock(&s.ends).insert(id, ends_to);
+        let seat = drive::Seat {
+            host: placed.at.host.0,
+            slot: placed.at.slot,
+            by: placed.by,
+        };
         let thread = std::thread::Builder::new()
             .name(format!("loopd-{id}"))
             .spawn(move || {
+                let host = &shared.hosts[seat.host];
                 // A panicking observer or BIOS provider must not keep the slot for ever.
                 let run = std::panic::AssertUnwindSafe(|| {
-                    drive::drive(&shared, id, slot as u32, req, spawns, &token, observer)
+                    drive::drive(&shared, id, seat, req, spawns, &token, ends, observer)
                 });
-                let (result, owed) = match std::panic::catch_unwind(run) {
+                let (mut result, owed) = match std::panic::catch_unwind(run) {
                     Ok(d) => {
                         let owed = d.done();
                         (d.result, owed)
@@ -366,12 +566,22 @@ impl Runner {
                         )
                     }
                 };
-                shared.end(slot, result);
+                if shared.named {
+                    result.host = Some(host.name.clone());
+                }
+                shared.end(result);
                 // The worker hears of the last generation's end after the result went on.
-                drive::done_after(&shared, id, owed);
-            })
-            .map_err(|_| SubmitError::NoThread)?;
-        t.slots[slot] = Some(id);
+                drive::done_after(host, id, owed);
+            });
+        let thread = match thread {
+            Ok(t) => t,
+            Err(_) => {
+                t.placement.release(clock.now(), id);
+                lock(&s.ends).remove(&id);
+                return Err(SubmitError::NoThread.into());
+            }
+        };
+        s.tell_health(hosts::Input::Placed(id, HostId(seat.host)));
         t.records.insert(
             id,
             Record::Running {
@@ -450,14 +660,75 @@ impl Runner {
 }
 
 impl Shared {
-    /// Releases a request's slot and hands its result on: into the table in the same step
+    /// Tells the health thread (if it runs).
+    fn tell_health(&self, input: hosts::Input) {
+        if let Some(h) = lock(&self.health).as_ref() {
+            let _ = h.send(input);
+        }
+    }
+
+    /// Asks the worker of each host no watch has spoken for yet (`only_unknown`), or of
+    /// each host not lost, for its state: a submit right after the start does not wait for
+    /// the first watch line, and a state that changed without a line yet is seen. A lost host
+    /// is ready again only on its new watch's word.
+    fn learn_hosts(&self, only_unknown: bool) {
+        let wanted = |st: Option<HostState>| match st {
+            Some(HostState::Unknown) => true,
+            Some(HostState::Lost) | None => false,
+            Some(HostState::Worker(_)) => !only_unknown,
+        };
+        let unknown: Vec<usize> = {
+            let t = lock(&self.table);
+            (0..self.hosts.len())
+                .filter(|&i| wanted(t.placement.host_state(HostId(i))))
+                .collect()
+        };
+        let timeout = Duration::from_millis(self.settings.worker_timeout_ms);
+        for i in unknown {
+            let Some(socket) = &self.hosts[i].settings.worker_socket else {
+                continue;
+            };
+            if let Ok(st) = worker::status(socket, timeout) {
+                let mut t = lock(&self.table);
+                // A host lost meanwhile stays lost.
+                if wanted(t.placement.host_state(HostId(i))) {
+                    let now = self.client.clock().now();
+                    t.placement
+                        .handle_host_state(now, HostId(i), HostState::Worker(st.state));
+                }
+            }
+        }
+    }
+
+    /// The request's session key, when there is a choice of host to make with it.
+    fn session_key(&self, req: &Submission) -> Option<SessionKey> {
+        if self.hosts.len() < 2 {
+            return None;
+        }
+        let first_user = req.messages.iter().find_map(|m| match m {
+            ChatMessage::User { content } => Some(content.as_str()),
+            _ => None,
+        });
+        let key = match &req.session {
+            Some(session) => SessionKey::explicit(session),
+            None => {
+                let budget = req.budget.unwrap_or(self.settings.budget);
+                let opening = agent::opening(&self.tools, &*self.bios, req, budget);
+                SessionKey::derived(&opening.bios_text, req.system.as_deref(), first_user)
+            }
+        };
+        key.ok()
+    }
+
+    /// Releases a request's seat and hands its result on: into the table in the same step
     /// (no sink), or to the sink right after (the driver thread, which calls this last,
     /// then ends on its own: nothing joins it).
-    fn end(&self, slot: usize, result: RequestResult) {
+    fn end(&self, result: RequestResult) {
+        let now = self.client.clock().now();
+        lock(&self.ends).remove(&result.id);
+        self.tell_health(hosts::Input::Ended(result.id));
         let mut t = lock(&self.table);
-        if t.slots.get(slot).copied().flatten() == Some(result.id) {
-            t.slots[slot] = None;
-        }
+        t.placement.release(now, result.id);
         let id = result.id;
         let thread = match t.records.remove(&id) {
             Some(Record::Running { thread, .. }) => thread,
@@ -488,9 +759,12 @@ impl Drop for Runner {
     /// Cancels every running request and waits for their driver threads (not for tool
     /// threads that ignore their cancel token).
     fn drop(&mut self) {
-        if let Some(w) = &self.shared.watch {
-            w.stop();
+        for h in &self.shared.hosts {
+            if let Some(w) = &h.watch {
+                w.stop();
+            }
         }
+        self.shared.tell_health(hosts::Input::Stop);
         let threads: Vec<JoinHandle<()>> = {
             let mut t = lock(&self.shared.table);
             t.records

@@ -32,11 +32,15 @@ pub enum FailReason {
     Client(InferError),
     /// Code the runner calls (an observer, a BIOS provider) panicked; the slot is freed.
     Panicked,
+    /// The request's inference host was lost (its watch silent for 3 s, ended or refused,
+    /// or its inference socket refused a connect): `host_lost`.
+    HostLost,
 }
 
 impl FailReason {
     /// `tool_execution_error`, `tool_parse_error`, `worker_restarted`, `server_died`,
-    /// `worker_stopped`, `loop_detected`, `cancelled`, `panicked`, or the client error's name.
+    /// `worker_stopped`, `loop_detected`, `cancelled`, `panicked`, `host_lost`, or the client
+    /// error's name.
     pub fn as_str(&self) -> &'static str {
         match self {
             FailReason::ToolExecutionError => "tool_execution_error",
@@ -48,6 +52,7 @@ impl FailReason {
             FailReason::Cancelled => "cancelled",
             FailReason::Client(c) => c.as_str(),
             FailReason::Panicked => "panicked",
+            FailReason::HostLost => "host_lost",
         }
     }
 }
@@ -182,6 +187,9 @@ pub struct RequestResult {
     pub stalls: Vec<StallAnswer>,
     /// The attempts tried again, in order (a retry never spends budget).
     pub retries: Vec<RetryRecord>,
+    /// The `[[host]]` it ran on (the last one, if it was rehomed); `None` on a runner of one
+    /// unnamed host (today's config without `[[host]]`).
+    pub host: Option<String>,
 }
 
 impl RequestResult {
@@ -239,4 +247,14 @@ pub enum RequestEvent {
     },
     /// The worker answered a stall report.
     Stall(StallAnswer),
+    /// The request was given a seat on a named `[[host]]` (first of all its events), or was
+    /// moved to another one because its host refused the connect (`rehomed`).
+    Placed {
+        /// The host's name.
+        host: String,
+        /// The server slot there.
+        slot: u32,
+        /// Why there: `session`, `most_free`, `round_robin` or `rehomed`.
+        by: &'static str,
+    },
 }

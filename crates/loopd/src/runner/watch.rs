@@ -4,6 +4,11 @@
 //! connection), and hands each pushed `failed <id> <reason>` to the driver of the request that
 //! registered generation `id`, which ends it at once. A failure pushed for an id no driver has
 //! routed (yet) is dropped: the request's status poll still sees the restart.
+//!
+//! Each host of the runner has its own watch. Every connect, line and loss is also handed to
+//! the runner's health thread (`hosts.rs`), which decides what the host's silence means; when
+//! it takes the host for lost it asks this thread to drop the connection ([`Watch::renew`])
+//! and open a new one, whose `ready` alone makes the host ready again.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -12,30 +17,52 @@ use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use super::hosts::Input;
 use super::lock;
 use super::worker::{self, WatchEvent, WorkerError, WorkerFailReason};
+use crate::fleet::HostId;
 
-/// A failure the worker pushed: the generation's id and why.
-pub(super) type Pushed = (u64, WorkerFailReason);
+/// What ends a request from outside its driver.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Notice {
+    /// The worker failed generation `id` (pushed on the watch), with this reason.
+    Failed(u64, WorkerFailReason),
+    /// The request's host was lost; the words say how.
+    HostLost(String),
+}
+
+/// Where a watch's connects, lines and losses go: the health thread's queue.
+pub(super) type Feed = (HostId, std::sync::mpsc::Sender<Input>);
 
 /// The routes from generation ids to their drivers, shared with the watch thread.
 pub(super) struct Watch {
-    routes: Mutex<HashMap<u64, Sender<Pushed>>>,
+    routes: Mutex<HashMap<u64, Sender<Notice>>>,
     /// The open connection's id (its `hello`), which each registration names so that it
     /// belongs to this connection; `None` before the hello and once the connection is lost.
     id: Mutex<Option<u64>>,
     stop: AtomicBool,
+    /// Drop the open connection at its next line and open a new one.
+    renew: AtomicBool,
+    feed: Option<Mutex<Feed>>,
 }
 
 impl Watch {
     /// Starts the watch thread on `socket`; `timeout` bounds connecting and writing, `retry`
     /// is the wait before a new connection. `None` when no thread could be started (then
     /// only the status poll sees restarts).
-    pub(super) fn start(socket: PathBuf, timeout: Duration, retry: Duration) -> Option<Arc<Watch>> {
+    /// `feed`, when given, hears every connect, line and loss.
+    pub(super) fn start(
+        socket: PathBuf,
+        timeout: Duration,
+        retry: Duration,
+        feed: Option<Feed>,
+    ) -> Option<Arc<Watch>> {
         let w = Arc::new(Watch {
             routes: Mutex::new(HashMap::new()),
             id: Mutex::new(None),
             stop: AtomicBool::new(false),
+            renew: AtomicBool::new(false),
+            feed: feed.map(Mutex::new),
         });
         let t = w.clone();
         std::thread::Builder::new()
@@ -46,7 +73,7 @@ impl Watch {
     }
 
     /// Sends failures pushed for generation `id` to `to`.
-    pub(super) fn route(&self, id: u64, to: Sender<Pushed>) {
+    pub(super) fn route(&self, id: u64, to: Sender<Notice>) {
         lock(&self.routes).insert(id, to);
     }
 
@@ -65,8 +92,21 @@ impl Watch {
         self.stop.store(true, Ordering::SeqCst);
     }
 
+    /// Drops the open connection at its next line (the worker pings every second) and opens
+    /// a new one after the retry wait: the health thread took the host for lost.
+    pub(super) fn renew(&self) {
+        self.renew.store(true, Ordering::SeqCst);
+    }
+
     fn stopped(&self) -> bool {
         self.stop.load(Ordering::SeqCst)
+    }
+
+    fn tell(&self, input: impl FnOnce(HostId) -> Input) {
+        if let Some(f) = &self.feed {
+            let f = lock(f);
+            let _ = f.1.send(input(f.0));
+        }
     }
 
     fn run(&self, socket: &std::path::Path, timeout: Duration, retry: Duration) {
@@ -76,14 +116,24 @@ impl Watch {
             match worker::watch(socket, timeout) {
                 Ok(mut w) => {
                     if lost {
-                        eprintln!("loopd: llama-worker's watch is open again");
+                        eprintln!(
+                            "loopd: llama-worker's watch ({}) is open again",
+                            socket.display()
+                        );
                     }
                     lost = false;
+                    self.renew.store(false, Ordering::SeqCst);
+                    self.tell(Input::Connected);
                     while !self.stopped() {
-                        match w.next_event() {
+                        let event = w.next_event();
+                        if let Ok(e) = &event {
+                            let e = *e;
+                            self.tell(|h| Input::Line(h, e));
+                        }
+                        match event {
                             Ok(WatchEvent::Failed { id, reason }) => {
                                 if let Some(to) = lock(&self.routes).remove(&id) {
-                                    let _ = to.send((id, reason));
+                                    let _ = to.send(Notice::Failed(id, reason));
                                 }
                             }
                             Ok(WatchEvent::Hello { watch }) => *lock(&self.id) = Some(watch),
@@ -92,18 +142,36 @@ impl Watch {
                             Err(WorkerError::BadAnswer(_)) => {}
                             Err(e) => {
                                 *lock(&self.id) = None;
-                                eprintln!("loopd: llama-worker's watch was lost ({e})");
+                                eprintln!(
+                                    "loopd: llama-worker's watch ({}) was lost ({e})",
+                                    socket.display()
+                                );
+                                self.tell(Input::Lost);
                                 lost = true;
                                 break;
                             }
                         }
+                        if self.renew.swap(false, Ordering::SeqCst) {
+                            *lock(&self.id) = None;
+                            eprintln!(
+                                "loopd: llama-worker's watch ({}) dropped: its host was lost",
+                                socket.display()
+                            );
+                            lost = true;
+                            break;
+                        }
                     }
                 }
-                Err(e) if !lost => {
-                    eprintln!("loopd: llama-worker's watch could not be opened ({e})");
+                Err(e) => {
+                    if !lost {
+                        eprintln!(
+                            "loopd: llama-worker's watch ({}) could not be opened ({e})",
+                            socket.display()
+                        );
+                    }
+                    self.tell(Input::Lost);
                     lost = true;
                 }
-                Err(_) => {}
             }
             let mut left = retry;
             while !left.is_zero() && !self.stopped() {

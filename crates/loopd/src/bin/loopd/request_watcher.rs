@@ -398,6 +398,7 @@ mod tests {
             budget_left: 0,
             stalls: Vec::new(),
             retries: Vec::new(),
+            host: None,
         };
         w.finish(&WireResult::from(&r));
         assert_eq!(
@@ -454,6 +455,7 @@ mod tests {
             budget_left: 0,
             stalls: vec![],
             retries: vec![],
+            host: None,
         };
         let followed = |terminal, colour| {
             let mut w = RequestWatcher::new(Vec::new(), terminal, colour);

@@ -117,7 +117,15 @@ pub struct SubmitCmd {
     /// Stream the events, then the result, on this connection.
     #[serde(default)]
     pub follow: bool,
+    /// The conversation this request continues: on several hosts, requests of one session
+    /// go back to the host whose prompt cache holds it (1 to 256 bytes). Absent: the BIOS,
+    /// the system message and the first user message are the session.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<String>,
 }
+
+/// The longest `session` a submit may name.
+pub const MAX_SESSION_BYTES: usize = 256;
 
 impl SubmitCmd {
     /// A submit of `messages`, everything else left to the daemon's defaults.
@@ -130,6 +138,7 @@ impl SubmitCmd {
             max_tokens: None,
             tools: None,
             follow: false,
+            session: None,
         }
     }
 
@@ -187,7 +196,16 @@ impl SubmitCmd {
                 "messages: at least one user message is needed".into(),
             ));
         }
+        if let Some(session) = &self.session {
+            if session.is_empty() || session.len() > MAX_SESSION_BYTES {
+                return Err(ProtoError::BadRequest(format!(
+                    "session: {} bytes; it must be 1 to {MAX_SESSION_BYTES}",
+                    session.len()
+                )));
+            }
+        }
         Ok(Submission {
+            session: self.session.clone(),
             system: self.system.clone(),
             messages,
             budget: self.budget,

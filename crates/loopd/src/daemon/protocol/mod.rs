@@ -421,6 +421,7 @@ mod tests {
             budget_left: 0,
             stalls: vec![],
             retries: vec![],
+            host: None,
         };
         let w = WireResult::from(&r);
         assert_eq!(

@@ -181,6 +181,9 @@ pub struct WireResult {
     pub stalls: Vec<WireStall>,
     /// The attempts sent again.
     pub retries: Vec<WireRetry>,
+    /// The `[[host]]` it ran on; left out on a daemon of one unnamed host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
 }
 
 impl WireResult {
@@ -274,6 +277,7 @@ impl From<&RequestResult> for WireResult {
                     detail: t.detail.clone(),
                 })
                 .collect(),
+            host: r.host.clone(),
         }
     }
 }
@@ -375,6 +379,16 @@ pub enum WireEvent {
     },
     /// llama-worker answered a stall report.
     Stall(WireStall),
+    /// The request's seat on a named `[[host]]`: its first event, and again when it was
+    /// moved (`by` is `rehomed`).
+    Placed {
+        /// The host's name.
+        host: String,
+        /// The server slot there.
+        slot: u32,
+        /// `session`, `most_free`, `round_robin` or `rehomed`.
+        by: String,
+    },
 }
 
 impl WireEvent {
@@ -448,6 +462,11 @@ impl WireEvent {
                 budget_left: *budget_left,
             },
             RequestEvent::Stall(a) => WireEvent::Stall(a.into()),
+            RequestEvent::Placed { host, slot, by } => WireEvent::Placed {
+                host: host.clone(),
+                slot: *slot,
+                by: (*by).to_owned(),
+            },
         })
     }
 }
