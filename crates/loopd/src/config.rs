@@ -11,6 +11,8 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+use crate::fleet::{Fleet, HostConfig, PlacementPolicy};
+
 mod runner;
 
 pub use runner::{LoopThresholds, RunnerConfig};
@@ -40,6 +42,14 @@ pub struct Config {
     /// `loopd serve`: its client socket and metrics file.
     #[serde(default)]
     pub daemon: Daemon,
+    /// How `loopd serve` places a new request on its `[[host]]`s: `affinity` (the default:
+    /// a session goes back to its host) or `round_robin` (to measure affinity against).
+    #[serde(default)]
+    pub placement: PlacementPolicy,
+    /// The inference hosts of `loopd serve` (docs/fleet.md). None: its one host is `socket`
+    /// and `runner.worker_socket`, as for every other command.
+    #[serde(default)]
+    pub host: Vec<HostConfig>,
 }
 
 /// `[daemon]`: where `loopd serve` listens and writes its metrics.
@@ -218,7 +228,19 @@ impl Config {
             expect: None,
             runner: RunnerConfig::default(),
             daemon: Daemon::default(),
+            placement: PlacementPolicy::default(),
+            host: Vec::new(),
         }
+    }
+
+    /// The `[[host]]` list, checked; `None` when the file names no host (then `socket` and
+    /// `runner.worker_socket` are the one host).
+    pub fn fleet(&self) -> Option<Fleet> {
+        if self.host.is_empty() {
+            return None;
+        }
+        let total = self.expect.as_ref().map_or(u32::MAX, |e| e.total_slots);
+        Fleet::new(self.host.clone(), total).ok()
     }
 
     /// Reads and parses `path`.
@@ -271,6 +293,27 @@ impl Config {
                 key: join(table, field),
                 message,
             })?;
+        if !config.host.is_empty() {
+            let total = config.expect.as_ref().map_or(u32::MAX, |e| e.total_slots);
+            if let Err(e) = Fleet::new(config.host.clone(), total) {
+                let at = match e.key().strip_prefix("host[") {
+                    Some(rest) => rest
+                        .split(']')
+                        .next()
+                        .and_then(|i| i.parse::<usize>().ok())
+                        .unwrap_or(0),
+                    None => 0,
+                };
+                let shown = e.to_string();
+                let prefix = format!("key `{}`: ", e.key());
+                return Err(ConfigError {
+                    path: path.to_owned(),
+                    line: nth_host_line(text, at),
+                    key: e.key(),
+                    message: shown.strip_prefix(&prefix).unwrap_or(&shown).to_owned(),
+                });
+            }
+        }
         Ok(config)
     }
 
@@ -409,6 +452,15 @@ fn is_written(written: &toml::Table, table: &str, key: &str) -> bool {
     at.contains_key(key)
 }
 
+/// The line (1-based) of the `i`-th (0-based) `[[host]]` header; 1 if there is none.
+fn nth_host_line(text: &str, i: usize) -> usize {
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| l.trim().trim_end_matches(|c: char| c != ']') == "[[host]]")
+        .nth(i)
+        .map_or(1, |(n, _)| n + 1)
+}
+
 /// `table.key`, or `key` at the top level.
 fn join(table: &str, key: &str) -> String {
     if table.is_empty() {
@@ -484,6 +536,50 @@ mod tests {
     }
 
     const MINIMAL: &str = "socket = \"/run/infer.sock\"\nmodel = \"m\"\n";
+
+    const HOSTS: &str = "placement = \"round_robin\"\n\
+        [expect]\nchat_template_sha256 = \"0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef\"\n\
+        n_ctx = 8192\ntotal_slots = 2\n\
+        [[host]]\nname = \"gpu-a\"\ninfer_socket = \"/run/loopd/gpu-a/infer.sock\"\n\
+        worker_socket = \"/run/loopd/gpu-a/status.sock\"\nslots = [0, 1]\n\
+        [[host]]\nname = \"gpu-b\"\ninfer_socket = \"/run/loopd/gpu-b/infer.sock\"\n\
+        worker_socket = \"/run/loopd/gpu-b/status.sock\"\nslots = [1]\n";
+
+    #[test]
+    fn hosts_and_placement_are_read_and_checked_against_total_slots() {
+        let c = parse(&format!("{MINIMAL}{HOSTS}")).unwrap();
+        assert_eq!(c.placement, PlacementPolicy::RoundRobin);
+        let fleet = c.fleet().expect("two hosts");
+        let names: Vec<(&str, &[u32])> = fleet
+            .hosts()
+            .iter()
+            .map(|h| (h.name.as_str(), h.slots.as_slice()))
+            .collect();
+        assert_eq!(names, [("gpu-a", &[0, 1][..]), ("gpu-b", &[1][..])]);
+        assert_eq!(
+            fleet.hosts()[1].worker_socket,
+            Path::new("/run/loopd/gpu-b/status.sock")
+        );
+        // Without [[host]], no fleet: `socket` and `runner.worker_socket` are the one host.
+        let one = parse(MINIMAL).unwrap();
+        assert!(one.fleet().is_none());
+        assert_eq!(one.placement, PlacementPolicy::Affinity);
+        // A slot the server does not have names the host's line and key.
+        let bad = format!("{MINIMAL}{}", HOSTS.replace("slots = [1]", "slots = [2]"));
+        let e = parse(&bad).unwrap_err();
+        assert_eq!(e.key, "host[1].slots");
+        // The line of the host's `[[host]]` header.
+        assert_eq!(e.line, 13, "{e}");
+        assert_eq!(
+            e.to_string(),
+            "/etc/loopd/config.toml:13: key `host[1].slots`: slot 2 does not exist: the server \
+             has 2 (expect.total_slots)"
+        );
+        let twice = format!("{MINIMAL}{}", HOSTS.replace("gpu-b\"", "gpu-a\""));
+        assert_eq!(parse(&twice).unwrap_err().key, "host[1].name");
+        let unknown = format!("{MINIMAL}{HOSTS}weight = 2\n");
+        assert!(parse(&unknown).is_err());
+    }
 
     #[test]
     fn defaults_are_the_numbers_of_section_4() {

@@ -262,6 +262,7 @@ fn status_and_metrics_and_their_replies() {
                 kept: 3,
                 connections: 1,
                 tools: vec!["current_time".into(), "arithmetic".into(), "finish".into()],
+                hosts: vec![],
             },
         },
         span(r#"{"ok":true,"status":"#),

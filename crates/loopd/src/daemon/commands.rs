@@ -12,8 +12,8 @@ use super::connection::send;
 use super::db::DbError;
 use super::listener::{Daemon, EVENT_QUEUE, TICK};
 use super::protocol::{
-    to_line, CancelReply, CancelState, Command, ErrorCode, MetricsReply, OkTrue, ProtoError,
-    ResultReply, ServeState, Status, StatusReply, SubmitCmd, SubmitReply, WireResult,
+    to_line, CancelReply, CancelState, Command, ErrorCode, HostLine, MetricsReply, OkTrue,
+    ProtoError, ResultReply, ServeState, Status, StatusReply, SubmitCmd, SubmitReply, WireResult,
 };
 use super::state::{lock, Hub, Line, Refusal, State};
 use crate::runner::{RequestId, ResultError, SubmitError};
@@ -118,6 +118,23 @@ impl Daemon {
         }
     }
 
+    /// Each named host for `status` and the metrics; none on a daemon of one unnamed host.
+    pub(super) fn host_lines(&self) -> Vec<HostLine> {
+        if !self.runner.named_hosts() {
+            return Vec::new();
+        }
+        self.runner
+            .hosts()
+            .into_iter()
+            .map(|h| HostLine {
+                name: h.name,
+                state: h.state.as_str().to_owned(),
+                slots: h.slots,
+                busy: h.busy,
+            })
+            .collect()
+    }
+
     fn status(&self) -> String {
         let (slots, busy) = (self.runner.slots(), self.runner.busy_slots());
         let s = &self.state;
@@ -141,6 +158,7 @@ impl Daemon {
                 kept,
                 connections: self.connections.load(Ordering::SeqCst),
                 tools: self.settings.tools.clone(),
+                hosts: self.host_lines(),
             },
         })
     }
@@ -239,6 +257,7 @@ impl Daemon {
             }
         };
         self.state.metrics.set_busy(self.runner.busy_slots());
+        self.state.metrics.set_hosts(&self.host_lines());
         send(stream, &to_line(&SubmitReply::new(id.0)))?;
         match rx {
             Some(rx) => self.stream_events(stream, rx),

@@ -154,9 +154,15 @@ impl Daemon {
         }))
     }
 
+    /// Each host's name, state and slots (one `local` host without `[[host]]`).
+    pub fn hosts(&self) -> Vec<crate::runner::HostStatus> {
+        self.runner.hosts()
+    }
+
     /// The metrics text.
     pub fn metrics(&self) -> String {
         self.state.metrics.set_busy(self.runner.busy_slots());
+        self.state.metrics.set_hosts(&self.host_lines());
         self.state.metrics.render()
     }
 

@@ -31,6 +31,21 @@ struct RetryLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct HostLabels {
+    /// The `[[host]]` name.
+    host: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct HostRequestLabels {
+    host: String,
+    /// `completed` or `failed`.
+    outcome: String,
+    /// The fail reason; empty for `completed`.
+    reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct EvictLabels {
     reason: String,
 }
@@ -50,6 +65,9 @@ pub struct Metrics {
     cache_tokens: Counter,
     prompt_tokens: Counter,
     cache_hit_ratio: Gauge<f64, AtomicU64>,
+    host_up: Family<HostLabels, Gauge>,
+    host_slots_busy: Family<HostLabels, Gauge>,
+    host_requests: Family<HostRequestLabels, Counter>,
 }
 
 impl Metrics {
@@ -65,6 +83,24 @@ impl Metrics {
         let tokens_per_second = Histogram::new(exponential_buckets(1.0, 2.0, 12));
         let (cache_tokens, prompt_tokens) = (Counter::default(), Counter::default());
         let cache_hit_ratio = Gauge::<f64, AtomicU64>::default();
+        let host_up = Family::<HostLabels, Gauge>::default();
+        let host_slots_busy = Family::<HostLabels, Gauge>::default();
+        let host_requests = Family::<HostRequestLabels, Counter>::default();
+        registry.register(
+            "host_up",
+            "Each [[host]]: 1 when ready for new requests, else 0",
+            host_up.clone(),
+        );
+        registry.register(
+            "host_slots_busy",
+            "Each [[host]]: its owned slots running a request",
+            host_slots_busy.clone(),
+        );
+        registry.register(
+            "host_requests",
+            "Agent requests ended on each [[host]], by outcome and reason",
+            host_requests.clone(),
+        );
         registry.register(
             "requests",
             "Agent requests by outcome (completed, failed, refused) and reason",
@@ -126,6 +162,22 @@ impl Metrics {
             cache_tokens,
             prompt_tokens,
             cache_hit_ratio,
+            host_up,
+            host_slots_busy,
+            host_requests,
+        }
+    }
+
+    /// Each named host's state and busy slots now.
+    pub fn set_hosts(&self, hosts: &[super::protocol::HostLine]) {
+        for h in hosts {
+            let labels = HostLabels {
+                host: h.name.clone(),
+            };
+            let up = i64::from(h.state == "ready");
+            self.host_up.get_or_create(&labels).set(up);
+            let busy = i64::try_from(h.busy).unwrap_or(i64::MAX);
+            self.host_slots_busy.get_or_create(&labels).set(busy);
         }
     }
 
@@ -175,6 +227,15 @@ impl Metrics {
                 reason: reason.into(),
             })
             .inc();
+        if let Some(host) = &r.host {
+            self.host_requests
+                .get_or_create(&HostRequestLabels {
+                    host: host.clone(),
+                    outcome: outcome.into(),
+                    reason: reason.into(),
+                })
+                .inc();
+        }
         self.tool_iterations
             .inc_by(u64::from(r.budget.saturating_sub(r.budget_left)));
         for retry in &r.retries {

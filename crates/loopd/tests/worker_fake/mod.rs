@@ -44,6 +44,8 @@ struct Shared {
     next_id: AtomicU64,
     next_watch: AtomicU64,
     watchers: Mutex<Vec<Sender<String>>>,
+    /// The open watches write nothing, pings included (a black hole).
+    muted: AtomicBool,
 }
 
 /// The fake worker; stops and removes its directory on drop.
@@ -70,6 +72,7 @@ impl FakeWorker {
             next_id: AtomicU64::new(1),
             next_watch: AtomicU64::new(1),
             watchers: Mutex::new(Vec::new()),
+            muted: AtomicBool::new(false),
         });
         let s = shared.clone();
         let accept = thread::spawn(move || {
@@ -119,6 +122,16 @@ impl FakeWorker {
         w.len()
     }
 
+    /// Closes every open watch connection (a new one may open at once).
+    pub fn close_watches(&self) {
+        self.shared.watchers.lock().unwrap().clear();
+    }
+
+    /// While `muted`, the open watches write nothing, pings included: a black hole.
+    pub fn mute_watches(&self, muted: bool) {
+        self.shared.muted.store(muted, Ordering::SeqCst);
+    }
+
     /// Pushes `{"event":"failed","id":<id>,"reason":<reason>}` to every open watch.
     pub fn push_failed(&self, id: u64, reason: &str) {
         let line = format!("{{\"event\":\"failed\",\"id\":{id},\"reason\":\"{reason}\"}}");
@@ -151,6 +164,9 @@ fn watch(conn: UnixStream, rx: Receiver<String>, stop: Arc<Shared>) {
             Err(RecvTimeoutError::Timeout) => "{\"event\":\"ping\"}".to_owned(),
             Err(RecvTimeoutError::Disconnected) => return,
         };
+        if stop.muted.load(Ordering::SeqCst) {
+            continue;
+        }
         if (&conn).write_all(format!("{line}\n").as_bytes()).is_err() {
             return;
         }

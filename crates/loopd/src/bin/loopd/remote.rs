@@ -299,7 +299,7 @@ fn readable(s: &Status) -> String {
             items.join(", ")
         }
     };
-    format!(
+    let mut out = format!(
         "state: {state}\nslots: {} busy of {}\nrunning: {}\nkept results: {}\n\
          connections: {}\ntools: {}\n",
         s.busy,
@@ -308,7 +308,14 @@ fn readable(s: &Status) -> String {
         s.kept,
         s.connections,
         list(s.tools.clone()),
-    )
+    );
+    for h in &s.hosts {
+        out.push_str(&format!(
+            "host {}: {}, {} busy of {}\n",
+            h.name, h.state, h.busy, h.slots
+        ));
+    }
+    out
 }
 
 #[cfg(test)]
@@ -325,6 +332,7 @@ mod tests {
             kept: 1,
             connections: 2,
             tools: vec!["arithmetic".into(), "finish".into()],
+            hosts: vec![],
         };
         assert_eq!(
             readable(&s),
@@ -337,6 +345,13 @@ mod tests {
             "state: stopping\nslots: 1 busy of 2\nrunning: none\nkept results: 1\n\
              connections: 2\ntools: none\n"
         );
+        s.hosts = vec![loopd::daemon::protocol::HostLine {
+            name: "gpu-b".into(),
+            state: "lost".into(),
+            slots: 2,
+            busy: 0,
+        }];
+        assert!(readable(&s).ends_with("tools: none\nhost gpu-b: lost, 0 busy of 2\n"));
     }
 
     #[test]

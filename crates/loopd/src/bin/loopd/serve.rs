@@ -6,7 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use loopd::daemon::{store_path, Daemon, Db, DbSettings, Settings};
-use loopd::runner::{builtin_tools, Runner, StandardBios};
+use loopd::fleet::PlacementConfig;
+use loopd::llama::Client;
+use loopd::runner::{builtin_tools, HostSpec, Runner, StandardBios};
 use loopd::selftest;
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
@@ -36,7 +38,13 @@ pub fn serve(config: &Path, folder: Option<&Path>) -> Result<Exit, Fail> {
             socket.display()
         )));
     }
-    let client = crate::reach(cfg)?;
+    // With `[[host]]` each host is reached (and tested) on its own below; without, the one
+    // inference socket must answer before anything else.
+    let fleet = cfg.fleet();
+    let client = match fleet {
+        Some(_) => Client::new(cfg),
+        None => crate::reach(cfg)?,
+    };
     // Opened first: a store another daemon holds (or that is corrupt, unwritable, newer)
     // refuses the start at once, before the wait for the model.
     let env = |k| std::env::var_os(k);
@@ -62,23 +70,40 @@ pub fn serve(config: &Path, folder: Option<&Path>) -> Result<Exit, Fail> {
         Ok(t) => t,
         Err(e) => return Err(fail(format!("--folder: {e}"))),
     };
-    if let Err(e) = crate::wait_for_server(&client) {
-        return Err(fail(format!("refusing to start: {e}")));
-    }
     let cfg = client.config().clone();
-    eprintln!(
-        "loopd serve: self-test on socket {}, model {}, slot 0",
-        cfg.socket.display(),
-        cfg.model
-    );
-    let checks = selftest::run(&client, 0, &mut |c| eprintln!("{c}"));
-    if let Some(bad) = checks.iter().find(|c| !c.passed) {
-        return Err(fail(format!(
-            "refusing to start: the self-test failed: {bad}"
-        )));
-    }
-    let slots = match cfg.runner.slots {
-        0 => match client.props() {
+    let hosts = match &fleet {
+        None => {
+            if let Err(e) = crate::wait_for_server(&client) {
+                return Err(fail(format!("refusing to start: {e}")));
+            }
+            eprintln!(
+                "loopd serve: self-test on socket {}, model {}, slot 0",
+                cfg.socket.display(),
+                cfg.model
+            );
+            let checks = selftest::run(&client, 0, &mut |c| eprintln!("{c}"));
+            if let Some(bad) = checks.iter().find(|c| !c.passed) {
+                return Err(fail(format!(
+                    "refusing to start: the self-test failed: {bad}"
+                )));
+            }
+            None
+        }
+        Some(fleet) => {
+            let specs: Vec<HostSpec> = fleet.hosts().iter().map(HostSpec::from).collect();
+            let passed = test_hosts(&client, &specs);
+            if passed.is_empty() {
+                return Err(fail(format!(
+                    "refusing to start: none of the {} hosts passed its self-test",
+                    specs.len()
+                )));
+            }
+            Some(passed)
+        }
+    };
+    let slots = match (&hosts, cfg.runner.slots) {
+        (Some(h), _) => h.iter().map(|h| h.slots.len() as u32).sum(),
+        (None, 0) => match client.props() {
             Ok(p) => p.total_slots,
             Err(e) => {
                 return Err(fail(format!(
@@ -86,13 +111,26 @@ pub fn serve(config: &Path, folder: Option<&Path>) -> Result<Exit, Fail> {
                 )))
             }
         },
-        n => n,
+        (None, n) => n,
     };
     let names: Vec<String> = tools.schemas().into_iter().map(|s| s.name).collect();
     // The daemon runs on the client's clock: one clock for the runner, the store and the
     // sockets' deadlines.
     let clock = client.shared_clock();
-    let runner = Runner::new(Arc::new(client), tools, Arc::new(StandardBios), slots);
+    let bios = Arc::new(StandardBios);
+    let runner = match hosts {
+        None => Runner::new(Arc::new(client), tools, bios, slots),
+        Some(specs) => {
+            let placement = PlacementConfig {
+                policy: cfg.placement,
+                ..PlacementConfig::default()
+            };
+            match Runner::with_hosts(Arc::new(client), tools, bios, specs, placement) {
+                Ok(r) => r,
+                Err(e) => return Err(fail(format!("refusing to start: {}: {e}", e.key()))),
+            }
+        }
+    };
     let signals = match Signals::new([SIGTERM, SIGINT]) {
         Ok(s) => s,
         Err(e) => return Err(fail(format!("cannot install signal handlers: {e}"))),
@@ -150,16 +188,25 @@ pub fn serve(config: &Path, folder: Option<&Path>) -> Result<Exit, Fail> {
         return Err(fail(format!("cannot start the signal thread: {e}")));
     }
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);
+    let linked = match &fleet {
+        Some(_) => {
+            let names: Vec<String> = daemon_hosts(&daemon);
+            format!("hosts {}", names.join(", "))
+        }
+        None => format!(
+            "worker socket {}",
+            cfg.runner
+                .worker_socket
+                .as_deref()
+                .map_or("none: not linked to llama-worker".into(), |p| p
+                    .display()
+                    .to_string())
+        ),
+    };
     eprintln!(
-        "loopd serve: ready on {} ({slots} slots, store {}, worker socket {})",
+        "loopd serve: ready on {} ({slots} slots, store {}, {linked})",
         socket.display(),
         path.display(),
-        cfg.runner
-            .worker_socket
-            .as_deref()
-            .map_or("none: not linked to llama-worker".into(), |p| p
-                .display()
-                .to_string())
     );
     let served = daemon.serve(listener);
     bound.remove_file();
@@ -169,5 +216,58 @@ pub fn serve(config: &Path, folder: Option<&Path>) -> Result<Exit, Fail> {
             Ok(Exit::Completed)
         }
         Err(e) => Err(fail(format!("socket {}: {e}", socket.display()))),
+    }
+}
+
+/// The names of the daemon's hosts, for the ready line.
+fn daemon_hosts(daemon: &Daemon) -> Vec<String> {
+    daemon.hosts().into_iter().map(|h| h.name).collect()
+}
+
+/// Each host's start-up check, all at once: its server answers `/props` within the load wait
+/// and passes the self-test (the same `[expect]`) on its first owned slot. The hosts that
+/// pass, in config order; each that fails is named with why, and not used.
+fn test_hosts(base: &Client, specs: &[HostSpec]) -> Vec<HostSpec> {
+    let results: Vec<Result<(), String>> = std::thread::scope(|scope| {
+        let runs: Vec<_> = specs
+            .iter()
+            .map(|spec| scope.spawn(move || test_host(base, spec)))
+            .collect();
+        runs.into_iter()
+            .map(|r| {
+                r.join()
+                    .unwrap_or_else(|_| Err("its check panicked".into()))
+            })
+            .collect()
+    });
+    specs
+        .iter()
+        .zip(results)
+        .filter_map(|(spec, r)| match r {
+            Ok(()) => {
+                eprintln!("loopd serve: host {}: self-test passed", spec.name);
+                Some(spec.clone())
+            }
+            Err(e) => {
+                eprintln!("loopd serve: host {}: not used: {e}", spec.name);
+                None
+            }
+        })
+        .collect()
+}
+
+fn test_host(base: &Client, spec: &HostSpec) -> Result<(), String> {
+    let mut config = base.config().clone();
+    config.socket = spec.infer_socket.clone();
+    config.runner.worker_socket = spec.worker_socket.clone();
+    let client = Client::with_time(config, base.shared_clock(), base.shared_jitter());
+    crate::wait_for_server(&client)?;
+    let slot = spec.slots.first().copied().unwrap_or(0);
+    let checks = selftest::run(&client, slot, &mut |c| {
+        eprintln!("loopd serve: host {}: {c}", spec.name)
+    });
+    match checks.iter().find(|c| !c.passed) {
+        Some(bad) => Err(format!("the self-test failed: {bad}")),
+        None => Ok(()),
     }
 }

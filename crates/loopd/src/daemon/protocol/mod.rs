@@ -17,11 +17,11 @@ mod result;
 
 pub use command::{
     CancelCmd, Command, FollowCmd, MetricsCmd, ResultCmd, StatusCmd, SubmitCmd, WaitCmd, WireCall,
-    WireMessage,
+    WireMessage, MAX_SESSION_BYTES,
 };
 pub use reply::{
-    to_line, CancelReply, CancelState, ErrorCode, ErrorReply, FollowReply, MetricsReply, OkFalse,
-    OkTrue, ResultReply, ServeState, Status, StatusReply, SubmitReply,
+    to_line, CancelReply, CancelState, ErrorCode, ErrorReply, FollowReply, HostLine, MetricsReply,
+    OkFalse, OkTrue, ResultReply, ServeState, Status, StatusReply, SubmitReply,
 };
 pub use result::{
     WireEvent, WireExit, WireGeneration, WireNotRun, WireOutcome, WireResult, WireRetry,

@@ -133,6 +133,23 @@ pub struct Status {
     pub connections: usize,
     /// The tools a request may choose from.
     pub tools: Vec<String>,
+    /// Each `[[host]]`, in config order; left out on a daemon of one unnamed host.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hosts: Vec<HostLine>,
+}
+
+/// One inference host in `status`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostLine {
+    /// Its name.
+    pub name: String,
+    /// `ready`, `starting`, `restarting`, `failed`, `stopped`, `unknown` or `lost`.
+    pub state: String,
+    /// The slots this daemon owns there.
+    pub slots: usize,
+    /// Of them, those running a request.
+    pub busy: usize,
 }
 
 /// The reply to `status`.
