@@ -142,6 +142,11 @@ fn requests_spread_over_the_hosts_and_a_session_goes_back_to_its_host() {
         rx.recv_timeout(Duration::from_secs(5)).unwrap(),
         ("a".to_owned(), 0, "most_free")
     );
+    wait_for(
+        || a.server.requests_to(CHAT).len() == 1,
+        &r,
+        "the first request sent to a",
+    );
     // a is full: the second goes to b, and so the session s2 is b's.
     let second = wait(&r, r.submit(ask("two", Some("s2"))).unwrap());
     assert_eq!(second.host.as_deref(), Some("b"));
@@ -281,4 +286,95 @@ fn every_host_down_refuses_with_the_most_hopeful_code_and_uses_no_slot() {
     b.worker.set(|w| w.state = "ready");
     let res = wait(&r, r.submit(ask("x", None)).unwrap());
     assert_eq!(res.host.as_deref(), Some("b"));
+}
+
+/// A socket path whose connects are refused: bound, then its listener closed.
+fn refusing_socket(dir: &std::path::Path) -> std::path::PathBuf {
+    let path = dir.join("refusing.sock");
+    drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
+    path
+}
+
+#[test]
+fn a_refused_connect_places_the_request_once_more_on_the_other_host() {
+    let a = Host::start(vec![]);
+    let b = Host::start(vec![answer()]);
+    let dir = llama_harness::temp_dir("loopd-fleet-refused");
+    let mut spec_a = a.spec("a");
+    spec_a.infer_socket = refusing_socket(&dir);
+    let client = Arc::new(Client::new(config(&b.server)));
+    let r = Runner::with_hosts(
+        client,
+        ToolRegistry::new(),
+        Arc::new(StandardBios),
+        vec![spec_a, b.spec("b")],
+        PlacementConfig::default(),
+    )
+    .unwrap();
+    wait_for(
+        || r.hosts().iter().all(|h| h.state.is_ready()),
+        &r,
+        "both ready",
+    );
+    let (tx, rx) = std::sync::mpsc::channel();
+    let observer = Box::new(move |e: &RequestEvent| {
+        if let RequestEvent::Placed { host, slot, by } = e {
+            let _ = tx.send((host.clone(), *slot, *by));
+        }
+    });
+    let id = r.submit_observed(ask("x", None), Some(observer)).unwrap();
+    let res = wait(&r, id);
+    assert!(fail_reason(&res).is_none(), "{:?}", res.outcome);
+    assert_eq!(res.host.as_deref(), Some("b"));
+    assert_eq!(res.content.as_deref(), Some("Red, blue"));
+    assert!(
+        res.retries.is_empty(),
+        "a rehome is no retry: {:?}",
+        res.retries
+    );
+    let placed: Vec<_> = rx.try_iter().collect();
+    assert_eq!(
+        placed,
+        [
+            ("a".to_owned(), 0, "most_free"),
+            ("b".to_owned(), 0, "rehomed")
+        ]
+    );
+    assert_eq!(b.server.requests_to(CHAT).len(), 1);
+    assert_eq!(r.busy_slots(), 0);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn refused_on_both_hosts_ends_host_lost_without_a_second_rehome() {
+    let a = Host::start(vec![]);
+    let b = Host::start(vec![]);
+    let dir = llama_harness::temp_dir("loopd-fleet-refused-both");
+    let (mut spec_a, mut spec_b) = (a.spec("a"), b.spec("b"));
+    spec_a.infer_socket = refusing_socket(&dir);
+    spec_b.infer_socket = spec_a.infer_socket.clone();
+    let client = Arc::new(Client::new(config(&a.server)));
+    let r = Runner::with_hosts(
+        client,
+        ToolRegistry::new(),
+        Arc::new(StandardBios),
+        vec![spec_a, spec_b],
+        PlacementConfig::default(),
+    )
+    .unwrap();
+    wait_for(
+        || r.hosts().iter().all(|h| h.state.is_ready()),
+        &r,
+        "both ready",
+    );
+    let res = wait(&r, r.submit(ask("x", None)).unwrap());
+    assert_eq!(
+        fail_reason(&res),
+        Some(&FailReason::HostLost),
+        "{:?}",
+        res.outcome
+    );
+    assert_eq!(res.host.as_deref(), Some("b"));
+    assert_eq!(r.busy_slots(), 0);
+    let _ = std::fs::remove_dir_all(&dir);
 }

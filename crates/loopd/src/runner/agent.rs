@@ -686,6 +686,28 @@ impl<'b> AgentRequest<'b> {
         self.abort(now);
     }
 
+    /// The generation about to be sent found its host's inference socket refusing (nothing
+    /// was sent) and the request was placed on `slot` of another host, whose worker's
+    /// `spawns` is `spawns`: the generation starts again there at once, a cold prefill, its
+    /// retry schedule from the start. The old host's registration is dropped without a
+    /// `done` (that host is lost; its worker forgets the registration with the watch). Only
+    /// while the generation has not been sent; otherwise nothing happens.
+    pub fn handle_rehomed(&mut self, now: Duration, slot: u32, spawns: Option<u64>) {
+        if !matches!(&self.phase, Phase::Generating(call) if !call.sent()) || self.fail.is_some() {
+            return;
+        }
+        let Phase::Generating(call) = std::mem::replace(&mut self.phase, Phase::Between) else {
+            return;
+        };
+        self.storage = Some(call.into_storage());
+        self.generation = None;
+        self.progressed = None;
+        self.registering = false;
+        self.slot = slot;
+        self.spawns = spawns;
+        self.start_generation(now);
+    }
+
     /// The request's host was lost (fleet health): it ends `host_lost` with its partial
     /// output, whatever it was doing; nothing is retried.
     pub fn handle_host_lost(&mut self, now: Duration, detail: String) {

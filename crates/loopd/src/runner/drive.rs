@@ -34,6 +34,16 @@ pub(super) struct Seat {
 /// it is seen (the socket read and the sleep are cut into slices this long).
 const PUSHED_WITHIN: Duration = Duration::from_millis(100);
 
+/// The longest a refused connect waits for the health thread's word (a rehome, or
+/// `host_lost`) before the request's own retry schedule takes the error.
+const REHOME_WITHIN: Duration = Duration::from_secs(2);
+
+/// A connect the inference socket refused, or whose socket file is gone: nothing was sent.
+fn refused(e: &crate::llama::InferError) -> bool {
+    matches!(e, crate::llama::InferError::Connect { source, .. }
+        if matches!(source.kind(), std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::NotFound))
+}
+
 /// A tool call running on its thread.
 struct ToolRun {
     id: String,
@@ -48,6 +58,8 @@ struct ToolRun {
 pub(super) struct Driven {
     pub result: RequestResult,
     done: Option<u64>,
+    /// The host it ended on (another than its first, if it was rehomed).
+    pub host: usize,
 }
 
 impl Driven {
@@ -80,7 +92,8 @@ pub(super) fn drive(
     ends: Receiver<Notice>,
     mut observer: Option<Observer>,
 ) -> Driven {
-    let host = &shared.hosts[seat.host];
+    let mut host = &shared.hosts[seat.host];
+    let mut host_index = seat.host;
     let slot = seat.slot;
     let client = &host.client;
     let config = client.config();
@@ -125,20 +138,25 @@ pub(super) fn drive(
             eprintln!("loopd: {id}: llama-worker did not answer `{what}` ({e}); going on");
         }
     };
-    let socket = host.settings.worker_socket.as_deref();
+    let mut socket = host.settings.worker_socket.as_deref();
     // A generation's `done`, sent before the next worker call or wait, or after the result.
     let mut owed: Option<u64> = None;
-    let pay = |owed: &mut Option<u64>, unanswered: &mut dyn FnMut(&str, &WorkerError)| {
+    let pay = |owed: &mut Option<u64>,
+               socket: Option<&std::path::Path>,
+               unanswered: &mut dyn FnMut(&str, &WorkerError)| {
         if let (Some(g), Some(s)) = (owed.take(), socket) {
             if let Err(e) = worker::done(s, g, worker_timeout) {
                 unanswered("done", &e);
             }
         }
     };
+    // Several hosts: a refused connect is put to the health thread, which places the
+    // request once more elsewhere.
+    let rehomable = shared.hosts.len() > 1;
     loop {
         while let Some(action) = m.poll_action() {
             if !matches!(action, Action::Event(_) | Action::Done(_)) {
-                pay(&mut owed, &mut unanswered);
+                pay(&mut owed, socket, &mut unanswered);
             }
             match action {
                 Action::Event(e) => emit(&e),
@@ -149,7 +167,41 @@ pub(super) fn drive(
                     m.handle_acquired(clock.now(), acquired);
                 }
                 Action::Send(chat) => match io.send(&chat, cancel) {
-                    Ok(()) => m.handle_sent(clock.now()),
+                    Ok(()) => {
+                        if rehomable {
+                            shared.tell_health(super::hosts::Input::Sent(id));
+                        }
+                        m.handle_sent(clock.now())
+                    }
+                    Err(e) if rehomable && refused(&e) => {
+                        shared.tell_health(super::hosts::Input::ConnectRefused(id));
+                        match ends.recv_timeout(REHOME_WITHIN) {
+                            Ok(Notice::Rehomed { host: to, slot }) => {
+                                io.close(false);
+                                if let (Some(w), Some(g)) = (&host.watch, registered.take()) {
+                                    w.unroute(g);
+                                }
+                                owed = None;
+                                host = &shared.hosts[to];
+                                host_index = to;
+                                socket = host.settings.worker_socket.as_deref();
+                                io = ChatIo::new(&host.client, slot);
+                                emit(&RequestEvent::Placed {
+                                    host: host.name.clone(),
+                                    slot,
+                                    by: "rehomed",
+                                });
+                                let spawns = socket.and_then(|s| {
+                                    worker::status(s, worker_timeout).ok().map(|st| st.spawns)
+                                });
+                                m.handle_rehomed(clock.now(), slot, spawns);
+                            }
+                            Ok(Notice::HostLost(detail)) => m.handle_host_lost(clock.now(), detail),
+                            // No word in time (or a push meant for a generation): the
+                            // request's own retry schedule takes the error.
+                            Ok(Notice::Failed(..)) | Err(_) => m.handle_send_error(clock.now(), e),
+                        }
+                    }
                     Err(e) => m.handle_send_error(clock.now(), e),
                 },
                 Action::PollSlots => {
@@ -225,11 +277,12 @@ pub(super) fn drive(
                     return Driven {
                         result: *result,
                         done: owed,
+                        host: host_index,
                     };
                 }
             }
         }
-        pay(&mut owed, &mut unanswered);
+        pay(&mut owed, socket, &mut unanswered);
         if let Ok(notice) = pushed.try_recv().or_else(|_| ends.try_recv()) {
             match notice {
                 Notice::Failed(g, reason) => {
@@ -239,6 +292,8 @@ pub(super) fn drive(
                     m.handle_worker_failed(clock.now(), g, reason);
                 }
                 Notice::HostLost(detail) => m.handle_host_lost(clock.now(), detail),
+                // A rehome answers a refused connect, above; one arriving here is stale.
+                Notice::Rehomed { .. } => {}
             }
             continue;
         }

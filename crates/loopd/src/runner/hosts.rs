@@ -94,6 +94,11 @@ pub(super) enum Input {
     Lost(HostId),
     /// A request now runs on the host.
     Placed(RequestId, HostId),
+    /// A request's generation went out: it may be rehomed once more.
+    Sent(RequestId),
+    /// A request's connect to its host's inference socket was refused (nothing was sent):
+    /// it is answered on its ends channel, `Rehomed` or `HostLost`.
+    ConnectRefused(RequestId),
     /// A request ended.
     Ended(RequestId),
     /// The runner is being dropped.
@@ -125,7 +130,7 @@ fn run(shared: Weak<Shared>, mut health: Health, clock: &dyn Clock, inputs: Rece
         health.handle_timeout(now);
         while let Some(event) = health.poll_event() {
             let Some(s) = shared.upgrade() else { return };
-            apply(&s, now, event);
+            apply(&s, &mut health, now, event);
         }
         let wait = health
             .poll_timeout()
@@ -142,13 +147,15 @@ fn run(shared: Weak<Shared>, mut health: Health, clock: &dyn Clock, inputs: Rece
             Input::Line(h, e) => health.handle_watch_event(now, h, e),
             Input::Lost(h) => health.handle_connection_lost(now, h),
             Input::Placed(id, h) => health.handle_placed(now, id, h),
+            Input::Sent(id) => health.handle_sent(now, id),
+            Input::ConnectRefused(id) => health.handle_connect_refused(now, id),
             Input::Ended(id) => health.handle_ended(now, id),
             Input::Stop => return,
         }
     }
 }
 
-fn apply(s: &Shared, now: Duration, event: HealthEvent) {
+fn apply(s: &Shared, health: &mut Health, now: Duration, event: HealthEvent) {
     match event {
         HealthEvent::HostState { host, state } => {
             let name = s.hosts.get(host.0).map_or("?", |h| h.name.as_str());
@@ -174,9 +181,25 @@ fn apply(s: &Shared, now: Duration, event: HealthEvent) {
                 let _ = to.send(notice);
             }
         }
-        // Connect refusals are not reported to the machine yet: a refused connect is retried
-        // on its own host by the request's retry schedule.
-        HealthEvent::Rehome { .. } => {}
+        HealthEvent::Rehome { id, from } => {
+            let placed = lock(&s.table).placement.rehome(now, id);
+            match placed {
+                Some(Ok(p)) => {
+                    let from = s.hosts.get(from.0).map_or("?", |h| h.name.as_str());
+                    let to = s.hosts.get(p.at.host.0).map_or("?", |h| h.name.as_str());
+                    eprintln!("loopd: {id}: host {from} refused the connect; placed on {to}");
+                    health.handle_placed(now, id, p.at.host);
+                    if let Some(tx) = lock(&s.ends).get(&id) {
+                        let _ = tx.send(Notice::Rehomed {
+                            host: p.at.host.0,
+                            slot: p.at.slot,
+                        });
+                    }
+                }
+                // No other host can take it: the machine ends it `host_lost`.
+                Some(Err(_)) | None => health.handle_rehome_failed(now, id),
+            }
+        }
     }
 }
 

@@ -547,15 +547,14 @@ impl Runner {
         let thread = std::thread::Builder::new()
             .name(format!("loopd-{id}"))
             .spawn(move || {
-                let host = &shared.hosts[seat.host];
                 // A panicking observer or BIOS provider must not keep the slot for ever.
                 let run = std::panic::AssertUnwindSafe(|| {
                     drive::drive(&shared, id, seat, req, spawns, &token, ends, observer)
                 });
-                let (mut result, owed) = match std::panic::catch_unwind(run) {
+                let (mut result, owed, host) = match std::panic::catch_unwind(run) {
                     Ok(d) => {
                         let owed = d.done();
-                        (d.result, owed)
+                        (d.result, owed, &shared.hosts[d.host])
                     }
                     Err(_) => {
                         let reason = FailReason::Panicked;
@@ -563,6 +562,7 @@ impl Runner {
                         (
                             agent::no_output(id, budget, Outcome::Failed { reason, detail }),
                             None,
+                            &shared.hosts[seat.host],
                         )
                     }
                 };

@@ -29,6 +29,14 @@ pub(super) enum Notice {
     Failed(u64, WorkerFailReason),
     /// The request's host was lost; the words say how.
     HostLost(String),
+    /// The request's host refused the connect of a generation never sent, and the request
+    /// was placed on `slot` of host `host` (its index) instead.
+    Rehomed {
+        /// The new host's index.
+        host: usize,
+        /// The server slot there.
+        slot: u32,
+    },
 }
 
 /// Where a watch's connects, lines and losses go: the health thread's queue.

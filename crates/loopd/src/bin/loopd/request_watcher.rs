@@ -143,6 +143,10 @@ impl<W: Write> RequestWatcher<W> {
                 budget_left,
             } => format!("iteration {number} done: {budget_left} tool iterations left"),
             WireEvent::Stall(a) => stall_words(a),
+            WireEvent::Placed { host, slot, by } if by == "rehomed" => {
+                format!("host refused the connect: placed again on host {host}, slot {slot}")
+            }
+            WireEvent::Placed { host, slot, .. } => format!("on host {host}, slot {slot}"),
             // The chat events, shown above.
             _ => return,
         };
