@@ -217,6 +217,11 @@ fn follow_its_reply_and_every_event() {
         WireEvent::Stall(WireStall::NotStalled {
             since_progress_ms: 200,
         }),
+        WireEvent::Placed {
+            host: "gpu-b".into(),
+            slot: 0,
+            by: "rehomed".into(),
+        },
     ];
     let lines: Vec<&str> = blocks()
         .into_iter()
@@ -240,6 +245,7 @@ fn follow_its_reply_and_every_event() {
         "exit",
         "iteration",
         "stall",
+        "placed",
     ] {
         assert!(
             DOC.contains(&format!("| `{name}`")) || DOC.contains(&format!(", `{name}` |")),
