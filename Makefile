@@ -175,6 +175,12 @@ bench: socat
 bench-rpc: llama
 	scripts/bench-rpc.sh
 
+## bench-fleet: aggregate generated tokens/s, 4 concurrent requests, 2 one-core hosts against 1,
+## straight to the hosts' inferproxy sockets (the baseline for loopd serve over [[host]]; ROUNDS=7
+## MAX_TOKENS=64; scripts/fleet-bench.sh, docs/benchmarks/fleet.md)
+bench-fleet: llama socat
+	$(if $(ROUNDS),ROUNDS=$(ROUNDS)) $(if $(MAX_TOKENS),MAX_TOKENS=$(MAX_TOKENS)) scripts/fleet-bench.sh
+
 ## bench-e2e: one request direct to llama-server, through inferproxy and through `loopd serve`,
 ## interleaved (ROUNDS=30 a series, PAIR_ROUNDS= pairs of two clients at once), the server's
 ## compute subtracted; release builds; prints a table and issue 31's goals (docs/benchmarks/e2e.md)
