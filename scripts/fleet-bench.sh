@@ -14,7 +14,9 @@
 # over the round's wall time (first send to last response), its median over ROUNDS (the WARMUP
 # rounds are not counted). /proc/loadavg is printed with each round. While the rounds run, the
 # model instances' threads are sampled every 50 ms (/proc/PID/task/*/stat, the CPU each last ran
-# on) with their allowed CPUs and CPU time, to show each host stayed on its own core.
+# on) with their allowed CPUs and CPU time, to show each host stayed on its own core; the CPU
+# time the instances used over a round's wall time says how many cores they actually got from
+# a shared box (1 host can use at most 1, 2 hosts 2).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -187,13 +189,16 @@ for r in range(warmup + rounds):
         sampling.set()
         f = one_round(setup)
         sampling.clear()
+        used = {h: (cpu_ticks(p) - before[h]) / 100 for h, p in instances.items()}
+        f["cores"] = sum(used.values()) / f["wall"]
+        f["per_cpu_s"] = f["tokens"] / max(sum(used.values()), 0.01)
         if setup == "2 hosts" and r >= warmup:
-            for h, p in instances.items():
-                ticks_two[h] += cpu_ticks(p) - before[h]
+            for h in instances:
+                ticks_two[h] += used[h]
         if r >= warmup:
             figures[setup].append(f)
-        line.append(f"{setup}: {f['tokens']} tokens in {f['wall']:.2f} s = {f['tps']:.1f} tok/s "
-                    f"(load {' '.join(f['load'])})")
+        line.append(f"{setup}: {f['tokens']} tokens in {f['wall']:.2f} s = {f['tps']:.1f} tok/s, "
+                    f"{f['cores']:.2f} cores (load {' '.join(f['load'])})")
     tag = "warm-up" if r < warmup else f"round {r - warmup + 1}"
     print(f"  {tag}: " + "; ".join(line))
 stop.set()
@@ -202,12 +207,16 @@ one = statistics.median(f["tps"] for f in figures["1 host"])
 two = statistics.median(f["tps"] for f in figures["2 hosts"])
 ratios = [b["tps"] / a["tps"] for a, b in zip(figures["1 host"], figures["2 hosts"])]
 print()
-print("| setup | median aggregate tok/s | min-max | median per-request tok/s (timings) |")
-print("| --- | --- | --- | --- |")
+print("| setup | median aggregate tok/s | min-max | median per-request tok/s (timings) "
+      "| cores the instances got (CPU s / wall) | tokens per instance CPU-second |")
+print("| --- | --- | --- | --- | --- | --- |")
 for s in SETUPS:
     tps = [f["tps"] for f in figures[s]]
     per = statistics.median(x for f in figures[s] for x in f["per_request"])
-    print(f"| {s} | {statistics.median(tps):.1f} | {min(tps):.1f}-{max(tps):.1f} | {per:.1f} |")
+    cores_got = statistics.median(f["cores"] for f in figures[s])
+    per_cpu = statistics.median(f["per_cpu_s"] for f in figures[s])
+    print(f"| {s} | {statistics.median(tps):.1f} | {min(tps):.1f}-{max(tps):.1f} | {per:.1f} "
+          f"| {cores_got:.2f} | {per_cpu:.1f} |")
 print()
 print(f"2 hosts / 1 host: {two / one:.2f}x (medians); per round {min(ratios):.2f}-{max(ratios):.2f}x, "
       f"median {statistics.median(ratios):.2f}x (goal of issue 33: >= 1.8x)")
@@ -215,8 +224,8 @@ print(f"CPUs the instances' threads ran on while a round ran (sampled every 50 m
       f"used CPU): a {sorted(busy_seen['a'])}, b {sorted(busy_seen['b'])}; any thread ever: "
       f"a {sorted(seen['a'])}, b {sorted(seen['b'])}; allowed now: a {allowed(instances['a'])}, "
       f"b {allowed(instances['b'])}")
-print(f"CPU time of the instances in the counted 2-host rounds: a {ticks_two['a'] / 100:.1f} s, "
-      f"b {ticks_two['b'] / 100:.1f} s")
+print(f"CPU time of the instances in the counted 2-host rounds: a {ticks_two['a']:.1f} s, "
+      f"b {ticks_two['b']:.1f} s")
 if busy_seen["a"] & busy_seen["b"] or seen["a"] & seen["b"]:
     sys.exit("fleet-bench: the two hosts' instances shared a core")
 PY
