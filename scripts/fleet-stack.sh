@@ -18,7 +18,10 @@
 #   scripts/fleet-stack.sh instance RUN HOST   prints HOST's model instance pid as it is now
 #
 # RUN must be new or empty; socket paths must fit in 107 bytes, so keep it short (/tmp/...).
-# RUN/hosts.env (shell-sourceable) names every process: A_WORKER_PID, A_PROXY_PID,
+# RUN/hosts.env (shell-sourceable; no value needs quoting) says where everything is:
+# FLEET_HOSTS (a,b), FLEET_CONFIG, FLEET_CONFIG_SINGLE; per host A_CORE, A_PORT (the server's),
+# A_INFER_SOCKET and A_STATUS_SOCKET (the forwarded ends: what loopd opens), A_PROXY_SOCKET and
+# A_WORKER_SOCKET (the host's own, behind the forwarders); and every process: A_WORKER_PID, A_PROXY_PID,
 # A_FWD_INFER_PID, A_FWD_STATUS_PID (each forwarder leads its own process group: `kill -KILL --
 # -$B_FWD_INFER_PID` cuts the listener and every open relay, a partition; `kill -STOP --
 # -$B_FWD_INFER_PID` freezes them, a black hole), and, as seen when the host got ready,
@@ -27,6 +30,8 @@
 #
 # Environment: HOSTS (2; 1 to 26), FLEET_THREADS (1), FLEET_READY_S (180: the deadline for every
 # worker `ready`, with what each host last said when it passes), FLEET_STOP_S (20);
+# FLEET_OWNER_PID (`start`): a process whose end stops the run, as `stop RUN` would (a test
+# passes its own pid, so a test killed before its stop leaves nothing running);
 # LLAMA_WORKER_BIN and INFERPROXY_BIN name built binaries (otherwise the workspace's are built);
 # PRESET_EXTRA (preset lines, `cache-ram = 0`) and WORKER_CONFIG_EXTRA (worker config lines)
 # reach every host's serve.sh.
@@ -63,8 +68,10 @@ write_env() {
   local h H v tmp=$run/.hosts.env
   {
     echo "# scripts/fleet-stack.sh: the processes of run $run"
+    # Comma-separated, so that no value needs quoting for a reader that is not a shell.
     printf 'FLEET_RUN=%q\nFLEET_HOSTS=%q\nFLEET_CONFIG=%q\nFLEET_CONFIG_SINGLE=%q\nFLEET_WORKER_BIN=%q\n' \
-      "$run" "$hosts" "$run/loopd.toml" "$run/loopd-single.toml" "$worker_bin"
+      "$run" "${hosts// /,}" "$run/loopd.toml" "$run/loopd-single.toml" "$worker_bin"
+    printf 'FLEET_WATCH_PID=%q\n' "${FLEET_WATCH_PID:-}"
     for h in $hosts; do
       H=${h^^}
       for v in $HOST_VARS; do printf '%s_%s=%q\n' "$H" "$v" "$(get "$H" "$v")"; done
@@ -77,7 +84,7 @@ load_env() {
   [ -f "$run/hosts.env" ] || die "no $run/hosts.env: not a run of this script"
   # shellcheck disable=SC1091
   . "$run/hosts.env"
-  hosts=$FLEET_HOSTS
+  hosts=${FLEET_HOSTS//,/ }
   worker_bin=$FLEET_WORKER_BIN
 }
 
@@ -409,12 +416,25 @@ case $cmd in
     start_run
     keep_running=1
     trap - EXIT INT TERM
+    if [ -n "${FLEET_OWNER_PID:-}" ]; then
+      # The owner's watch: `stop RUN` once the owner is gone, so a test killed before its
+      # own stop leaves nothing running. `stop` ends the watch first.
+      setsid bash -c 'while kill -0 "$1" 2>/dev/null; do sleep 0.5; done; exec "$2" stop "$3"' \
+        fleet-owner-watch "$FLEET_OWNER_PID" "$root/scripts/fleet-stack.sh" "$run" \
+        </dev/null >/dev/null 2>>"$run/owner-watch.log" &
+      FLEET_WATCH_PID=$!
+      write_env
+    fi
     echo "$run"
     ;;
   stop)
     [ $# -eq 1 ] || die "usage: $0 stop RUN"
     run=$1
     load_env
+    # The owner's watch runs this same command when the owner is gone (then it is this process).
+    if [ -n "${FLEET_WATCH_PID:-}" ] && [ "$FLEET_WATCH_PID" != $$ ]; then
+      kill -TERM -- "-$FLEET_WATCH_PID" 2>/dev/null || true
+    fi
     stop_all
     if [ -n "$stopped_clean" ]; then
       rm -rf "$run"
