@@ -21,10 +21,11 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 run=$(mktemp -d "${TMPDIR:-/tmp}/boxmaker-fleet-bench-XXXXXX")
-stopped=
+started=
 cleanup() {
   local status=$?
-  if [ -z "$stopped" ] && [ -f "$run/hosts.env" ]; then
+  # A start that failed has stopped its hosts and kept their logs in $run: leave them.
+  if [ -n "$started" ]; then
     scripts/fleet-stack.sh stop "$run" || status=1
   fi
   # A failed start keeps its logs in $run and says so; an empty $run is ours to remove.
@@ -37,6 +38,7 @@ trap 'exit 143' TERM
 
 echo "fleet-bench: load average before the stack: $(cat /proc/loadavg)"
 HOSTS=2 scripts/fleet-stack.sh start "$run" >/dev/null
+started=1
 python3 - "$run" <<'PY'
 import http.client, json, os, socket, statistics, sys, threading, time
 
@@ -230,5 +232,5 @@ if busy_seen["a"] & busy_seen["b"] or seen["a"] & seen["b"]:
     sys.exit("fleet-bench: the two hosts' instances shared a core")
 PY
 echo "fleet-bench: load average after: $(cat /proc/loadavg)"
+started=
 scripts/fleet-stack.sh stop "$run"
-stopped=1
