@@ -10,7 +10,7 @@ NOSTD_CRATES := -p sse-nostd -p http-nostd -p llama-proto
 DEVICE_TARGET := thumbv7em-none-eabihf
 FUZZ_SECONDS ?= 60
 
-.PHONY: help check hermetic test units-check install-check up-check selftest ask run up verify-device verify-local fuzz fuzz-cmin fuzz-tools bench bench-e2e bench-rpc socat serve fixtures soak chaos llama fmt-check clippy unit no-std embedded
+.PHONY: help check hermetic test units-check install-check up-check selftest ask run up fleet-up bench-fleet verify-device verify-local fuzz fuzz-cmin fuzz-tools bench bench-e2e bench-rpc socat serve fixtures soak chaos llama fmt-check clippy unit no-std embedded
 
 ## help: this list of targets
 help:
@@ -79,6 +79,12 @@ llama:
 ## (FOLDER=dir for read_file); prints the client commands; Ctrl-C stops all three
 up:
 	scripts/local-stack.sh up $(if $(FOLDER),--folder $(FOLDER))
+
+## fleet-up: HOSTS=2 inference hosts on this box (each llama-worker + router on a core of its own,
+## inferproxy, socat forwarders standing in for the SSH tunnel) and a [[host]] loopd config, in
+## the foreground; Ctrl-C stops them (scripts/fleet-stack.sh; issue 33's real-process stack)
+fleet-up: llama socat
+	HOSTS=$(or $(HOSTS),2) scripts/fleet-stack.sh up
 
 ## up-check: make up in a real terminal (tmux, an interactive shell), one Ctrl-C once it is up:
 ## exit 0, a clean-stop line, nothing left, logs removed (scripts/up-check.sh; installs tmux)
@@ -168,6 +174,12 @@ bench: socat
 ## (llama-bench; P N T R override sizes, threads, repetitions; docs/benchmarks/rpc.md)
 bench-rpc: llama
 	scripts/bench-rpc.sh
+
+## bench-fleet: aggregate generated tokens/s, 4 concurrent requests, 2 one-core hosts against 1,
+## straight to the hosts' inferproxy sockets (the baseline for loopd serve over [[host]]; ROUNDS=7
+## MAX_TOKENS=64; scripts/fleet-bench.sh, docs/benchmarks/fleet.md)
+bench-fleet: llama socat
+	$(if $(ROUNDS),ROUNDS=$(ROUNDS)) $(if $(MAX_TOKENS),MAX_TOKENS=$(MAX_TOKENS)) scripts/fleet-bench.sh
 
 ## bench-e2e: one request direct to llama-server, through inferproxy and through `loopd serve`,
 ## interleaved (ROUNDS=30 a series, PAIR_ROUNDS= pairs of two clients at once), the server's
