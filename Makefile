@@ -48,7 +48,7 @@ hermetic:
 	$(CARGO) test --workspace
 
 ## unit: every test, the real-server ones (the `real-server` cargo feature) included
-unit: llama
+unit: llama socat
 	$(CARGO) test --workspace --all-features
 
 ## no-std: the proof that the core needs neither std nor alloc

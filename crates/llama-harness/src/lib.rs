@@ -163,6 +163,125 @@ pub fn children_of(parent: u32) -> Vec<u32> {
     .collect()
 }
 
+/// `root` and every process below it (by parent pid, at this moment).
+pub fn process_tree(root: u32) -> Vec<u32> {
+    let mut all = vec![root];
+    let mut i = 0;
+    while i < all.len() {
+        let kids = children_of(all[i]);
+        all.extend(kids);
+        i += 1;
+    }
+    all
+}
+
+/// Pins `root` and every process below it, each of its threads, to CPU `cpu` (`taskset -a
+/// -c -p`); children started later inherit it. Returns the pids pinned; panics when taskset
+/// fails on the root.
+pub fn pin_to_cpu(root: u32, cpu: usize) -> Vec<u32> {
+    let pids = process_tree(root);
+    for &pid in &pids {
+        let ok = Command::new("taskset")
+            .args(["-a", "-c", "-p", &cpu.to_string(), &pid.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        assert!(
+            ok || pid != root,
+            "taskset could not pin {pid} to CPU {cpu}"
+        );
+    }
+    pids
+}
+
+/// A `socat` forwarding a Unix socket to another (each connection to its own child), in a
+/// process group of its own with the harness's watchdog: the stand-in for an SSH tunnel's
+/// `-L LOCAL.sock:REMOTE.sock`, which a test kills (a partition: the socket file stays and
+/// refuses, every forwarded connection ends) or stops (a black hole: nothing moves, nothing
+/// ends). Needs socat (`make socat`).
+pub struct Forwarder {
+    group: Option<Group>,
+    listen: PathBuf,
+    target: PathBuf,
+    log: PathBuf,
+}
+
+impl Forwarder {
+    /// Starts `socat UNIX-LISTEN:listen,fork,unlink-early UNIX-CONNECT:target` and waits
+    /// until `listen` accepts (10 s).
+    pub fn start(listen: &Path, target: &Path) -> Forwarder {
+        let log = listen.with_extension("socat.log");
+        let mut f = Forwarder {
+            group: None,
+            listen: listen.to_owned(),
+            target: target.to_owned(),
+            log,
+        };
+        f.restart();
+        f
+    }
+
+    /// The socket it listens on.
+    pub fn socket(&self) -> &Path {
+        &self.listen
+    }
+
+    /// SIGKILL to the whole group: the listener and every forwarded connection end at once.
+    pub fn kill(&mut self) {
+        if let Some(mut g) = self.group.take() {
+            g.signal("-KILL");
+            let _ = g.child.wait();
+        }
+    }
+
+    /// SIGSTOP to the whole group: connections stay open and carry nothing.
+    pub fn pause(&self) {
+        if let Some(g) = &self.group {
+            g.signal("-STOP");
+        }
+    }
+
+    /// SIGCONT to the whole group.
+    pub fn resume(&self) {
+        if let Some(g) = &self.group {
+            g.signal("-CONT");
+        }
+    }
+
+    /// Starts it again on the same path (killing a running one first).
+    pub fn restart(&mut self) {
+        self.kill();
+        let args = vec![
+            format!("UNIX-LISTEN:{},fork,unlink-early", self.listen.display()),
+            format!("UNIX-CONNECT:{}", self.target.display()),
+        ];
+        let group = Group::spawn(Path::new("socat"), &args, &[], &self.log);
+        wait_for(
+            &format!("socat to listen on {}", self.listen.display()),
+            Duration::from_secs(10),
+            || match std::os::unix::net::UnixStream::connect(&self.listen) {
+                Ok(_) => Ok(()),
+                Err(e) => Err(e.to_string()),
+            },
+        );
+        self.group = Some(group);
+    }
+}
+
+impl Drop for Forwarder {
+    fn drop(&mut self) {
+        if let Some(g) = &self.group {
+            g.signal("-CONT");
+        }
+        if let Some(mut g) = self.group.take() {
+            g.stop();
+        }
+        let _ = std::fs::remove_file(&self.listen);
+    }
+}
+
 /// A process group started with a watchdog that ends it when this process goes away.
 struct Group {
     child: Child,
