@@ -108,9 +108,11 @@ soak: llama
 ## chaos: N agent requests (N=50) of mixed tool use through the real stack while faults are
 ## injected at random times (SIGKILL/SIGSTOP of the model instance, inferproxy killed and
 ## restarted, a cancel, a hanging tool, loopd serve killed and started again); SEED= replays a run, LOAD=2 runs two CPU-bound
-## processes beside the stack (docs/chaos.md)
-chaos: llama
+## processes beside the stack, HOSTS=2 puts a second host behind forwarders and partitions and
+## black-holes it too (docs/chaos.md)
+chaos: llama socat
 	$(if $(N),CHAOS_N=$(N)) $(if $(SEED),CHAOS_SEED=$(SEED)) $(if $(LOAD),CHAOS_LOAD=$(LOAD)) \
+	  $(if $(HOSTS),CHAOS_HOSTS=$(HOSTS)) \
 	  $(CARGO) test -p loopd --features real-server --test chaos -- --ignored --nocapture
 
 ## selftest: the main job: local llama-server under llama-worker, inferproxy, `loopd selftest`

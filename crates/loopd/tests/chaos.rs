@@ -29,6 +29,15 @@
 //! process's). Every acknowledged id is accounted for: a result was fetched for it. The figures
 //! go to stderr and, by hand, to docs/chaos.md.
 //!
+//! `CHAOS_HOSTS=2` (`make chaos HOSTS=2`, issue 33) puts a second host beside the first: its
+//! own llama-worker router and inferproxy, reached through two socat forwarders standing in
+//! for the SSH tunnel, and one daemon over both (`[[host]]` a and b). A server fault then hits
+//! either host's model instance, and two more faults come in: b partitioned (its forwarders
+//! killed, started again after 1 to 5 s) and b black-holed (its forwarders stopped for 3.5 to
+//! 6 s). Checked besides: `host_lost` is among the named reasons, and no submit is refused
+//! with a worker's code while a host was up (a refusal counts only when both hosts were
+//! within a fault, or within 10 s of its end, when it came).
+//!
 //! `CHAOS_LOAD=n` runs n CPU-bound processes beside the stack for the run (issue 29: a busy
 //! box); `CHAOS_FAULTS=0` injects nothing, and then every request must complete with no
 //! restart. A request that failed with an error the runner retries must have used up its
@@ -49,7 +58,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Mutex};
 use std::time::{Duration, Instant};
 
-use llama_harness::{wait_for, LocalServer, Proxy};
+use llama_harness::{wait_for, Forwarder, LocalServer, Proxy};
 use loopd::config::Config;
 use loopd::llama::Client;
 use loopd::selftest::SAMPLING;
@@ -67,6 +76,7 @@ const NAMED: &[&str] = &[
     "cancelled",
     "daemon_restarted",
     "panicked",
+    "host_lost",
     "busy",
     "connect_error",
     "wait_timeout",
@@ -371,6 +381,34 @@ struct Shared {
     daemon_epoch: AtomicUsize,
     /// Every acknowledged id, with the daemon kills counted when it was acknowledged.
     acks: Mutex<Vec<(usize, u64)>>,
+    /// Each fault that took a host down (`CHAOS_HOSTS=2`): the host (0 a, 1 b), its start
+    /// and, once healed, its end.
+    down: Mutex<Vec<(usize, Instant, Option<Instant>)>>,
+}
+
+impl Shared {
+    /// A fault on `host` begins; returns its index for [`Shared::host_up`].
+    fn host_down(&self, host: usize) -> usize {
+        let mut d = self.down.lock().unwrap();
+        d.push((host, Instant::now(), None));
+        d.len() - 1
+    }
+
+    fn host_up(&self, fault: usize) {
+        if let Some(f) = self.down.lock().unwrap().get_mut(fault) {
+            f.2 = Some(Instant::now());
+        }
+    }
+
+    /// Whether every one of `hosts` hosts was within a fault (or `grace` after its end) at `at`.
+    fn all_down_at(&self, hosts: usize, at: Instant, grace: Duration) -> bool {
+        let d = self.down.lock().unwrap();
+        (0..hosts).all(|h| {
+            d.iter().any(|&(host, from, to)| {
+                host == h && from <= at && to.is_none_or(|to| at <= to + grace)
+            })
+        })
+    }
 }
 
 impl Shared {
@@ -692,6 +730,8 @@ struct Injected {
 
 struct Injector<'a> {
     server: &'a LocalServer,
+    /// `CHAOS_HOSTS=2`: host b's server and its two forwarders (infer, status).
+    host_b: Option<(&'a LocalServer, &'a Mutex<(Forwarder, Forwarder)>)>,
     /// `loopd serve`, and what starts the next one: its config, read_file folder and run
     /// directory (its store, its log).
     serve: &'a Mutex<Serve>,
@@ -741,8 +781,12 @@ impl Injector<'_> {
                         again(&mut first, roll, from_first);
                         continue;
                     }
-                    let consecutive = self
-                        .server
+                    let target = match self.host_b {
+                        Some((b, _)) if self.rng.below(2) == 1 => (1, b),
+                        _ => (0, self.server),
+                    };
+                    let consecutive = target
+                        .1
                         .worker_status()
                         .ok()
                         .and_then(|s| s["consecutive_restarts"].as_u64())
@@ -752,15 +796,20 @@ impl Injector<'_> {
                         again(&mut first, roll, from_first);
                         continue;
                     }
-                    self.server_fault(if roll < 25 { "-KILL" } else { "-STOP" });
+                    self.server_fault(if roll < 25 { "-KILL" } else { "-STOP" }, target);
+                }
+                45..=64 if self.host_b.is_some() && self.rng.below(3) != 0 => {
+                    self.network_fault();
                 }
                 45..=64 => {
                     let down = self.rng.between_ms(100, 2_000);
                     let mut p = self.proxy.lock().unwrap();
+                    let fault = self.shared.host_down(0);
                     p.kill();
                     std::thread::sleep(down);
                     p.restart();
                     drop(p);
+                    self.shared.host_up(fault);
                     say!("inferproxy killed, restarted after {down:?}");
                     *self
                         .out
@@ -867,10 +916,67 @@ impl Injector<'_> {
         );
     }
 
-    /// `signal` to the model instance; then the worker must be ready with a new unit, and no
-    /// process of the old group may be left.
-    fn server_fault(&mut self, signal: &str) {
-        let Ok(status) = self.server.worker_status() else {
+    /// Host b's forwarders killed and started again after 1 to 5 s (a partition), or stopped
+    /// for 3.5 to 6 s and continued (a black hole); then b must be ready again in the
+    /// daemon's `status`.
+    fn network_fault(&mut self) {
+        let Some((_, links)) = self.host_b else {
+            return;
+        };
+        let partition = self.rng.below(2) == 0;
+        let fault = self.shared.host_down(1);
+        let at = Instant::now();
+        let name = if partition {
+            let down = self.rng.between_ms(1_000, 5_000);
+            let mut l = links.lock().unwrap();
+            l.0.kill();
+            l.1.kill();
+            say!("host b partitioned (forwarders killed) for {down:?}");
+            std::thread::sleep(down);
+            l.0.restart();
+            l.1.restart();
+            "host b partitioned + rejoined"
+        } else {
+            let down = self.rng.between_ms(3_500, 6_000);
+            let l = links.lock().unwrap();
+            l.0.pause();
+            l.1.pause();
+            say!("host b black-holed (forwarders stopped) for {down:?}");
+            std::thread::sleep(down);
+            l.0.resume();
+            l.1.resume();
+            "host b black-holed + continued"
+        };
+        *self.out.counts.entry(name).or_default() += 1;
+        // Ready again in the daemon's eyes: a new watch said ready.
+        let daemon = self.daemon;
+        let ready = wait_for(
+            &format!("host b ready again in the daemon's status after {name}"),
+            Duration::from_secs(120),
+            || {
+                let s = daemon_call(daemon, &json!({"cmd": "status"}), Duration::from_secs(10))?;
+                let b = s["status"]["hosts"]
+                    .as_array()
+                    .and_then(|h| h.iter().find(|h| h["name"] == "b").cloned());
+                match b {
+                    Some(b) if b["state"] == "ready" => Ok(()),
+                    other => Err(format!("{other:?}")),
+                }
+            },
+        );
+        let () = ready;
+        self.shared.host_up(fault);
+        self.out.restarts.push(format!(
+            "{name}: b ready again in the daemon after {:.1} s",
+            at.elapsed().as_secs_f64()
+        ));
+    }
+
+    /// `signal` to the model instance of `target` (its index, its server); then its worker
+    /// must be ready with a new unit, and no process of the old group may be left.
+    fn server_fault(&mut self, signal: &str, target: (usize, &LocalServer)) {
+        let (host, server) = target;
+        let Ok(status) = server.worker_status() else {
             self.skip("server fault: no worker status");
             return;
         };
@@ -897,6 +1003,7 @@ impl Injector<'_> {
         };
         let members = group_members(pgid);
         let at = Instant::now();
+        let fault = self.shared.host_down(host);
         assert!(kill(signal, instance), "kill {signal} {instance}");
         let name = if signal == "-STOP" {
             "SIGSTOP model instance"
@@ -905,7 +1012,10 @@ impl Injector<'_> {
         };
         *self.out.counts.entry(name).or_default() += 1;
         say!("{name} {instance} (router {router}, group {pgid}: {members:?})");
-        if signal == "-KILL" && !self.worker_saw_it(spawns) {
+        let host_name = ["a", "b"][host.min(1)];
+        say!("(on host {host_name})");
+        if signal == "-KILL" && !Self::worker_saw_it(server, self.probe_interval, spawns) {
+            self.shared.host_up(fault);
             // The router respawned the instance for the next request before the worker's
             // readiness probe could see it failed: no restart, and nothing for the worker to
             // kill. The instance must be gone all the same, and the worker still ready.
@@ -926,7 +1036,7 @@ impl Injector<'_> {
         }
         // A stall takes the scaled stall_timeout_s after the last progress, a death the next
         // readiness probe; then the backoff and a model load on a loaded box.
-        let now = self.server.wait_worker(
+        let now = server.wait_worker(
             &format!("llama-worker ready with a new server after {name}"),
             Duration::from_secs(180),
             |s| {
@@ -936,6 +1046,7 @@ impl Injector<'_> {
             },
         );
         let healed = at.elapsed();
+        self.shared.host_up(fault);
         wait_for(
             &format!("no process of the old group {pgid} left after {name}"),
             Duration::from_secs(10),
@@ -956,10 +1067,10 @@ impl Injector<'_> {
 impl Injector<'_> {
     /// Whether the worker reacts to a killed instance (leaves `ready` or spawns again) within
     /// its readiness probe interval and a margin; polled every 100 ms.
-    fn worker_saw_it(&self, spawns: u64) -> bool {
-        let until = Instant::now() + self.probe_interval + Duration::from_secs(3);
+    fn worker_saw_it(server: &LocalServer, probe_interval: Duration, spawns: u64) -> bool {
+        let until = Instant::now() + probe_interval + Duration::from_secs(3);
         while Instant::now() < until {
-            if let Ok(s) = self.server.worker_status() {
+            if let Ok(s) = server.worker_status() {
                 if s["state"] != "ready" || s["spawns"].as_u64().is_some_and(|n| n > spawns) {
                     return true;
                 }
@@ -998,6 +1109,7 @@ fn write_loopd_config(
     proxy: &Path,
     socket: &Path,
     path: &Path,
+    hosts: &str,
 ) {
     let props = Client::new(Config::new(proxy, server.model()))
         .props()
@@ -1034,7 +1146,7 @@ fn write_loopd_config(
         props.n_ctx,
         props.total_slots,
     );
-    std::fs::write(path, text).expect("write loopd.toml");
+    std::fs::write(path, text + hosts).expect("write loopd.toml");
 }
 /// What the summary prints.
 struct Summary<'a> {
@@ -1241,7 +1353,44 @@ fn chaos_every_request_ends_named_and_the_stack_heals() {
     assert!(made.is_ok_and(|s| s.success()), "mkfifo {}", fifo.display());
     let socket = dir.join("loopd.sock");
     let config = dir.join("loopd.toml");
-    write_loopd_config(&timers, &server, &proxy_socket, &socket, &config);
+    // CHAOS_HOSTS=2: host b beside a, reached through forwarders standing in for the tunnel.
+    let hosts = env_u64("CHAOS_HOSTS", 1).clamp(1, 2) as usize;
+    let b_server =
+        (hosts == 2).then(|| LocalServer::start_with_worker_config(&timers.worker_config()));
+    let b_proxy = b_server.as_ref().map(|b| Proxy::start(b.addr()));
+    let b_links = match (&b_server, &b_proxy) {
+        (Some(b), Some(p)) => {
+            let here = dir.join("b");
+            std::fs::create_dir_all(&here).unwrap();
+            Some(Mutex::new((
+                Forwarder::start(&here.join("infer.sock"), p.socket()),
+                Forwarder::start(&here.join("status.sock"), b.status_socket()),
+            )))
+        }
+        _ => None,
+    };
+    let host_tables = match &b_links {
+        Some(links) => {
+            let l = links.lock().unwrap();
+            format!(
+                "[[host]]\nname = \"a\"\ninfer_socket = {:?}\nworker_socket = {:?}\nslots = [0, 1]\n\
+                 [[host]]\nname = \"b\"\ninfer_socket = {:?}\nworker_socket = {:?}\nslots = [0, 1]\n",
+                proxy_socket.display().to_string(),
+                server.status_socket().display().to_string(),
+                l.0.socket().display().to_string(),
+                l.1.socket().display().to_string(),
+            )
+        }
+        None => String::new(),
+    };
+    write_loopd_config(
+        &timers,
+        &server,
+        &proxy_socket,
+        &socket,
+        &config,
+        &host_tables,
+    );
     let (serve, serve_log) = start_serve(&config, &folder, &dir);
     let serve = Mutex::new(serve);
     let deadline = timers.request_deadline();
@@ -1270,10 +1419,13 @@ fn chaos_every_request_ends_named_and_the_stack_heals() {
     let concurrency = env_u64("CHAOS_CONCURRENCY", 3) as usize;
     let mut records: Vec<Record> = Vec::new();
     let mut refused: BTreeMap<String, u32> = BTreeMap::new();
+    // Each refusal with a worker's code, and when.
+    let mut worker_refusals: Vec<(String, Instant)> = Vec::new();
     let mut broken: Vec<String> = Vec::new();
     let injected = std::thread::scope(|scope| {
         let injector = Injector {
             server: &server,
+            host_b: b_server.as_ref().zip(b_links.as_ref()),
             serve: &serve,
             serve_paths: (&config, &folder, &dir),
             proxy: &proxy,
@@ -1359,6 +1511,9 @@ fn chaos_every_request_ends_named_and_the_stack_heals() {
                         ended += 1;
                         continue;
                     }
+                    if code.starts_with("WORKER_") {
+                        worker_refusals.push((code.clone(), Instant::now()));
+                    }
                     *refused.entry(code).or_default() += 1;
                     queue.push((kind, cmd));
                     // Tried again later: the slot frees when a request ends, the worker is
@@ -1401,6 +1556,40 @@ fn chaos_every_request_ends_named_and_the_stack_heals() {
         broken.is_empty(),
         "requests that did not end with a result within their deadline: {broken:#?}"
     );
+    // With two hosts, a worker's refusal only while neither host was up (10 s of grace after
+    // each fault's end: a new watch's `ready`, the daemon's view of it).
+    if hosts == 2 {
+        let while_up: Vec<String> = worker_refusals
+            .iter()
+            .filter(|(_, at)| !shared.all_down_at(2, *at, Duration::from_secs(10)))
+            .map(|(code, at)| format!("{code} at {:.1} s", (*at - chaos_started).as_secs_f64()))
+            .collect();
+        say!(
+            "HOSTS=2: {} refusals with a worker's code, {} of them while a host was up; faults \
+             that took a host down: {:?}",
+            worker_refusals.len(),
+            while_up.len(),
+            shared
+                .down
+                .lock()
+                .unwrap()
+                .iter()
+                .map(|(h, from, to)| format!(
+                    "{} {:.1}-{}",
+                    ["a", "b"][*h],
+                    (*from - chaos_started).as_secs_f64(),
+                    to.map_or("open".into(), |t| format!(
+                        "{:.1}",
+                        (t - chaos_started).as_secs_f64()
+                    ))
+                ))
+                .collect::<Vec<_>>()
+        );
+        assert!(
+            while_up.is_empty(),
+            "submits refused with a worker's code while a host was up: {while_up:?}"
+        );
+    }
     // A retryable failure is a request's result only once its retries ran out.
     let early: Vec<String> = records
         .iter()
@@ -1569,6 +1758,13 @@ fn chaos_every_request_ends_named_and_the_stack_heals() {
         Duration::from_secs(60),
         |s| s["state"] == "ready" && s["inflight"] == 0,
     );
+    if let Some(b) = &b_server {
+        b.wait_worker(
+            "host b's llama-worker ready with no generation registered",
+            Duration::from_secs(60),
+            |s| s["state"] == "ready" && s["inflight"] == 0,
+        );
+    }
     // And it serves: one more request completes (a stopped instance left behind would not).
     let last = wait_for(
         "a last request admitted and ended",
