@@ -950,7 +950,7 @@ impl Injector<'_> {
         *self.out.counts.entry(name).or_default() += 1;
         // Ready again in the daemon's eyes: a new watch said ready.
         let daemon = self.daemon;
-        let ready = wait_for(
+        wait_for(
             &format!("host b ready again in the daemon's status after {name}"),
             Duration::from_secs(120),
             || {
@@ -964,7 +964,6 @@ impl Injector<'_> {
                 }
             },
         );
-        let () = ready;
         self.shared.host_up(fault);
         self.out.restarts.push(format!(
             "{name}: b ready again in the daemon after {:.1} s",
