@@ -177,6 +177,18 @@ tunnel_descendants() {
   done
 }
 
+# Whether any sshd runs on this machine (zombies left to init do not count).
+tunnel_sshd_running() {
+  local p comm state
+  for p in /proc/[0-9]*; do
+    { read -r comm <"$p/comm"; } 2>/dev/null || continue
+    [ "$comm" = sshd ] || continue
+    state=$(cut -d' ' -f3 "$p/stat" 2>/dev/null) || continue
+    [ "$state" = Z ] || return 0
+  done
+  return 1
+}
+
 # Stops what DIR's starts left running (stopped processes too) and waits, 5 s at most, for
 # every one to be gone; removes DIR.
 tunnel_stop() {
@@ -197,7 +209,8 @@ tunnel_stop() {
   done
   # sshd is this shell's child when the functions are sourced: reap it.
   wait "${pids[@]}" 2>/dev/null || true
-  [ -f "$dir/made-run-sshd" ] && rmdir /run/sshd 2>/dev/null
+  # Made by this start; another sshd (another test's, started meanwhile) would still need it.
+  if [ -f "$dir/made-run-sshd" ] && ! tunnel_sshd_running; then rmdir /run/sshd 2>/dev/null || true; fi
   rm -rf "$dir"
 }
 
