@@ -10,7 +10,8 @@
 #   - the GPU host's server down: a connect is accepted, then closed with no byte;
 #   - the sshd settings: a -R is refused (PermitListen none), a command gets ForceCommand's
 #     nologin, and a -L to another loopback port opens (what OpenSSH cannot refuse while it
-#     forwards to Unix sockets: docs/fleet.md's firewall rule is for that);
+#     forwards to Unix sockets: docs/fleet.md's firewall rule is for that); and the client
+#     refuses a host whose key is not known_hosts' line for the alias;
 #   - ssh killed (a partition): an open connection ends and new connects are refused within
 #     1 s; the same line started again serves again (StreamLocalBindUnlink);
 #   - sshd's session stopped (a black hole): the keep-alives end ssh within
@@ -182,6 +183,17 @@ if out=$(timeout 10 "${command[@]}" echo ran 2>&1 </dev/null); then
 fi
 if grep -qx ran <<<"$out"; then die "a command ran: $out"; fi
 ok "a command gets ForceCommand's nologin: ${out//$'\n'/ }"
+
+ssh-keygen -q -t ed25519 -N '' -f "$tmp/stranger"
+echo "$tunnel_alias $(cut -d' ' -f1,2 "$tmp/stranger.pub")" >"$tmp/stranger_known_hosts"
+words=$(tunnel_unit_argv "$tunnel_alias" "$tmp/sshd" "$tmp/stranger_known_hosts" "$tmp/run" "$sshd_port" \
+  "$infer_port" "$remote/status.sock" "$(id -un)@127.0.0.1") || die "cannot read the unit's ExecStart="
+mapfile -t stranger <<<"$words"
+if out=$(timeout 10 "${stranger[@]}" </dev/null 2>&1); then
+  die "ssh logged in to a host whose key known_hosts does not hold: $out"
+fi
+grep -q 'Host key verification failed' <<<"$out" || die "a wrong host key failed, but not as refused: $out"
+ok "a host key other than known_hosts' line for the alias: ssh exits: $(grep 'Host key verification failed' <<<"$out")"
 
 mapfile -t other < <(variant "$tmp/other.sock=127.0.0.1:$sshd_port")
 [ ${#other[@]} -gt 1 ] || die "cannot build a variant of the unit's line"
