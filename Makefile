@@ -10,7 +10,7 @@ NOSTD_CRATES := -p sse-nostd -p http-nostd -p llama-proto
 DEVICE_TARGET := thumbv7em-none-eabihf
 FUZZ_SECONDS ?= 60
 
-.PHONY: help check hermetic test units-check install-check up-check selftest ask run up fleet-up bench-fleet verify-device verify-local fuzz fuzz-cmin fuzz-tools bench bench-e2e bench-rpc socat serve fixtures soak chaos llama fmt-check clippy unit no-std embedded
+.PHONY: help check hermetic test units-check tunnel-check install-check up-check selftest ask run up fleet-up bench-fleet verify-device verify-local fuzz fuzz-cmin fuzz-tools bench bench-e2e bench-rpc socat serve fixtures soak chaos llama fmt-check clippy unit no-std embedded
 
 ## help: this list of targets
 help:
@@ -23,13 +23,19 @@ check: fmt-check clippy hermetic no-std
 
 ## test: format, lints, every test (the end-to-end ones against a real llama-server), the no_std
 ## build, the firmware image under QEMU, verify-device against the local router, the systemd units and the install,
-## and make up stopped by a Ctrl-C in a terminal
-test: fmt-check clippy llama unit no-std embedded verify-local units-check install-check up-check
+## the SSH tunnel to an inference host, and make up stopped by a Ctrl-C in a terminal
+test: fmt-check clippy llama unit no-std embedded verify-local units-check tunnel-check install-check up-check
 
 ## units-check: the systemd units, sysusers and tmpfiles files in docs/: `systemd-analyze verify`
 ## clean, `security --offline` below 4 and as docs/production.md states (scripts/units-check.sh)
 units-check:
 	scripts/units-check.sh
+
+## tunnel-check: docs/loopd-tunnel@.service's ssh line against a user-mode sshd on loopback that
+## runs docs/loopd-tunnel.sshd.conf: exact bytes both ways on both sockets, their modes, what
+## sshd refuses, a partition, a black hole, rejoining (scripts/tunnel-check.sh; installs openssh-server)
+tunnel-check:
+	scripts/tunnel-check.sh
 
 ## install-check: docs/production.md's install in a temporary root, the three daemons started
 ## with the units' exact ExecStart= lines, one agent request completed through them

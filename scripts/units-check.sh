@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
 # The systemd files in docs/ checked as an operator would install them (make units-check, part
 # of make test):
-#   - `systemd-analyze verify` of the four units prints nothing and exits 0, in a temporary root
+#   - `systemd-analyze verify` of the five units (the template loopd-tunnel@.service as its
+#     instance loopd-tunnel@i) prints nothing and exits 0, in a temporary root
 #     that holds this host's system units, the units and a stand-in for each ExecStart= binary;
 #   - `systemd-analyze security --offline=true` rates each unit below 4.0, and the figure is the
 #     one docs/production.md states;
 #   - docs/boxmaker.sysusers.conf creates the users and the group the units name (each unit's
-#     User= and Group= exist afterwards, the three daemons' primary group is boxmaker), and
+#     User= and Group= exist afterwards, every user's primary group but ggml-rpc's is boxmaker), and
 #     docs/boxmaker.tmpfiles.conf the metrics folder both daemons' ReadWritePaths= name.
 # Without systemd-analyze it says so and exits 0 (nothing can be checked); any failure exits 1.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 docs=$root/docs
-units=(inferproxy.service llama-worker.service loopd.service ggml-rpc-server.service)
+units=(inferproxy.service llama-worker.service loopd.service ggml-rpc-server.service loopd-tunnel@.service)
 limit=4.0
 
 if ! command -v systemd-analyze >/dev/null; then
