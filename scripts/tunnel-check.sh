@@ -236,8 +236,11 @@ bound_ms=$(((alive * (count + 1) + 1) * 1000))
 mapfile -t sessions < <(tunnel_descendants "$sshd_pid")
 [ ${#sessions[@]} -gt 0 ] || die "sshd $sshd_pid has no session to stop"
 kill -STOP "${sessions[@]}"
-ms=$(wait_gone "$ssh_pid" $((bound_ms / 1000 + 5)))
-[ "$ms" -le $bound_ms ] || die "ssh ended $ms ms after its server stopped answering, more than $bound_ms ms"
+# The keep-alives' own bound, plus 3 s for a loaded box's late timers (a behaviour check, not a
+# measurement: the measured figure is printed).
+limit_ms=$((bound_ms + 3000))
+ms=$(wait_gone "$ssh_pid" $((limit_ms / 1000 + 5)))
+[ "$ms" -le $limit_ms ] || die "ssh ended $ms ms after its server stopped answering, more than $limit_ms ms"
 ok "sshd's session stopped (a black hole): ssh exited after $ms ms (bound $bound_ms ms: ServerAliveInterval=$alive, ServerAliveCountMax=$count)"
 expect "black hole: a new connect to infer.sock" refused "$infer" 1000
 kill -CONT "${sessions[@]}" 2>/dev/null || true
