@@ -10,7 +10,7 @@ NOSTD_CRATES := -p sse-nostd -p http-nostd -p llama-proto
 DEVICE_TARGET := thumbv7em-none-eabihf
 FUZZ_SECONDS ?= 60
 
-.PHONY: help check hermetic test units-check tunnel-check install-check up-check selftest ask run up fleet-up bench-fleet verify-device verify-local fuzz fuzz-cmin fuzz-tools bench bench-e2e bench-rpc socat serve fixtures soak chaos llama fmt-check clippy unit no-std embedded
+.PHONY: help check hermetic test units-check tunnel-check install-check up-check selftest ask run up fleet-up bench-fleet bench-fleet-loopd verify-device verify-local fuzz fuzz-cmin fuzz-tools bench bench-e2e bench-rpc socat serve fixtures soak chaos llama fmt-check clippy unit no-std embedded
 
 ## help: this list of targets
 help:
@@ -188,6 +188,13 @@ bench-rpc: llama
 ## MAX_TOKENS=64; scripts/fleet-bench.sh, docs/benchmarks/fleet.md)
 bench-fleet: llama socat
 	$(if $(ROUNDS),ROUNDS=$(ROUNDS)) $(if $(MAX_TOKENS),MAX_TOKENS=$(MAX_TOKENS)) scripts/fleet-bench.sh
+
+## bench-fleet-loopd: the same through loopd serve over [[host]]: 4 requests at once on a daemon
+## of 2 hosts against one of 1, and the prompt-cache hit ratio of 8 sessions x 4 follow-ups,
+## affinity against round robin, default --cache-ram and 0 (PART=throughput|cache;
+## scripts/fleet-figures.py, docs/benchmarks/fleet.md)
+bench-fleet-loopd: llama socat
+	scripts/fleet-figures.py $(or $(PART),all)
 
 ## bench-e2e: one request direct to llama-server, through inferproxy and through `loopd serve`,
 ## interleaved (ROUNDS=30 a series, PAIR_ROUNDS= pairs of two clients at once), the server's
