@@ -15,7 +15,8 @@ workspace's debug loopd; LOOPD_BIN names another), and stops them on the way out
 
   scripts/fleet-figures.py [throughput|cache|all]     (make bench-fleet-loopd)
 
-Environment: ROUNDS (5), FOLLOW_UPS (4), SESSIONS (8).
+Environment: ROUNDS (5), FOLLOW_UPS (4), SESSIONS (8), SLOTS (2: the slots of each host's
+server, `np` in its preset, all owned by the daemons).
 """
 import json
 import os
@@ -36,6 +37,7 @@ LOOPD = os.environ.get("LOOPD_BIN") or os.path.join(
 ROUNDS = int(os.environ.get("ROUNDS", "5"))
 FOLLOW_UPS = int(os.environ.get("FOLLOW_UPS", "4"))
 SESSIONS = int(os.environ.get("SESSIONS", "8"))
+SLOTS = int(os.environ.get("SLOTS", "2"))
 
 SYSTEM = ("You are a patient tutor. You explain each answer in two short sentences, you never "
           "use lists, and you end every answer with a question for the student. The student "
@@ -56,6 +58,8 @@ class Stack:
         self.run = tempfile.mkdtemp(prefix="ff-", dir="/tmp")
         os.rmdir(self.run)
         env = dict(os.environ, HOSTS="2", FLEET_OWNER_PID=str(os.getpid()))
+        if SLOTS != 2:
+            preset_extra += f"np = {SLOTS}\n"
         if preset_extra:
             self.extra = tempfile.NamedTemporaryFile("w", suffix=".ini", delete=False)
             self.extra.write(preset_extra)
@@ -78,6 +82,9 @@ class Stack:
         head = head.replace(f"{self.run}/loopd.sock", f"{self.run}/{name}.sock")
         head = head.replace(f"{self.run}/loopd.db", f"{self.run}/{name}.db")
         kept = [t for t in tables if any(f'name = "{h}"' in t for h in hosts)]
+        head = head.replace("total_slots = 2", f"total_slots = {SLOTS}")
+        owned = ", ".join(str(i) for i in range(SLOTS))
+        kept = [t.replace("slots = [0, 1]", f"slots = [{owned}]") for t in kept]
         text = f'placement = "{placement}"\n' + head + "".join(
             "\n[[host]]\n" + t for t in kept)
         path = os.path.join(self.run, f"{name}.toml")

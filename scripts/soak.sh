@@ -33,6 +33,7 @@ suites=(
   "loopd-retry-real-server|cargo test -q --features real-server -p loopd --test retry_real_server"
   "loopd-rpc-unit|cargo test -q --features real-server -p loopd --test rpc_unit"
   "loopd-fleet-real|cargo test -q --features real-server -p loopd --test fleet_real"
+  "loopd-fleet-ssh-real|cargo test -q --features real-server -p loopd --test fleet_ssh_real"
   "loopd-fleet|cargo test -q -p loopd --test fleet"
   "harness-local-server|cargo test -q --features real-server -p llama-harness --test local_server"
   "worker-real-server|cargo test -q --features real-server -p llama-worker --test real_server"
