@@ -6,6 +6,7 @@
 //! One daemon, one run, the faults in turn; each request is followed on the daemon's socket
 //! and every wait has a deadline that says what it last saw:
 //!
+//! 0. a third host that answers nothing is named and not used: the daemon serves with two;
 //! 1. two requests with two sessions land one per host (`placed` events);
 //! 2. SIGKILL of host b's model instance mid-stream: b's request ends with the worker's
 //!    reason (`worker_restarted` / `server_died`) and its partial output, pushed on b's watch;
@@ -96,11 +97,13 @@ fn write_config(dir: &Path, a: &Host, b: &Host) -> (PathBuf, PathBuf) {
         &config,
         format!(
             "socket = {:?}\nmodel = {:?}\n\
+             [limits]\nload_wait_ms = 5000\n\
              [sampling]\ntemperature = 0.0\nseed = {}\n\
              [runner]\nworker_socket = {:?}\n\
              [daemon]\nsocket = {:?}\n\
              [expect]\nchat_template_sha256 = \"{}\"\nn_ctx = {}\ntotal_slots = {}\n\
-             {}{}",
+             {}{}\
+             [[host]]\nname = \"c\"\ninfer_socket = {:?}\nworker_socket = {:?}\nslots = [0]\n",
             a.infer.socket().display().to_string(),
             a.server.model(),
             SAMPLING.seed.unwrap(),
@@ -111,6 +114,8 @@ fn write_config(dir: &Path, a: &Host, b: &Host) -> (PathBuf, PathBuf) {
             props.total_slots,
             a.toml(),
             b.toml(),
+            dir.join("c/infer.sock").display().to_string(),
+            dir.join("c/status.sock").display().to_string(),
         ),
     )
     .unwrap();
@@ -129,6 +134,12 @@ fn two_hosts_one_daemon_each_fault_ends_only_its_hosts_request() {
     let (config, socket) = write_config(&dir, &a, &b);
     let folder = temp_dir("fleet-real-folder");
     let (_serve, log): (Serve, PathBuf) = start_serve(&config, &folder, &dir);
+    // Host c answers nothing: named, not used; the daemon serves with a and b.
+    let said = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        said.contains("loopd serve: host c: not used: the server did not answer GET /props"),
+        "{said}"
+    );
     wait_for(
         "the ready line naming both hosts",
         Duration::from_secs(10),
