@@ -36,7 +36,8 @@
 //! killed, started again after 1 to 5 s) and b black-holed (its forwarders stopped for 3.5 to
 //! 6 s). Checked besides: `host_lost` is among the named reasons, and no submit is refused
 //! with a worker's code while a host was up (a refusal counts only when both hosts were
-//! within a fault, or within 10 s of its end, when it came).
+//! down, or within 10 s of being down, when it came: within an injected fault, or while its
+//! worker, asked every 200 ms on its own socket, said anything but `ready`).
 //!
 //! `CHAOS_LOAD=n` runs n CPU-bound processes beside the stack for the run (issue 29: a busy
 //! box); `CHAOS_FAULTS=0` injects nothing, and then every request must complete with no
@@ -381,8 +382,8 @@ struct Shared {
     daemon_epoch: AtomicUsize,
     /// Every acknowledged id, with the daemon kills counted when it was acknowledged.
     acks: Mutex<Vec<(usize, u64)>>,
-    /// Each fault that took a host down (`CHAOS_HOSTS=2`): the host (0 a, 1 b), its start
-    /// and, once healed, its end.
+    /// Each time a host was down (`CHAOS_HOSTS=2`): an injected fault, or its worker saying
+    /// anything but `ready`: the host (0 a, 1 b), its start and, once over, its end.
     down: Mutex<Vec<(usize, Instant, Option<Instant>)>>,
 }
 
@@ -1336,7 +1337,24 @@ fn chaos_every_request_ends_named_and_the_stack_heals() {
     let mut rng = Rng::new(seed);
     let injector_rng = Rng::new(rng.next());
 
-    let server = LocalServer::start_with_worker_config(&timers.worker_config());
+    // HOSTS=2: two one-core hosts, as `scripts/fleet-stack.sh` runs them (one thread each,
+    // pinned to a CPU of its own): two servers of two threads each on this box's 2 cores
+    // starved each other past the scaled stall timeout (3 restarts of a healthy host a in one
+    // run of seed 424242).
+    let hosts = env_u64("CHAOS_HOSTS", 1).clamp(1, 2) as usize;
+    let one_core = |cpu: usize| {
+        let s = LocalServer::start_with_configs(
+            &timers.worker_config(),
+            "threads = 1\nthreads-batch = 1\n",
+        );
+        llama_harness::pin_to_cpu(s.pgid(), cpu);
+        s
+    };
+    let server = if hosts == 2 {
+        one_core(0)
+    } else {
+        LocalServer::start_with_worker_config(&timers.worker_config())
+    };
     let proxy = Mutex::new(Proxy::start(server.addr()));
     let proxy_socket = proxy.lock().unwrap().socket().to_owned();
     let dir = llama_harness::temp_dir("chaos");
@@ -1353,9 +1371,7 @@ fn chaos_every_request_ends_named_and_the_stack_heals() {
     let socket = dir.join("loopd.sock");
     let config = dir.join("loopd.toml");
     // CHAOS_HOSTS=2: host b beside a, reached through forwarders standing in for the tunnel.
-    let hosts = env_u64("CHAOS_HOSTS", 1).clamp(1, 2) as usize;
-    let b_server =
-        (hosts == 2).then(|| LocalServer::start_with_worker_config(&timers.worker_config()));
+    let b_server = (hosts == 2).then(|| one_core(1));
     let b_proxy = b_server.as_ref().map(|b| Proxy::start(b.addr()));
     let b_links = match (&b_server, &b_proxy) {
         (Some(b), Some(p)) => {
@@ -1435,6 +1451,29 @@ fn chaos_every_request_ends_named_and_the_stack_heals() {
             probe_interval: Duration::from_millis(5_000 / timers.factor),
         };
         let injector = scope.spawn(move || injector.run());
+        // HOSTS=2: each host is also down while its worker says anything but `ready` (a
+        // restart of its own, not only the injected ones), asked on its own socket every
+        // 200 ms: a refusal is fair while both are down.
+        if let Some(b) = &b_server {
+            let (a, shared) = (&server, &shared);
+            scope.spawn(move || {
+                let mut open: [Option<usize>; 2] = [None, None];
+                while !shared.done.load(Ordering::SeqCst) {
+                    for (i, host) in [a, b].into_iter().enumerate() {
+                        let ready = host.worker_status().is_ok_and(|s| s["state"] == "ready");
+                        match (ready, open[i]) {
+                            (false, None) => open[i] = Some(shared.host_down(i)),
+                            (true, Some(fault)) => {
+                                shared.host_up(fault);
+                                open[i] = None;
+                            }
+                            _ => {}
+                        }
+                    }
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+            });
+        }
         // CHAOS_TRACE=file: the worker's status every 250 ms, stamped, to see what it judged.
         if let Ok(path) = std::env::var("CHAOS_TRACE") {
             let (server, shared) = (&server, &shared);
