@@ -66,6 +66,10 @@ use loopd::selftest::SAMPLING;
 use real_serve::{start_serve, Serve};
 use serde_json::{json, Value};
 
+/// The rolls of b's partition and black hole in the injector's first list (HOSTS=2).
+const PARTITION: u64 = 100;
+const BLACK_HOLE: u64 = 101;
+
 /// Every fail reason a result may name: the runner's own and the client's (docs/runner.md).
 const NAMED: &[&str] = &[
     "tool_execution_error",
@@ -757,6 +761,11 @@ impl Injector<'_> {
         // Every kind once first, in a seeded order (a roll of each kind's range below), so a
         // short run injects each; a kind skipped for now is tried again later. Then at random.
         let mut first: Vec<u64> = vec![0, 25, 45, 65, 85, 89];
+        // HOSTS=2: a partition and a black hole of b among the first too (rolls past 99, which
+        // only this list gives).
+        if self.host_b.is_some() {
+            first.extend([PARTITION, BLACK_HOLE]);
+        }
         for i in (1..first.len()).rev() {
             first.swap(i, self.rng.below(i as u64 + 1) as usize);
         }
@@ -799,8 +808,10 @@ impl Injector<'_> {
                     }
                     self.server_fault(if roll < 25 { "-KILL" } else { "-STOP" }, target);
                 }
+                PARTITION => self.network_fault(Some(true)),
+                BLACK_HOLE => self.network_fault(Some(false)),
                 45..=64 if self.host_b.is_some() && self.rng.below(3) != 0 => {
-                    self.network_fault();
+                    self.network_fault(None);
                 }
                 45..=64 => {
                     let down = self.rng.between_ms(100, 2_000);
@@ -920,11 +931,11 @@ impl Injector<'_> {
     /// Host b's forwarders killed and started again after 1 to 5 s (a partition), or stopped
     /// for 3.5 to 6 s and continued (a black hole); then b must be ready again in the
     /// daemon's `status`.
-    fn network_fault(&mut self) {
+    fn network_fault(&mut self, partition: Option<bool>) {
         let Some((_, links)) = self.host_b else {
             return;
         };
-        let partition = self.rng.below(2) == 0;
+        let partition = partition.unwrap_or_else(|| self.rng.below(2) == 0);
         let fault = self.shared.host_down(1);
         let at = Instant::now();
         let name = if partition {
