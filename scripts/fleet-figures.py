@@ -83,6 +83,8 @@ class Stack:
         head = head.replace(f"{self.run}/loopd.db", f"{self.run}/{name}.db")
         kept = [t for t in tables if any(f'name = "{h}"' in t for h in hosts)]
         head = head.replace("total_slots = 2", f"total_slots = {SLOTS}")
+        # The preset's context (8192) shared by the slots: n_ctx is a slot's.
+        head = head.replace("n_ctx = 4096", f"n_ctx = {8192 // SLOTS}")
         owned = ", ".join(str(i) for i in range(SLOTS))
         kept = [t.replace("slots = [0, 1]", f"slots = [{owned}]") for t in kept]
         text = f'placement = "{placement}"\n' + head + "".join(
@@ -107,7 +109,10 @@ class Daemon:
             except OSError:
                 pass
             if self.proc.poll() is not None or time.time() > deadline:
-                raise SystemExit(f"loopd serve did not start; see {log}")
+                self.log.flush()
+                with open(log) as f:
+                    said = f.read()[-2000:]
+                raise SystemExit(f"loopd serve did not start; it said:\n{said}")
             time.sleep(0.2)
 
     def stop(self):
