@@ -96,12 +96,16 @@ pub(crate) fn parse_chunk<'a>(payload: &'a [u8], out: &mut RawChunk<'a>) -> Resu
         b"timings" => {
             seen.first(4)?;
             out.chunk.timings = s
-                .counts(TIMINGS_KEYS, |k| match k {
-                    b"cache_n" => Some(0),
-                    b"prompt_n" => Some(1),
-                    b"predicted_n" => Some(2),
-                    _ => None,
-                })?
+                .counts(
+                    TIMINGS_KEYS,
+                    #[cfg_attr(target_pointer_width = "64", inline(always))]
+                    |k| match k {
+                        b"cache_n" => Some(0),
+                        b"prompt_n" => Some(1),
+                        b"predicted_n" => Some(2),
+                        _ => None,
+                    },
+                )?
                 .map(|[cache_n, prompt_n, predicted_n]| Timings {
                     cache_n,
                     prompt_n,
@@ -112,13 +116,17 @@ pub(crate) fn parse_chunk<'a>(payload: &'a [u8], out: &mut RawChunk<'a>) -> Resu
         b"prompt_progress" => {
             seen.first(8)?;
             out.chunk.prompt_progress = s
-                .counts(PROGRESS_KEYS, |k| match k {
-                    b"total" => Some(0),
-                    b"cache" => Some(1),
-                    b"processed" => Some(2),
-                    b"time_ms" => Some(3),
-                    _ => None,
-                })?
+                .counts(
+                    PROGRESS_KEYS,
+                    #[cfg_attr(target_pointer_width = "64", inline(always))]
+                    |k| match k {
+                        b"total" => Some(0),
+                        b"cache" => Some(1),
+                        b"processed" => Some(2),
+                        b"time_ms" => Some(3),
+                        _ => None,
+                    },
+                )?
                 .map(|[total, cache, processed, time_ms]| PromptProgress {
                     total,
                     cache,
@@ -704,20 +712,25 @@ impl<'a> Scan<'a> {
     ) -> Result<Option<[u64; N]>> {
         let mut vals = [0u64; N];
         let mut seen = 0u32;
-        let present = self.opt_object(order, |s, key| match field(key) {
-            Some(k) => {
-                if seen & (1 << k) != 0 {
-                    return Err(Error::CustomError.into());
+        // Inline on a 64-bit host: a call per field kept the walk's state in memory.
+        let present = self.opt_object(
+            order,
+            #[cfg_attr(target_pointer_width = "64", inline(always))]
+            |s, key| match field(key) {
+                Some(k) => {
+                    if seen & (1 << k) != 0 {
+                        return Err(Error::CustomError.into());
+                    }
+                    seen |= 1 << k;
+                    if let Some(v) = vals.get_mut(k) {
+                        *v = s.u64()?;
+                    }
+                    Ok(())
                 }
-                seen |= 1 << k;
-                if let Some(v) = vals.get_mut(k) {
-                    *v = s.u64()?;
-                }
-                Ok(())
-            }
-            // Inside the top-level object and this one.
-            None => s.skip(2),
-        })?;
+                // Inside the top-level object and this one.
+                None => s.skip(2),
+            },
+        )?;
         if !present {
             return Ok(None);
         }
