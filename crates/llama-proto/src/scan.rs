@@ -748,6 +748,7 @@ impl<'a> Scan<'a> {
     }
 
     /// An unsigned integer, as `serde-json-core` reads a `u64`.
+    #[cfg_attr(target_pointer_width = "64", inline(always))]
     fn u64(&mut self) -> Result<u64> {
         let first = self.ws().ok_or(Error::EofWhileParsingValue)?;
         match first {
