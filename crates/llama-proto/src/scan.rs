@@ -394,6 +394,7 @@ impl<'a> Scan<'a> {
         }
     }
 
+    #[cfg_attr(target_pointer_width = "64", inline(always))]
     fn null(&mut self) -> Result<()> {
         match self.b.get(self.i..self.i + 4) {
             Some(b"null") => {
@@ -559,7 +560,7 @@ impl<'a> Scan<'a> {
             if k.is(&words) {
                 *next = n + 1;
                 self.i = at + k.len;
-                return self.b.get(at + 1..at + k.len - 2);
+                return ahead.get(1..k.len - 2);
             }
             n += 1;
         }
