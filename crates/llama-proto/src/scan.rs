@@ -13,6 +13,12 @@
 //! same fault when it parsed these values, except nesting past [`MAX_NESTING`], which is
 //! [`DecodeError::TooDeep`].
 //!
+//! On 64-bit hosts a key where llama-server puts it (`"key":` among the next three keys of
+//! that object's [`Order`], in the order its chunks write them) is matched as whole words,
+//! with no scan for its closing quote; any other key, order or spelling takes the scan. Both
+//! give the same key and position, so the result does not depend on the order (a proptest
+//! holds the two to the same result).
+//!
 //! The walk keeps a depth count, not a stack: the objects it descends into are at fixed
 //! depths (at most 7), and a skipped value's depth is counted against the limit, so its stack
 //! use is constant whatever the payload.
@@ -41,6 +47,35 @@ const CALLS: usize = 5;
 const CALL: usize = 6;
 const FUNCTION: usize = 7;
 
+// The keys of each walked object in the order llama-server's chunks write them.
+const TOP_KEYS: Order = keys![
+    "choices",
+    "created",
+    "id",
+    "model",
+    "system_fingerprint",
+    "object",
+    "timings",
+    "prompt_progress",
+];
+const CHOICE_KEYS: Order = keys!["finish_reason", "index", "delta"];
+const DELTA_KEYS: Order = keys!["content", "reasoning_content", "tool_calls"];
+const CALL_KEYS: Order = keys!["index", "id", "type", "function"];
+const FUNCTION_KEYS: Order = keys!["name", "arguments"];
+const TIMINGS_KEYS: Order = keys![
+    "cache_n",
+    "prompt_n",
+    "prompt_ms",
+    "prompt_per_token_ms",
+    "prompt_per_second",
+    "predicted_n",
+    "predicted_ms",
+    "predicted_per_token_ms",
+    "predicted_per_second",
+];
+const PROGRESS_KEYS: Order = keys!["total", "cache", "processed", "time_ms"];
+const NO_KEYS: Order = keys![];
+
 /// Parses `payload` into `out` (which must start as `RawChunk::default()`).
 pub(crate) fn parse_chunk<'a>(payload: &'a [u8], out: &mut RawChunk<'a>) -> Result<()> {
     let mut s = Scan { b: payload, i: 0 };
@@ -48,7 +83,7 @@ pub(crate) fn parse_chunk<'a>(payload: &'a [u8], out: &mut RawChunk<'a>) -> Resu
         return Err(Error::InvalidType.into());
     }
     let mut seen = Seen(0);
-    s.object(|s, key| match key {
+    s.object(TOP_KEYS, |s, key| match key {
         b"choices" => {
             seen.first(1)?;
             s.choices(out)
@@ -61,12 +96,16 @@ pub(crate) fn parse_chunk<'a>(payload: &'a [u8], out: &mut RawChunk<'a>) -> Resu
         b"timings" => {
             seen.first(4)?;
             out.chunk.timings = s
-                .counts(|k| match k {
-                    b"cache_n" => Some(0),
-                    b"prompt_n" => Some(1),
-                    b"predicted_n" => Some(2),
-                    _ => None,
-                })?
+                .counts(
+                    TIMINGS_KEYS,
+                    #[cfg_attr(target_pointer_width = "64", inline(always))]
+                    |k| match k {
+                        b"cache_n" => Some(0),
+                        b"prompt_n" => Some(1),
+                        b"predicted_n" => Some(2),
+                        _ => None,
+                    },
+                )?
                 .map(|[cache_n, prompt_n, predicted_n]| Timings {
                     cache_n,
                     prompt_n,
@@ -77,13 +116,17 @@ pub(crate) fn parse_chunk<'a>(payload: &'a [u8], out: &mut RawChunk<'a>) -> Resu
         b"prompt_progress" => {
             seen.first(8)?;
             out.chunk.prompt_progress = s
-                .counts(|k| match k {
-                    b"total" => Some(0),
-                    b"cache" => Some(1),
-                    b"processed" => Some(2),
-                    b"time_ms" => Some(3),
-                    _ => None,
-                })?
+                .counts(
+                    PROGRESS_KEYS,
+                    #[cfg_attr(target_pointer_width = "64", inline(always))]
+                    |k| match k {
+                        b"total" => Some(0),
+                        b"cache" => Some(1),
+                        b"processed" => Some(2),
+                        b"time_ms" => Some(3),
+                        _ => None,
+                    },
+                )?
                 .map(|[total, cache, processed, time_ms]| PromptProgress {
                     total,
                     cache,
@@ -112,7 +155,7 @@ pub(crate) fn parse_error_event(payload: &[u8]) -> Result<RawError<'_>> {
     let mut wrapped: Option<RawError<'_>> = None;
     let mut bare = ErrorFields::default();
     let mut seen = Seen(0);
-    s.object(|s, key| match key {
+    s.object(NO_KEYS, |s, key| match key {
         b"error" => {
             seen.first(8)?;
             // A wrapper that is not an error object leaves the bare form to decide.
@@ -252,7 +295,9 @@ impl<'a> Scan<'a> {
             b',' | b'}' | b']' => return Err(Error::ExpectedSomeValue.into()),
             _ => {
                 let rest = self.b.get(self.i..).unwrap_or_default();
-                self.i += find(rest, delimiter).ok_or(Error::EofWhileParsingValue)?;
+                self.i += find_near(rest, delimiter)
+                    .or_else(|| find(rest, delimiter))
+                    .ok_or(Error::EofWhileParsingValue)?;
             }
         }
         Ok(self.b.get(start..self.i).unwrap_or_default())
@@ -349,6 +394,7 @@ impl<'a> Scan<'a> {
         }
     }
 
+    #[cfg_attr(target_pointer_width = "64", inline(always))]
     fn null(&mut self) -> Result<()> {
         match self.b.get(self.i..self.i + 4) {
             Some(b"null") => {
@@ -362,15 +408,19 @@ impl<'a> Scan<'a> {
     /// The object whose `{` is at `self.i`, to its `}`: `field` is called with each key (the
     /// raw bytes between its quotes) and must consume the value after the colon.
     #[cfg_attr(target_pointer_width = "64", inline(always))]
-    fn object(&mut self, field: impl FnMut(&mut Self, &'a [u8]) -> Result<()>) -> Result<()> {
+    fn object(
+        &mut self,
+        order: Order,
+        field: impl FnMut(&mut Self, &'a [u8]) -> Result<()>,
+    ) -> Result<()> {
         // One copy of the loop on a 32-bit device (flash), one per call site on a 64-bit host.
         #[cfg(not(target_pointer_width = "64"))]
         let field: &mut dyn FnMut(&mut Self, &'a [u8]) -> Result<()> = &mut { field };
-        self.object_with(field)
+        self.object_with(order, field)
     }
 
     #[cfg_attr(target_pointer_width = "64", inline(always))]
-    fn object_with<F>(&mut self, mut field: F) -> Result<()>
+    fn object_with<F>(&mut self, order: Order, mut field: F) -> Result<()>
     where
         F: FnMut(&mut Self, &'a [u8]) -> Result<()>,
     {
@@ -383,9 +433,25 @@ impl<'a> Scan<'a> {
             b'"' => {}
             _ => return Err(Error::KeyMustBeAString.into()),
         }
+        #[cfg(target_pointer_width = "64")]
+        let mut next = 0;
         loop {
-            let key = self.string()?;
-            self.colon()?;
+            #[cfg(target_pointer_width = "64")]
+            let key = match self.known_key(order, &mut next) {
+                Some(key) => key,
+                None => {
+                    let key = self.string()?;
+                    self.colon()?;
+                    key
+                }
+            };
+            #[cfg(not(target_pointer_width = "64"))]
+            let key = {
+                let () = order;
+                let key = self.string()?;
+                self.colon()?;
+                key
+            };
             field(self, key)?;
             match self.ws().ok_or(Error::EofWhileParsingObject)? {
                 b',' => {
@@ -451,10 +517,14 @@ impl<'a> Scan<'a> {
     /// `null`, or the object whose `{` is next, walked by `field` as in [`object`](Self::object).
     /// False for `null`.
     #[cfg_attr(target_pointer_width = "64", inline(always))]
-    fn opt_object(&mut self, field: impl FnMut(&mut Self, &'a [u8]) -> Result<()>) -> Result<bool> {
+    fn opt_object(
+        &mut self,
+        order: Order,
+        field: impl FnMut(&mut Self, &'a [u8]) -> Result<()>,
+    ) -> Result<bool> {
         match self.ws().ok_or(Error::EofWhileParsingValue)? {
             b'n' => self.null().map(|()| false),
-            b'{' => self.object(field).map(|()| true),
+            b'{' => self.object(order, field).map(|()| true),
             _ => Err(Error::InvalidType.into()),
         }
     }
@@ -464,6 +534,37 @@ impl<'a> Scan<'a> {
     #[cfg_attr(target_pointer_width = "64", inline(always))]
     fn skip(&mut self, depth: usize) -> Result<()> {
         self.value(depth).map(drop)
+    }
+
+    /// The key at `self.i` if it is written as one of the three keys of `order` from `next`
+    /// on (`"key":`, compared as four words; a key within 32 bytes of the payload's end is
+    /// left to the scan); `self.i` is then after the colon, as after [`string`](Self::string)
+    /// and [`colon`](Self::colon), and `next` after that key. `None` changes neither.
+    #[cfg(target_pointer_width = "64")]
+    #[inline(always)]
+    fn known_key(&mut self, order: Order, next: &mut usize) -> Option<&'a [u8]> {
+        #[cfg(test)]
+        if tests::GENERAL_ONLY.with(core::cell::Cell::get) {
+            return None;
+        }
+        let at = self.i;
+        let ahead = <&[u8; 32]>::try_from(self.b.get(at..at + 32)?).ok()?;
+        let word = |j: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&ahead[j * 8..j * 8 + 8]);
+            u64::from_le_bytes(w)
+        };
+        let words = [word(0), word(1), word(2), word(3)];
+        let mut n = *next;
+        while let Some(k) = order.get(n).filter(|_| n < *next + 3) {
+            if k.is(&words) {
+                *next = n + 1;
+                self.i = at + k.len;
+                return ahead.get(1..k.len - 2);
+            }
+            n += 1;
+        }
+        None
     }
 
     /// Only whitespace may follow the top-level value.
@@ -486,7 +587,7 @@ impl<'a> Scan<'a> {
                 return Err(Error::InvalidType.into());
             }
             let mut seen = Seen(0);
-            s.object(|s, key| match key {
+            s.object(CHOICE_KEYS, |s, key| match key {
                 b"finish_reason" => {
                     seen.first(1)?;
                     out.finish_reason = s.opt_str()?;
@@ -505,7 +606,7 @@ impl<'a> Scan<'a> {
     /// `choices[0].delta`: `null` or an object.
     fn delta(&mut self, out: &mut RawChunk<'a>) -> Result<()> {
         let mut seen = Seen(0);
-        self.opt_object(|s, key| match key {
+        self.opt_object(DELTA_KEYS, |s, key| match key {
             b"content" => {
                 seen.first(1)?;
                 out.chunk.content = s.opt_str()?;
@@ -538,7 +639,7 @@ impl<'a> Scan<'a> {
             }
             let mut call = ToolCallDelta::default();
             let mut seen = Seen(0);
-            s.object(|s, key| match key {
+            s.object(CALL_KEYS, |s, key| match key {
                 b"index" => {
                     seen.first(1)?;
                     call.index = s.u32()?;
@@ -552,7 +653,7 @@ impl<'a> Scan<'a> {
                 b"function" => {
                     seen.first(4)?;
                     let mut seen = Seen(0);
-                    s.opt_object(|s, key| match key {
+                    s.opt_object(FUNCTION_KEYS, |s, key| match key {
                         b"name" => {
                             seen.first(1)?;
                             call.name = s.opt_str()?;
@@ -584,7 +685,7 @@ impl<'a> Scan<'a> {
     fn opt_error(&mut self, depth: usize) -> Result<Option<RawError<'a>>> {
         let mut fields = ErrorFields::default();
         let mut seen = Seen(0);
-        if self.opt_object(|s, key| fields.field(s, key, &mut seen, depth + 1))? {
+        if self.opt_object(NO_KEYS, |s, key| fields.field(s, key, &mut seen, depth + 1))? {
             fields.finish().map(Some)
         } else {
             Ok(None)
@@ -607,24 +708,30 @@ impl<'a> Scan<'a> {
     #[cfg_attr(target_pointer_width = "64", inline(always))]
     fn counts<const N: usize>(
         &mut self,
+        order: Order,
         field: impl Fn(&[u8]) -> Option<usize>,
     ) -> Result<Option<[u64; N]>> {
         let mut vals = [0u64; N];
         let mut seen = 0u32;
-        let present = self.opt_object(|s, key| match field(key) {
-            Some(k) => {
-                if seen & (1 << k) != 0 {
-                    return Err(Error::CustomError.into());
+        // Inline on a 64-bit host: a call per field kept the walk's state in memory.
+        let present = self.opt_object(
+            order,
+            #[cfg_attr(target_pointer_width = "64", inline(always))]
+            |s, key| match field(key) {
+                Some(k) => {
+                    if seen & (1 << k) != 0 {
+                        return Err(Error::CustomError.into());
+                    }
+                    seen |= 1 << k;
+                    if let Some(v) = vals.get_mut(k) {
+                        *v = s.u64()?;
+                    }
+                    Ok(())
                 }
-                seen |= 1 << k;
-                if let Some(v) = vals.get_mut(k) {
-                    *v = s.u64()?;
-                }
-                Ok(())
-            }
-            // Inside the top-level object and this one.
-            None => s.skip(2),
-        })?;
+                // Inside the top-level object and this one.
+                None => s.skip(2),
+            },
+        )?;
         if !present {
             return Ok(None);
         }
@@ -642,6 +749,7 @@ impl<'a> Scan<'a> {
     }
 
     /// An unsigned integer, as `serde-json-core` reads a `u64`.
+    #[cfg_attr(target_pointer_width = "64", inline(always))]
     fn u64(&mut self) -> Result<u64> {
         let first = self.ws().ok_or(Error::EofWhileParsingValue)?;
         match first {
@@ -662,6 +770,74 @@ impl<'a> Scan<'a> {
             self.i += 1;
         }
         Ok(n)
+    }
+}
+
+/// The keys of one object in the order llama-server writes them, for
+/// [`Scan::known_key`]; nothing on a 32-bit device, where the scan alone keeps the flash small.
+#[cfg(target_pointer_width = "64")]
+type Order = &'static [Known];
+#[cfg(not(target_pointer_width = "64"))]
+type Order = ();
+
+#[cfg(target_pointer_width = "64")]
+macro_rules! keys {
+    ($($key:literal),* $(,)?) => {
+        &[$(Known::new($key)),*]
+    };
+}
+#[cfg(not(target_pointer_width = "64"))]
+macro_rules! keys {
+    ($($key:literal),* $(,)?) => {
+        ()
+    };
+}
+use keys;
+
+/// One key as it is written before its value, `"key":`, in little-endian words and the masks
+/// of the bytes it fills (the rest of the four words is masked off).
+#[cfg(target_pointer_width = "64")]
+struct Known {
+    words: [u64; 4],
+    masks: [u64; 4],
+    /// Bytes of `"key":`.
+    len: usize,
+}
+
+#[cfg(target_pointer_width = "64")]
+impl Known {
+    /// Refuses (at compile time) a key the scan would read differently: one with a quote or
+    /// a backslash, or too long for the four words.
+    const fn new(key: &str) -> Known {
+        let key = key.as_bytes();
+        let len = key.len() + 3;
+        assert!(len <= 32, "a known key fits four words");
+        let (mut words, mut masks) = ([0u64; 4], [0u64; 4]);
+        let mut j = 0;
+        while j < len {
+            let b = if j == 0 || j == len - 2 {
+                b'"'
+            } else if j == len - 1 {
+                b':'
+            } else {
+                assert!(
+                    key[j - 1] != b'"' && key[j - 1] != b'\\',
+                    "a known key is plain"
+                );
+                key[j - 1]
+            };
+            words[j / 8] |= (b as u64) << (8 * (j % 8));
+            masks[j / 8] |= 0xff << (8 * (j % 8));
+            j += 1;
+        }
+        Known { words, masks, len }
+    }
+
+    /// True when `words`, the 32 bytes where a key starts, begin with this key's `"key":`.
+    #[inline(always)]
+    fn is(&self, words: &[u64; 4]) -> bool {
+        let d = |j: usize| (words[j] ^ self.words[j]) & self.masks[j];
+        d(0) | d(1) | d(2) | d(3) == 0
     }
 }
 
@@ -788,6 +964,29 @@ fn find(s: &[u8], set: fn(u64) -> u64) -> Option<usize> {
     (m != 0).then(|| at + m.trailing_zeros() as usize / 8)
 }
 
+/// The position of the first byte of `s` that `set` marks if it is among the first 24 (and `s`
+/// is that long): three words in turn, without `find`'s loop (a number ends there).
+#[cfg(target_pointer_width = "64")]
+#[inline(always)]
+fn find_near(s: &[u8], set: fn(u64) -> u64) -> Option<usize> {
+    let ahead = <&[u8; 24]>::try_from(s.get(..24)?).ok()?;
+    let word = |j: usize| {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&ahead[j * 8..j * 8 + 8]);
+        set(u64::from_le_bytes(w))
+    };
+    let hit = |j: usize, m: u64| (m != 0).then(|| j * 8 + m.trailing_zeros() as usize / 8);
+    hit(0, word(0))
+        .or_else(|| hit(1, word(1)))
+        .or_else(|| hit(2, word(2)))
+}
+
+/// Nothing near on a 32-bit device: `find` there is a byte loop already.
+#[cfg(not(target_pointer_width = "64"))]
+fn find_near(_: &[u8], _: fn(u64) -> u64) -> Option<usize> {
+    None
+}
+
 /// The position of the first byte of `s` that `set` marks, a byte at a time: on a 32-bit
 /// device each 64-bit word operation is several instructions, and the word loop costs flash.
 /// The mask of a lone byte is exact (nothing below it to borrow from).
@@ -801,6 +1000,95 @@ mod tests {
     use super::*;
     use std::format;
     use std::string::String;
+    use std::vec::Vec;
+
+    use proptest::prelude::*;
+
+    std::thread_local! {
+        /// Set by a test to walk every key with the scan alone ([`Scan::known_key`] off).
+        pub(super) static GENERAL_ONLY: core::cell::Cell<bool> = const { core::cell::Cell::new(false) };
+    }
+
+    /// `decode_chunk` with the known keys matched as words, then with the scan alone.
+    fn both_ways(p: &[u8]) -> [String; 2] {
+        [false, true].map(|general| {
+            GENERAL_ONLY.with(|g| g.set(general));
+            let mut text = std::vec![0u8; p.len()];
+            let out = format!("{:?}", crate::decode_chunk(p, &mut text));
+            GENERAL_ONLY.with(|g| g.set(false));
+            out
+        })
+    }
+
+    /// Every `data:` payload of the three recorded streams.
+    fn recorded() -> Vec<&'static str> {
+        [
+            include_str!("../../../fixtures/plain.sse"),
+            include_str!("../../../fixtures/thinking.sse"),
+            include_str!("../../../fixtures/tool_call.sse"),
+        ]
+        .iter()
+        .flat_map(|t| t.lines())
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|p| p.starts_with('{'))
+        .collect()
+    }
+
+    #[test]
+    fn known_keys_give_what_the_scan_gives_on_the_recordings() {
+        let payloads = recorded();
+        assert_eq!(payloads.len(), 51);
+        for p in payloads {
+            let [known, general] = both_ways(p.as_bytes());
+            assert_eq!(known, general, "{p}");
+            assert!(known.starts_with("Ok(Chunk("), "{known}");
+        }
+    }
+
+    #[test]
+    fn known_keys_out_of_order_missing_escaped_or_spaced_give_what_the_scan_gives() {
+        for p in [
+            r#"{"id":"a","choices":[{"delta":{"content":"x"},"index":0,"finish_reason":"stop"}]}"#,
+            r#"{"choices":[{"finish_reason":null,"index":0,"delta":{"role":"assistant","content":null}}],"timings":{"prompt_n":1,"cache_n":2,"predicted_n":3}}"#,
+            r#"{"choices":[{"delta":{"tool_calls":[{"function":{"arguments":"{}","name":"f"},"index":0}]}}]}"#,
+            r#"{"c\u0068oices":[],"choices" :[{"delta":{"content" : "y"}}],"id":"b"}"#,
+            r#"{"choices":[{"delta":{"content":"a","content":"b"}}]}"#,
+            r#"{"timings":{"cache_n":1,"cache_n":1,"prompt_n":2,"predicted_n":3}}"#,
+            r#"{"choices":null,"created":1,"id":null,"model":"m","timings":null,"prompt_progress":null}"#,
+            r#"{"choices""#,
+            r#"{"choices":"#,
+            r#"{"id":"#,
+        ] {
+            let [known, general] = both_ways(p.as_bytes());
+            assert_eq!(known, general, "{p}");
+        }
+    }
+
+    proptest! {
+        /// A recorded payload with bytes replaced (JSON's own bytes most often) and maybe cut
+        /// short decodes the same whichever way its keys are found.
+        #[test]
+        fn known_keys_give_what_the_scan_gives_on_damaged_recordings(
+            which in 0usize..51,
+            edits in proptest::collection::vec(
+                (any::<prop::sample::Index>(), prop::sample::select(b"\"{}[]:, \\0an".to_vec())),
+                0..4,
+            ),
+            cut in any::<prop::sample::Index>(),
+            cut_it in any::<bool>(),
+        ) {
+            let mut p = recorded()[which].as_bytes().to_vec();
+            for (at, b) in edits {
+                let at = at.index(p.len());
+                p[at] = b;
+            }
+            if cut_it {
+                p.truncate(cut.index(p.len() + 1));
+            }
+            let [known, general] = both_ways(&p);
+            prop_assert_eq!(known, general);
+        }
+    }
 
     fn parse(p: &str) -> core::result::Result<RawChunk<'_>, Error> {
         let mut out = RawChunk::default();

@@ -8,6 +8,9 @@
 //! same for both), via `CLOCK_THREAD_CPUTIME_ID`.
 //!
 //! cargo bench -p loopd --bench client -- --warm-up-time 1 --measurement-time 3
+//!
+//! A line first splits each path's client-thread CPU into user space and the kernel
+//! (`getrusage(RUSAGE_THREAD)`, 30 requests each in turn).
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -57,6 +60,50 @@ fn transcript() -> Vec<Vec<u8>> {
     );
     events.push(b"data: [DONE]\n\n".to_vec());
     events
+}
+
+/// User and system CPU time of the calling thread.
+fn thread_user_sys() -> (Duration, Duration) {
+    // SAFETY: an all-zero rusage is a valid value of the plain C struct.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `ru` is a valid, writable rusage; RUSAGE_THREAD is a constant Linux supports.
+    let rc = unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) };
+    assert_eq!(rc, 0);
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    (tv(ru.ru_utime), tv(ru.ru_stime))
+}
+
+/// Where each path's client-thread CPU goes, user space against the kernel (the socket
+/// reads), over `rounds` requests each, taken in turn; printed before criterion's groups. The
+/// kernel's share is the same work on both paths, so it bounds the ratio a faster parser can
+/// reach.
+fn user_kernel_split(client: &Client, config: &Config, rounds: usize) {
+    let mut sum = [(Duration::ZERO, Duration::ZERO); 2];
+    for _ in 0..rounds {
+        for (k, slot) in sum.iter_mut().enumerate() {
+            let (u0, s0) = thread_user_sys();
+            if k == 0 {
+                std::hint::black_box(loopd_once(client));
+            } else {
+                std::hint::black_box(baseline_once(config));
+            }
+            let (u1, s1) = thread_user_sys();
+            slot.0 += u1 - u0;
+            slot.1 += s1 - s0;
+        }
+    }
+    let ms = |d: Duration| d.as_secs_f64() * 1e3 / rounds as f64;
+    let [(lu, ls), (pu, ps)] = sum;
+    println!(
+        "user/kernel split, {rounds} requests each in turn, ms per 10,000 events: loopd user {:.2} \
+         kernel {:.2}, peer user {:.2} kernel {:.2}; user-space ratio {:.2}x, whole {:.2}x",
+        ms(lu),
+        ms(ls),
+        ms(pu),
+        ms(ps),
+        pu.as_secs_f64() / lu.as_secs_f64(),
+        (pu + ps).as_secs_f64() / (lu + ls).as_secs_f64(),
+    );
 }
 
 fn request() -> ChatRequest {
@@ -154,6 +201,7 @@ fn bench(c: &mut Criterion) {
     let client = Client::new(config.clone());
     assert_eq!(loopd_once(&client), EVENTS - 2, "content events");
     assert_eq!(baseline_once(&config), EVENTS - 1, "data events");
+    user_kernel_split(&client, &config, 30);
 
     let mut g = c.benchmark_group("client_10k_events");
     g.throughput(Throughput::Elements(EVENTS as u64));
