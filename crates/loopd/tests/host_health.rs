@@ -24,8 +24,8 @@ fn fleet() -> Fleet {
         .iter()
         .map(|n| HostConfig {
             name: n.to_string(),
-            infer_socket: format!("/run/loopd/{n}/infer.sock").into(),
-            worker_socket: format!("/run/loopd/{n}/status.sock").into(),
+            infer_socket: format!("/run/loopd-tunnel/{n}/infer.sock").into(),
+            worker_socket: format!("/run/loopd-tunnel/{n}/status.sock").into(),
             slots: vec![0, 1],
         })
         .collect();

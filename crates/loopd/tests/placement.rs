@@ -25,8 +25,8 @@ fn fleet(slots: &[&[u32]]) -> Fleet {
         .enumerate()
         .map(|(i, s)| HostConfig {
             name: format!("h{i}"),
-            infer_socket: format!("/run/loopd/h{i}/infer.sock").into(),
-            worker_socket: format!("/run/loopd/h{i}/status.sock").into(),
+            infer_socket: format!("/run/loopd-tunnel/h{i}/infer.sock").into(),
+            worker_socket: format!("/run/loopd-tunnel/h{i}/status.sock").into(),
             slots: s.to_vec(),
         })
         .collect();

@@ -14,7 +14,7 @@ use worker_proto::State;
 use crate::runner::SubmitError;
 
 /// Longest host name, in bytes. A name goes into metric labels, events and the tunnel's
-/// socket paths (`/run/loopd/NAME/infer.sock`), so it is also limited to ASCII letters,
+/// socket paths (`/run/loopd-tunnel/NAME/infer.sock`), so it is also limited to ASCII letters,
 /// digits, `-` and `_`.
 pub const MAX_HOST_NAME_BYTES: usize = 64;
 
@@ -225,18 +225,18 @@ mod tests {
     fn host(name: &str, slots: &[u32]) -> HostConfig {
         HostConfig {
             name: name.into(),
-            infer_socket: format!("/run/loopd/{name}/infer.sock").into(),
-            worker_socket: format!("/run/loopd/{name}/status.sock").into(),
+            infer_socket: format!("/run/loopd-tunnel/{name}/infer.sock").into(),
+            worker_socket: format!("/run/loopd-tunnel/{name}/status.sock").into(),
             slots: slots.to_vec(),
         }
     }
 
     #[test]
     fn two_hosts_parse_and_pass() {
-        let text = "[[host]]\nname = \"a\"\ninfer_socket = \"/run/loopd/a/infer.sock\"\n\
-                    worker_socket = \"/run/loopd/a/status.sock\"\nslots = [0, 1]\n\
-                    [[host]]\nname = \"b\"\ninfer_socket = \"/run/loopd/b/infer.sock\"\n\
-                    worker_socket = \"/run/loopd/b/status.sock\"\nslots = [1]\n";
+        let text = "[[host]]\nname = \"a\"\ninfer_socket = \"/run/loopd-tunnel/a/infer.sock\"\n\
+                    worker_socket = \"/run/loopd-tunnel/a/status.sock\"\nslots = [0, 1]\n\
+                    [[host]]\nname = \"b\"\ninfer_socket = \"/run/loopd-tunnel/b/infer.sock\"\n\
+                    worker_socket = \"/run/loopd-tunnel/b/status.sock\"\nslots = [1]\n";
         let doc: Doc = toml::from_str(text).unwrap();
         assert_eq!(doc.host, vec![host("a", &[0, 1]), host("b", &[1])]);
         let fleet = Fleet::new(doc.host, 2).unwrap();

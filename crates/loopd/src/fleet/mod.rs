@@ -6,7 +6,8 @@
 //!
 //! Everything here is sans-IO: time is an input (`now`, a [`Duration`](std::time::Duration)
 //! since any fixed origin), nothing reads a clock or opens a socket, and a daemon drives the
-//! machines with `handle_*` and reads their decisions. Not wired into the daemon yet.
+//! machines with `handle_*` and reads their decisions. The runner drives them
+//! (`runner/hosts.rs`: a client and a `watch` thread per host, and the health thread).
 
 pub mod health;
 pub mod host;
