@@ -10,7 +10,7 @@ fn every_script_the_makefile_names_exists_and_is_executable() {
     let root = workspace_root();
     let makefile = std::fs::read_to_string(root.join("Makefile")).expect("read Makefile");
     let scripts: Vec<&str> = makefile
-        .split(|c: char| c.is_whitespace() || c == ';' || c == '(' || c == ')')
+        .split(|c: char| c.is_whitespace() || matches!(c, ';' | '(' | ')' | ','))
         .filter(|w| w.starts_with("scripts/"))
         .collect();
     assert!(scripts.len() >= 5, "found {scripts:?}");
