@@ -447,3 +447,49 @@ fn submit_and_status_print_the_reply_line_with_json_and_status_reads_by_field() 
         )
     );
 }
+
+/// `loopd serve` over `[[host]]` where no host answers: each is named as not used, and the
+/// daemon refuses to start (status 1), having bound nothing.
+#[test]
+fn serve_refuses_to_start_when_no_host_passes_its_check() {
+    let dir = llama_harness::temp_dir("loopd-serve-no-host");
+    let host = |name: &str| {
+        format!(
+            "[[host]]\nname = \"{name}\"\ninfer_socket = \"{}\"\nworker_socket = \"{}\"\nslots = [0]\n",
+            dir.join(format!("{name}-infer.sock")).display(),
+            dir.join(format!("{name}-status.sock")).display()
+        )
+    };
+    let config = dir.join("loopd.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "socket = \"{}\"\nmodel = \"m\"\n[limits]\nload_wait_ms = 300\n[daemon]\nsocket = \"{}\"\nstore = \"{}\"\n\
+             [expect]\nchat_template_sha256 = \"{}\"\nn_ctx = 4096\ntotal_slots = 2\n{}{}",
+            dir.join("a-infer.sock").display(),
+            dir.join("loopd.sock").display(),
+            dir.join("loopd.db").display(),
+            "0".repeat(64),
+            host("a"),
+            host("b"),
+        ),
+    )
+    .unwrap();
+    let out = loopd(&["serve", "--config", s(&config)]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    for name in ["a", "b"] {
+        assert!(
+            err.contains(&format!(
+                "loopd serve: host {name}: not used: the server did not answer GET /props"
+            )),
+            "{err}"
+        );
+    }
+    assert!(
+        err.contains("refusing to start: none of the 2 hosts passed its self-test"),
+        "{err}"
+    );
+    assert!(!dir.join("loopd.sock").exists(), "nothing was bound");
+    let _ = std::fs::remove_dir_all(&dir);
+}
