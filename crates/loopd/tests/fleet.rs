@@ -62,7 +62,12 @@ impl Host {
 }
 
 fn runner(a: &Host, b: &Host, policy: PlacementPolicy) -> Runner {
-    let client = Arc::new(Client::new(config(&a.server)));
+    ready_runner(&a.server, vec![a.spec("a"), b.spec("b")], policy)
+}
+
+/// A runner over `hosts` (its config's timers from `server`'s), once every host is ready.
+fn ready_runner(server: &FakeServer, hosts: Vec<HostSpec>, policy: PlacementPolicy) -> Runner {
+    let client = Arc::new(Client::new(config(server)));
     let placement = PlacementConfig {
         policy,
         ..PlacementConfig::default()
@@ -71,16 +76,28 @@ fn runner(a: &Host, b: &Host, policy: PlacementPolicy) -> Runner {
         client,
         ToolRegistry::new(),
         Arc::new(StandardBios),
-        vec![a.spec("a"), b.spec("b")],
+        hosts,
         placement,
     )
-    .expect("two good hosts");
+    .expect("good hosts");
     wait_for(
         || r.hosts().iter().all(|h| h.state.is_ready()),
         &r,
-        "both hosts ready",
+        "every host ready",
     );
     r
+}
+
+/// `r` ended `host_lost` on `host` with `content`, the output it had.
+fn assert_host_lost(r: &RequestResult, host: &str, content: &str) {
+    assert_eq!(r.host.as_deref(), Some(host));
+    assert_eq!(
+        fail_reason(r),
+        Some(&FailReason::HostLost),
+        "{:?}",
+        r.outcome
+    );
+    assert_eq!(r.content.as_deref(), Some(content));
 }
 
 fn ask(text: &str, session: Option<&str>) -> Submission {
@@ -209,14 +226,7 @@ fn a_closed_watch_ends_only_its_hosts_requests_with_their_output_and_the_host_co
         "ended {:?} after the watch closed",
         lost_at.elapsed()
     );
-    assert_eq!(rb.host.as_deref(), Some("b"));
-    assert_eq!(
-        fail_reason(&rb),
-        Some(&FailReason::HostLost),
-        "{:?}",
-        rb.outcome
-    );
-    assert_eq!(rb.content.as_deref(), Some("partial on b"));
+    assert_host_lost(&rb, "b", "partial on b");
     // a's request never noticed.
     let ra = wait(&r, on_a);
     assert_eq!(ra.host.as_deref(), Some("a"));
@@ -249,14 +259,7 @@ fn a_silent_watch_is_host_lost_after_three_seconds_and_the_next_submit_lands_on_
     a.worker.mute_watches(true);
     let res = wait(&r, on_a);
     let took = muted_at.elapsed();
-    assert_eq!(res.host.as_deref(), Some("a"));
-    assert_eq!(
-        fail_reason(&res),
-        Some(&FailReason::HostLost),
-        "{:?}",
-        res.outcome
-    );
-    assert_eq!(res.content.as_deref(), Some("a says"));
+    assert_host_lost(&res, "a", "a says");
     // The last line (a ping a second) came up to a second before the mute: lost 2 to 3 s
     // later, plus a poll; the upper bound is generous for a loaded box.
     assert!(
@@ -302,19 +305,10 @@ fn a_refused_connect_places_the_request_once_more_on_the_other_host() {
     let dir = llama_harness::temp_dir("loopd-fleet-refused");
     let mut spec_a = a.spec("a");
     spec_a.infer_socket = refusing_socket(&dir);
-    let client = Arc::new(Client::new(config(&b.server)));
-    let r = Runner::with_hosts(
-        client,
-        ToolRegistry::new(),
-        Arc::new(StandardBios),
+    let r = ready_runner(
+        &b.server,
         vec![spec_a, b.spec("b")],
-        PlacementConfig::default(),
-    )
-    .unwrap();
-    wait_for(
-        || r.hosts().iter().all(|h| h.state.is_ready()),
-        &r,
-        "both ready",
+        PlacementPolicy::Affinity,
     );
     let (tx, rx) = std::sync::mpsc::channel();
     let observer = Box::new(move |e: &RequestEvent| {
@@ -353,20 +347,7 @@ fn refused_on_both_hosts_ends_host_lost_without_a_second_rehome() {
     let (mut spec_a, mut spec_b) = (a.spec("a"), b.spec("b"));
     spec_a.infer_socket = refusing_socket(&dir);
     spec_b.infer_socket = spec_a.infer_socket.clone();
-    let client = Arc::new(Client::new(config(&a.server)));
-    let r = Runner::with_hosts(
-        client,
-        ToolRegistry::new(),
-        Arc::new(StandardBios),
-        vec![spec_a, spec_b],
-        PlacementConfig::default(),
-    )
-    .unwrap();
-    wait_for(
-        || r.hosts().iter().all(|h| h.state.is_ready()),
-        &r,
-        "both ready",
-    );
+    let r = ready_runner(&a.server, vec![spec_a, spec_b], PlacementPolicy::Affinity);
     let res = wait(&r, r.submit(ask("x", None)).unwrap());
     assert_eq!(
         fail_reason(&res),

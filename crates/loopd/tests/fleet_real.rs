@@ -25,8 +25,10 @@ mod real_serve;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use fleet_support::{assert_failed_with_output, call, completed_on, status, wait_host, Followed};
-use llama_harness::{pin_to_cpu, temp_dir, wait_for, Forwarder, LocalServer, Proxy};
+use fleet_support::{
+    assert_failed_with_output, call, completed_on, status, wait_host, wait_ready_line, Followed,
+};
+use llama_harness::{pin_to_cpu, temp_dir, Forwarder, LocalServer, Proxy};
 use loopd::config::Config;
 use loopd::llama::Client;
 use loopd::selftest::SAMPLING;
@@ -140,17 +142,7 @@ fn two_hosts_one_daemon_each_fault_ends_only_its_hosts_request() {
         said.contains("loopd serve: host c: not used: the server did not answer GET /props"),
         "{said}"
     );
-    wait_for(
-        "the ready line naming both hosts",
-        Duration::from_secs(10),
-        || {
-            let said = std::fs::read_to_string(&log).unwrap_or_default();
-            match said.lines().find(|l| l.contains("ready on")) {
-                Some(l) if l.contains("hosts a, b") => Ok(()),
-                other => Err(format!("{other:?}")),
-            }
-        },
-    );
+    wait_ready_line(&log, "hosts a, b");
     wait_host(&socket, "a", "ready", Duration::from_secs(30));
     wait_host(&socket, "b", "ready", Duration::from_secs(30));
 

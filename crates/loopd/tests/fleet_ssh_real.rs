@@ -16,8 +16,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use fleet_support::{assert_failed_with_output, completed_on, wait_host, Followed};
-use llama_harness::{temp_dir, wait_for, workspace_root, LocalServer, Proxy};
+use fleet_support::{
+    assert_failed_with_output, completed_on, wait_host, wait_ready_line, Followed,
+};
+use llama_harness::{temp_dir, workspace_root, LocalServer, Proxy};
 use loopd::config::Config;
 use loopd::llama::Client;
 use loopd::selftest::SAMPLING;
@@ -124,17 +126,7 @@ fn host_b_through_a_user_mode_sshd_partitioned_and_rejoined() {
     let (config, socket) = write_config(&dir, (&a, &a_proxy), (&infer, &status));
     let folder = temp_dir("fleet-ssh-folder");
     let (_serve, log) = start_serve(&config, &folder, &dir);
-    wait_for(
-        "the ready line naming both hosts",
-        Duration::from_secs(10),
-        || {
-            let said = std::fs::read_to_string(&log).unwrap_or_default();
-            match said.lines().find(|l| l.contains("ready on")) {
-                Some(l) if l.contains("hosts a, b") => Ok(()),
-                other => Err(format!("{other:?}")),
-            }
-        },
-    );
+    wait_ready_line(&log, "hosts a, b");
     wait_host(&socket, "b", "ready", Duration::from_secs(30));
 
     // Hold a's first slot so the session's first request goes to b, the most free host.

@@ -155,3 +155,19 @@ pub fn wait_host(socket: &Path, name: &str, state: &str, timeout: Duration) {
         },
     );
 }
+
+/// Waits up to 10 s for `loopd serve`'s ready line in `log` (it comes just after `READY=1`)
+/// and for it to name `hosts` (`hosts a, b`).
+pub fn wait_ready_line(log: &Path, hosts: &str) {
+    wait_for(
+        &format!("the ready line naming {hosts}"),
+        Duration::from_secs(10),
+        || {
+            let said = std::fs::read_to_string(log).unwrap_or_default();
+            match said.lines().find(|l| l.contains("ready on")) {
+                Some(l) if l.contains(hosts) => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    );
+}
