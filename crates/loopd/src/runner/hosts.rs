@@ -35,6 +35,17 @@ pub struct HostSpec {
     pub slots: Vec<u32>,
 }
 
+impl HostSpec {
+    /// A client for this host: `base`'s config with this host's inference and worker
+    /// sockets, on `base`'s clock and jitter.
+    pub fn client(&self, base: &Client) -> Client {
+        let mut config = base.config().clone();
+        config.socket = self.infer_socket.clone();
+        config.runner.worker_socket = self.worker_socket.clone();
+        Client::with_time(config, base.shared_clock(), base.shared_jitter())
+    }
+}
+
 impl From<&HostConfig> for HostSpec {
     fn from(h: &HostConfig) -> Self {
         HostSpec {
@@ -69,15 +80,11 @@ impl Host {
                 watch: None,
             };
         }
-        let mut config = base.config().clone();
-        config.socket = spec.infer_socket.clone();
-        config.runner.worker_socket = spec.worker_socket.clone();
-        let settings = config.runner.clone();
-        let client = Client::with_time(config, base.shared_clock(), base.shared_jitter());
+        let client = spec.client(base);
         Host {
             name: spec.name.clone(),
+            settings: client.config().runner.clone(),
             client: Arc::new(client),
-            settings,
             watch: None,
         }
     }

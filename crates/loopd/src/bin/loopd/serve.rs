@@ -190,7 +190,7 @@ pub fn serve(config: &Path, folder: Option<&Path>) -> Result<Exit, Fail> {
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);
     let linked = match &fleet {
         Some(_) => {
-            let names: Vec<String> = daemon_hosts(&daemon);
+            let names: Vec<String> = daemon.hosts().into_iter().map(|h| h.name).collect();
             format!("hosts {}", names.join(", "))
         }
         None => format!(
@@ -217,11 +217,6 @@ pub fn serve(config: &Path, folder: Option<&Path>) -> Result<Exit, Fail> {
         }
         Err(e) => Err(fail(format!("socket {}: {e}", socket.display()))),
     }
-}
-
-/// The names of the daemon's hosts, for the ready line.
-fn daemon_hosts(daemon: &Daemon) -> Vec<String> {
-    daemon.hosts().into_iter().map(|h| h.name).collect()
 }
 
 /// Each host's start-up check, all at once: its server answers `/props` within the load wait
@@ -257,10 +252,7 @@ fn test_hosts(base: &Client, specs: &[HostSpec]) -> Vec<HostSpec> {
 }
 
 fn test_host(base: &Client, spec: &HostSpec) -> Result<(), String> {
-    let mut config = base.config().clone();
-    config.socket = spec.infer_socket.clone();
-    config.runner.worker_socket = spec.worker_socket.clone();
-    let client = Client::with_time(config, base.shared_clock(), base.shared_jitter());
+    let client = spec.client(base);
     crate::wait_for_server(&client)?;
     let slot = spec.slots.first().copied().unwrap_or(0);
     let checks = selftest::run(&client, slot, &mut |c| {
