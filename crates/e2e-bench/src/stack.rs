@@ -73,7 +73,8 @@ impl Drop for Stack {
 }
 
 /// Writes `dir/loopd.toml`: greedy with the self-test's seed, the worker's status socket, the
-/// daemon's socket `dir/loopd.sock` and the `[expect]` the server reports (as
+/// daemon's socket `dir/loopd.sock`, its store `dir/loopd.db` (not the user's default store,
+/// which another daemon may hold) and the `[expect]` the server reports (as
 /// crates/loopd/tests/real_serve writes it). Returns the config's path and the daemon's socket.
 fn write_config(dir: &Path, server: &LocalServer, proxy: &Proxy) -> (PathBuf, PathBuf) {
     let props = Client::new(Config::new(proxy.socket(), server.model()))
@@ -86,12 +87,13 @@ fn write_config(dir: &Path, server: &LocalServer, proxy: &Proxy) -> (PathBuf, Pa
         "socket = {:?}\nmodel = {:?}\n\
          [sampling]\ntemperature = 0.0\nseed = {seed}\n\
          [runner]\nworker_socket = {:?}\n\
-         [daemon]\nsocket = {:?}\n\
+         [daemon]\nsocket = {:?}\nstore = {:?}\n\
          [expect]\nchat_template_sha256 = \"{}\"\nn_ctx = {}\ntotal_slots = {}\n",
         proxy.socket().display().to_string(),
         server.model(),
         server.status_socket().display().to_string(),
         socket.display().to_string(),
+        dir.join("loopd.db").display().to_string(),
         llama_proto::hash::sha256(props.chat_template.as_bytes()).expect("hash the template"),
         props.n_ctx,
         props.total_slots,
