@@ -281,12 +281,24 @@ fn every_host_down_refuses_with_the_most_hopeful_code_and_uses_no_slot() {
     let r = runner(&a, &b, PlacementPolicy::Affinity);
     a.worker.set(|w| w.state = "failed");
     b.worker.set(|w| w.state = "restarting");
+    // Admission takes each worker's word from its watch (no status round trip): the state
+    // lines are in once the hosts show them.
+    let states = |want: [&str; 2]| {
+        wait_for(
+            || r.hosts().iter().map(|h| h.state.as_str()).eq(want),
+            &r,
+            &format!("hosts {want:?}"),
+        )
+    };
+    states(["failed", "restarting"]);
     assert_eq!(r.submit(ask("x", None)), Err(SubmitError::WorkerNotReady));
     assert_eq!(r.busy_slots(), 0);
     b.worker.set(|w| w.state = "stopped");
+    states(["failed", "stopped"]);
     assert_eq!(r.submit(ask("x", None)), Err(SubmitError::WorkerFailed));
     // One host back: the submit lands there.
     b.worker.set(|w| w.state = "ready");
+    states(["failed", "ready"]);
     let res = wait(&r, r.submit(ask("x", None)).unwrap());
     assert_eq!(res.host.as_deref(), Some("b"));
 }

@@ -28,7 +28,9 @@
 //!   connection per runner (`watch.rs`, its own thread, reopened when lost) delivers the
 //!   worker's `failed <id> <reason>` to the request holding that generation: it ends at once
 //!   (within 100 ms) with its partial output. The status poll stays as the
-//!   fallback for a failure the watch missed.
+//!   fallback for a failure the watch missed. Admission takes the worker's state from the
+//!   watch's last `state` line (asking `status` only while the watch has none), so a submit
+//!   makes no worker round trip before its POST.
 
 mod agent;
 mod answer;
@@ -502,16 +504,21 @@ impl Runner {
             let Some(socket) = &host.settings.worker_socket else {
                 break (placed, None);
             };
-            let answer = worker::status(socket, timeout);
+            // The open watch's last pushed state is the worker's word without a round trip
+            // on the request's path (issue 31); with none, ask.
+            let answer = match host.watch.as_ref().and_then(|w| w.state()) {
+                Some(pushed) => Ok(pushed),
+                None => worker::status(socket, timeout).map(|st| (st.state, st.spawns)),
+            };
             let mut t = lock(&s.table);
             match answer {
-                Ok(st) => match SubmitError::of_worker_state(st.state) {
-                    None => break (placed, Some(st.spawns)),
+                Ok((state, spawns)) => match SubmitError::of_worker_state(state) {
+                    None => break (placed, Some(spawns)),
                     Some(no) => {
                         t.placement.release(clock.now(), provisional);
                         let at = placed.at.host;
                         if t.placement.host_state(at) != Some(HostState::Lost) {
-                            let state = HostState::Worker(st.state);
+                            let state = HostState::Worker(state);
                             t.placement.handle_host_state(clock.now(), at, state);
                         }
                         refused = Some(no);

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use super::hosts::Input;
 use super::lock;
-use super::worker::{self, WatchEvent, WorkerError, WorkerFailReason};
+use super::worker::{self, WatchEvent, WorkerError, WorkerFailReason, WorkerState};
 use crate::fleet::HostId;
 
 /// What ends a request from outside its driver.
@@ -48,6 +48,10 @@ pub(super) struct Watch {
     /// The open connection's id (its `hello`), which each registration names so that it
     /// belongs to this connection; `None` before the hello and once the connection is lost.
     id: Mutex<Option<u64>>,
+    /// The worker's state and spawn count as the open connection last pushed them (the
+    /// worker writes a `state` line after its hello and at every change); `None` before that
+    /// line and once the connection is lost or renewed.
+    state: Mutex<Option<(WorkerState, u64)>>,
     stop: AtomicBool,
     /// Drop the open connection at its next line and open a new one.
     renew: AtomicBool,
@@ -68,6 +72,7 @@ impl Watch {
         let w = Arc::new(Watch {
             routes: Mutex::new(HashMap::new()),
             id: Mutex::new(None),
+            state: Mutex::new(None),
             stop: AtomicBool::new(false),
             renew: AtomicBool::new(false),
             feed: feed.map(Mutex::new),
@@ -88,6 +93,14 @@ impl Watch {
     /// The open watch connection's id, for `register <slot> <watch>`.
     pub(super) fn id(&self) -> Option<u64> {
         *lock(&self.id)
+    }
+
+    /// The worker's state and spawn count as its open watch last pushed them: what a
+    /// `status` round trip would answer, short of a change whose line is still on its way
+    /// (a window the round trip has too: the state can change the moment after it answers).
+    /// `None` while no watch is open or it has said no state yet: then ask.
+    pub(super) fn state(&self) -> Option<(WorkerState, u64)> {
+        *lock(&self.state)
     }
 
     /// Forgets generation `id` (it ended).
@@ -134,6 +147,11 @@ impl Watch {
                     self.tell(Input::Connected);
                     while !self.stopped() {
                         let event = w.next_event();
+                        // Set before the health thread hears the line, so a host its placement
+                        // shows in a state has that state on its watch too.
+                        if let Ok(WatchEvent::State { state, spawns }) = &event {
+                            *lock(&self.state) = Some((*state, *spawns));
+                        }
                         if let Ok(e) = &event {
                             let e = *e;
                             self.tell(|h| Input::Line(h, e));
@@ -150,6 +168,7 @@ impl Watch {
                             Err(WorkerError::BadAnswer(_)) => {}
                             Err(e) => {
                                 *lock(&self.id) = None;
+                                *lock(&self.state) = None;
                                 eprintln!(
                                     "loopd: llama-worker's watch ({}) was lost ({e})",
                                     socket.display()
@@ -161,6 +180,7 @@ impl Watch {
                         }
                         if self.renew.swap(false, Ordering::SeqCst) {
                             *lock(&self.id) = None;
+                            *lock(&self.state) = None;
                             eprintln!(
                                 "loopd: llama-worker's watch ({}) dropped: its host was lost",
                                 socket.display()

@@ -3,8 +3,9 @@
 //! `restarting` with a new spawn, as the real worker does). `register <slot>` answers ids 1,
 //! 2, ... while the scripted state is `ready` (else refused with it), `progress` and `done`
 //! answer `{"ok":true}`, and `watch` stays open: its `hello` (ids 1, 2, ...), the state line,
-//! then the failures pushed
-//! with [`FakeWorker::push_failed`], and a ping every second. Every command is recorded.
+//! then a state line at each change ([`FakeWorker::set`], a `restarting` stall verdict), the
+//! failures pushed with [`FakeWorker::push_failed`], and a ping every second. Every command
+//! is recorded.
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader, Write};
@@ -97,9 +98,15 @@ impl FakeWorker {
         &self.socket
     }
 
-    /// Changes what it says from now on.
+    /// Changes what it says from now on; a new state or spawn count is pushed to every open
+    /// watch, as the real worker pushes each change.
     pub fn set(&self, f: impl FnOnce(&mut Script)) {
-        f(&mut self.shared.script.lock().unwrap());
+        let mut script = self.shared.script.lock().unwrap();
+        let before = (script.state, script.spawns);
+        f(&mut script);
+        if (script.state, script.spawns) != before {
+            self.shared.push(state_line(&script));
+        }
     }
 
     /// Every command received, in order.
@@ -135,12 +142,26 @@ impl FakeWorker {
     /// Pushes `{"event":"failed","id":<id>,"reason":<reason>}` to every open watch.
     pub fn push_failed(&self, id: u64, reason: &str) {
         let line = format!("{{\"event\":\"failed\",\"id\":{id},\"reason\":\"{reason}\"}}");
-        self.shared
-            .watchers
+        self.shared.push(line);
+    }
+}
+
+impl Shared {
+    /// Writes `line` to every open watch.
+    fn push(&self, line: String) {
+        self.watchers
             .lock()
             .unwrap()
             .retain(|tx| tx.send(line.clone()).is_ok());
     }
+}
+
+/// The watch's `state` line for what `script` says.
+fn state_line(script: &Script) -> String {
+    format!(
+        "{{\"event\":\"state\",\"state\":\"{}\",\"spawns\":{}}}",
+        script.state, script.spawns
+    )
 }
 
 impl Drop for FakeWorker {
@@ -185,10 +206,7 @@ fn serve(conn: UnixStream, s: &Arc<Shared>) {
     let word = command.split(' ').next().unwrap_or("");
     let answer = match word {
         "watch" => {
-            let first = format!(
-                "{{\"event\":\"state\",\"state\":\"{}\",\"spawns\":{}}}",
-                script.state, script.spawns
-            );
+            let first = state_line(&script);
             let (tx, rx) = mpsc::channel();
             let hello = s.next_watch.fetch_add(1, Ordering::SeqCst);
             let _ = tx.send(format!("{{\"event\":\"hello\",\"watch\":{hello}}}"));
@@ -220,6 +238,7 @@ fn serve(conn: UnixStream, s: &Arc<Shared>) {
                 script.state = "restarting";
                 script.spawns += 1;
                 script.last_cause = Some("stall");
+                s.push(state_line(&script));
                 "{\"stall\":\"restarting\"}".to_owned()
             }
             "restarting" | "not_ready" => "{\"stall\":\"not_ready\"}".to_owned(),
