@@ -553,6 +553,8 @@ fn worker_not_ready_or_failed_refuses_without_using_a_slot() {
         ("stopped", SubmitError::WorkerStopped),
     ] {
         worker.set(|w| w.state = state);
+        // Admission takes the state from the watch's line: wait until it is in.
+        seen_state(&s.runner, state);
         assert_eq!(s.runner.submit(ask("x")), Err(want), "{state}");
         assert_eq!(s.runner.busy_slots(), 0);
     }
@@ -560,10 +562,18 @@ fn worker_not_ready_or_failed_refuses_without_using_a_slot() {
     assert_eq!(SubmitError::WorkerFailed.to_string(), "WORKER_FAILED");
     assert!(server.requests_to(CHAT).is_empty());
     worker.set(|w| w.state = "ready");
+    seen_state(&s.runner, "ready");
     let r = run(&s, ask("x"));
     assert!(r.outcome.fail_reason().is_none(), "{:?}", r.outcome);
-    // A worker socket that does not answer is not a ready worker.
+    // A worker socket that does not answer is not a ready worker (once its watch ended, as a
+    // worker that exits ends it).
     drop(worker);
+    llama_harness::wait_for("the watch lost", Duration::from_secs(5), || {
+        match s.runner.hosts().first().map(|h| h.state.as_str()) {
+            Some("ready") => Err("still ready".to_owned()),
+            _ => Ok(()),
+        }
+    });
     assert_eq!(s.runner.submit(ask("x")), Err(SubmitError::WorkerNotReady));
 }
 
@@ -808,7 +818,9 @@ fn a_mid_stream_stall_ends_in_a_restart_and_worker_restarted_with_partial_output
         "the failed generation has no finish reason"
     );
     assert_released(&s.runner);
-    // The worker is restarting now: new requests are refused without a slot.
+    // The worker is restarting now (its watch says so): new requests are refused without a
+    // slot.
+    seen_state(&s.runner, "restarting");
     assert_eq!(s.runner.submit(ask("y")), Err(SubmitError::WorkerNotReady));
 }
 
@@ -1021,6 +1033,46 @@ fn generation_commands(worker: &FakeWorker) -> Vec<String> {
             _ => c,
         })
         .collect()
+}
+
+/// Waits until the runner's one host shows the worker's `state` (its watch's last line).
+fn seen_state(runner: &Runner, state: &str) {
+    llama_harness::wait_for(
+        &format!("the worker's {state} on the watch"),
+        Duration::from_secs(5),
+        || match runner.hosts().first().map(|h| h.state.as_str()) {
+            Some(s) if s == state => Ok(()),
+            other => Err(format!("{other:?}")),
+        },
+    );
+}
+
+/// With the watch open and its state line in, a submit asks the worker nothing before its
+/// `register` (issue 31: a `status` round trip on the request's path cost 3.5 to 15 ms on a
+/// busy box); the watch's line is the worker's word.
+#[test]
+fn admission_takes_the_workers_state_from_the_watch_without_a_status_round_trip() {
+    let server = FakeServer::start(vec![(CHAT, vec![answer("ok")])]);
+    let worker = FakeWorker::start(Script::default());
+    let s = setup(config(&server, Some(&worker)), 1);
+    seen_state(&s.runner, "ready");
+    let before = worker.commands().len();
+    let r = run(&s, ask("x"));
+    assert!(matches!(r.outcome, Outcome::Completed { .. }), "{r:?}");
+    let said = worker.commands()[before..].to_vec();
+    let to_register: Vec<&String> = said
+        .iter()
+        .take_while(|c| !c.starts_with("register"))
+        .collect();
+    assert!(
+        said.iter().any(|c| c.starts_with("register")) && to_register.is_empty(),
+        "the worker heard {said:?}"
+    );
+    // Without a watch line (a worker that restarts is seen on the watch, then asked).
+    worker.set(|w| w.state = "restarting");
+    seen_state(&s.runner, "restarting");
+    assert_eq!(s.runner.submit(ask("x")), Err(SubmitError::WorkerNotReady));
+    assert!(server.requests_to(CHAT).len() == 1);
 }
 
 #[test]

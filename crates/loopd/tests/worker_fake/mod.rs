@@ -167,6 +167,8 @@ fn state_line(script: &Script) -> String {
 impl Drop for FakeWorker {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::SeqCst);
+        // The open watches end, as they do when a worker exits.
+        self.close_watches();
         let _ = UnixStream::connect(&self.socket);
         if let Some(t) = self.accept.take() {
             let _ = t.join();
