@@ -38,7 +38,33 @@ impl From<UnescapeError> for DecodeError {
 /// ```
 pub fn decode_chunk<'a>(payload: &'a [u8], text: &'a mut [u8]) -> Result<Payload<'a>, DecodeError> {
     let mut raw = RawChunk::default();
+    #[cfg(target_pointer_width = "64")]
+    if crate::layout::parse_laid_out(payload, &mut raw).is_none() {
+        // Not llama-server's own layout: the walk decides, from the start.
+        raw = RawChunk::default();
+        parse_chunk(payload, &mut raw)?;
+    }
+    #[cfg(not(target_pointer_width = "64"))]
     parse_chunk(payload, &mut raw)?;
+    finish(&mut raw, text)
+}
+
+/// [`decode_chunk`] by the walk alone, without the 64-bit layout template: the path a 32-bit
+/// device takes. For the differential checks (the crate's tests, `fuzz-entries`); not API.
+#[cfg(any(test, feature = "differential"))]
+#[doc(hidden)]
+pub fn decode_chunk_walked<'a>(
+    payload: &'a [u8],
+    text: &'a mut [u8],
+) -> Result<Payload<'a>, DecodeError> {
+    let mut raw = RawChunk::default();
+    parse_chunk(payload, &mut raw)?;
+    finish(&mut raw, text)
+}
+
+/// The strings of a parsed payload unescaped into `text`, its wire values checked.
+#[inline(always)]
+fn finish<'a>(raw: &mut RawChunk<'a>, text: &'a mut [u8]) -> Result<Payload<'a>, DecodeError> {
     let mut out = Text(text);
     if let Some(e) = raw.error {
         return Ok(Payload::Error(server_error(e, &mut out)?));
