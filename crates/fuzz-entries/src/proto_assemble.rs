@@ -12,7 +12,8 @@ mod json_depth;
 
 use json_depth::depth;
 use llama_proto::{
-    decode_chunk, decode_chunk_walked, AssembleError, Assembler, DecodeError, Message, Payload, MAX_NESTING,
+    decode_chunk, decode_chunk_walked, AssembleError, Assembler, DecodeError, Message, Payload,
+    MAX_NESTING,
 };
 
 const C: usize = 64;

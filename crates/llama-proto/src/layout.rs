@@ -17,7 +17,7 @@
 //! `proto_assemble` fuzz target hold the two paths to the same result on every input.
 
 use crate::raw::RawChunk;
-use crate::scan::{Scan, CALL, CHOICE, DELTA, TOP};
+use crate::scan::{Scan, TOP};
 use crate::PromptProgress;
 use crate::Timings;
 
@@ -25,22 +25,27 @@ use crate::Timings;
 /// as llama-server writes it; `None` otherwise, with `out` partly written.
 pub(crate) fn parse_laid_out<'a>(payload: &'a [u8], out: &mut RawChunk<'a>) -> Option<()> {
     let mut s = Layout(Scan { b: payload, i: 0 });
-    s.lit(b"{\"choices\":[{\"finish_reason\":")?;
-    out.finish_reason = s.0.opt_str().ok()?;
-    s.lit(b",\"index\":")?;
-    s.0.value(CHOICE).ok()?;
-    s.lit(b",\"delta\":{")?;
+    // Nearly every chunk opens with these 41 bytes: one compare.
+    if s.lit(b"{\"choices\":[{\"finish_reason\":null,\"index\":0,\"delta\":{")
+        .is_none()
+    {
+        s.lit(b"{\"choices\":[{\"finish_reason\":")?;
+        out.finish_reason = s.opt_str()?;
+        s.lit(b",\"index\":")?;
+        s.number()?;
+        s.lit(b",\"delta\":{")?;
+    }
     s.delta(out)?;
     s.lit(b"}],\"created\":")?;
-    s.0.value(TOP).ok()?;
+    s.number()?;
     s.lit(b",\"id\":")?;
-    out.chunk.id = s.0.opt_str().ok()?;
+    out.chunk.id = s.opt_str()?;
     s.lit(b",\"model\":")?;
-    s.0.value(TOP).ok()?;
+    s.string()?;
     s.lit(b",\"system_fingerprint\":")?;
-    s.0.value(TOP).ok()?;
+    s.string()?;
     s.lit(b",\"object\":")?;
-    s.0.value(TOP).ok()?;
+    s.string()?;
     if s.lit(b",\"timings\":{\"cache_n\":").is_some() {
         out.chunk.timings = Some(s.timings()?);
     }
@@ -67,6 +72,40 @@ impl<'a> Layout<'a> {
         Some(())
     }
 
+    /// A string the decoder does not read, its opening quote next (no whitespace before it:
+    /// the walk would skip that first); read as the walk reads it.
+    #[inline(always)]
+    fn string(&mut self) -> Option<()> {
+        if self.0.b.get(self.0.i) != Some(&b'"') {
+            return None;
+        }
+        self.0.string().ok().map(drop)
+    }
+
+    /// `null` or a string, next with no whitespace before it, as [`Scan::opt_str`] reads it.
+    #[inline(always)]
+    fn opt_str(&mut self) -> Option<Option<&'a str>> {
+        match self.0.b.get(self.0.i)? {
+            b'"' => self
+                .0
+                .string()
+                .ok()
+                .and_then(|raw| core::str::from_utf8(raw).ok().map(Some)),
+            b'n' => self.0.null().ok().map(|()| None),
+            _ => None,
+        }
+    }
+
+    /// A number the decoder does not read, next with no whitespace before it: to the next
+    /// `,`, `}` or `]`, as [`Scan::value`] passes it.
+    #[inline(always)]
+    fn number(&mut self) -> Option<()> {
+        match self.0.b.get(self.0.i)? {
+            b'-' | b'0'..=b'9' => self.0.value(TOP).ok().map(drop),
+            _ => None,
+        }
+    }
+
     /// The delta's fields after its `{`, to its `}`: `content`, `reasoning_content`, `role`
     /// (skipped, as the walk skips it) and one tool call, each at most once.
     #[inline(always)]
@@ -77,13 +116,13 @@ impl<'a> Layout<'a> {
         let mut seen = 0u8;
         loop {
             let bit = if self.lit(b"\"content\":").is_some() {
-                out.chunk.content = self.0.opt_str().ok()?;
+                out.chunk.content = self.opt_str()?;
                 1
             } else if self.lit(b"\"reasoning_content\":").is_some() {
-                out.chunk.reasoning_content = self.0.opt_str().ok()?;
+                out.chunk.reasoning_content = self.opt_str()?;
                 2
             } else if self.lit(b"\"role\":").is_some() {
-                self.0.value(DELTA).ok()?;
+                self.string()?;
                 4
             } else if self.lit(b"\"tool_calls\":[{\"index\":").is_some() {
                 self.tool_call(out)?;
@@ -109,18 +148,18 @@ impl<'a> Layout<'a> {
         let call = out.chunk.tool_calls.first_mut()?;
         call.index = self.0.u32().ok()?;
         if self.lit(b",\"id\":").is_some() {
-            call.id = self.0.opt_str().ok()?;
+            call.id = self.opt_str()?;
         }
         if self.lit(b",\"type\":").is_some() {
-            self.0.value(CALL).ok()?;
+            self.string()?;
         }
         self.lit(b",\"function\":{")?;
         if self.lit(b"\"name\":").is_some() {
-            call.name = self.0.opt_str().ok()?;
+            call.name = self.opt_str()?;
             self.lit(b",")?;
         }
         self.lit(b"\"arguments\":")?;
-        call.arguments = self.0.opt_str().ok()?;
+        call.arguments = self.opt_str()?;
         self.lit(b"}}]")?;
         out.chunk.tool_calls_len = 1;
         Some(())
@@ -133,19 +172,19 @@ impl<'a> Layout<'a> {
         self.lit(b",\"prompt_n\":")?;
         let prompt_n = self.0.u64().ok()?;
         self.lit(b",\"prompt_ms\":")?;
-        self.skip()?;
+        self.number()?;
         self.lit(b",\"prompt_per_token_ms\":")?;
-        self.skip()?;
+        self.number()?;
         self.lit(b",\"prompt_per_second\":")?;
-        self.skip()?;
+        self.number()?;
         self.lit(b",\"predicted_n\":")?;
         let predicted_n = self.0.u64().ok()?;
         self.lit(b",\"predicted_ms\":")?;
-        self.skip()?;
+        self.number()?;
         self.lit(b",\"predicted_per_token_ms\":")?;
-        self.skip()?;
+        self.number()?;
         self.lit(b",\"predicted_per_second\":")?;
-        self.skip()?;
+        self.number()?;
         self.lit(b"}")?;
         Some(Timings {
             cache_n,
@@ -171,12 +210,6 @@ impl<'a> Layout<'a> {
             processed,
             time_ms,
         })
-    }
-
-    /// A value of `timings` the decoder does not read (inside the top level and `timings`).
-    #[inline(always)]
-    fn skip(&mut self) -> Option<()> {
-        self.0.value(TOP + 1).ok().map(drop)
     }
 }
 

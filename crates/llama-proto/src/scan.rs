@@ -266,7 +266,7 @@ impl<'a> Scan<'a> {
 
     /// A string at `self.i` (the opening quote); returns the raw bytes between the quotes.
     #[cfg_attr(target_pointer_width = "64", inline(always))]
-    fn string(&mut self) -> Result<&'a [u8]> {
+    pub(crate) fn string(&mut self) -> Result<&'a [u8]> {
         let start = self.i + 1;
         let mut at = start;
         loop {
@@ -397,7 +397,7 @@ impl<'a> Scan<'a> {
     }
 
     #[cfg_attr(target_pointer_width = "64", inline(always))]
-    fn null(&mut self) -> Result<()> {
+    pub(crate) fn null(&mut self) -> Result<()> {
         match self.b.get(self.i..self.i + 4) {
             Some(b"null") => {
                 self.i += 4;
