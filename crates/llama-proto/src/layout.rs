@@ -17,7 +17,7 @@
 //! `proto_assemble` fuzz target hold the two paths to the same result on every input.
 
 use crate::raw::RawChunk;
-use crate::scan::{Scan, TOP};
+use crate::scan::Scan;
 use crate::PromptProgress;
 use crate::Timings;
 
@@ -97,11 +97,20 @@ impl<'a> Layout<'a> {
     }
 
     /// A number the decoder does not read, next with no whitespace before it: to the next
-    /// `,`, `}` or `]`, as [`Scan::value`] passes it.
+    /// `,`, `}` or `]`, as [`Scan::value`] passes it ([`Scan::scalar`]).
     #[inline(always)]
     fn number(&mut self) -> Option<()> {
         match self.0.b.get(self.0.i)? {
-            b'-' | b'0'..=b'9' => self.0.value(TOP).ok().map(drop),
+            b'-' | b'0'..=b'9' => self.0.scalar().ok(),
+            _ => None,
+        }
+    }
+
+    /// An unsigned integer, next with no whitespace before it, as [`Scan::u64`] reads it.
+    #[inline(always)]
+    fn u64(&mut self) -> Option<u64> {
+        match *self.0.b.get(self.0.i)? {
+            first @ b'0'..=b'9' => self.0.u64_from(first).ok(),
             _ => None,
         }
     }
@@ -168,9 +177,9 @@ impl<'a> Layout<'a> {
     /// `timings` after `{"cache_n":`, to its `}`: its nine fields in llama-server's order.
     #[inline(always)]
     fn timings(&mut self) -> Option<Timings> {
-        let cache_n = self.0.u64().ok()?;
+        let cache_n = self.u64()?;
         self.lit(b",\"prompt_n\":")?;
-        let prompt_n = self.0.u64().ok()?;
+        let prompt_n = self.u64()?;
         self.lit(b",\"prompt_ms\":")?;
         self.number()?;
         self.lit(b",\"prompt_per_token_ms\":")?;
@@ -178,7 +187,7 @@ impl<'a> Layout<'a> {
         self.lit(b",\"prompt_per_second\":")?;
         self.number()?;
         self.lit(b",\"predicted_n\":")?;
-        let predicted_n = self.0.u64().ok()?;
+        let predicted_n = self.u64()?;
         self.lit(b",\"predicted_ms\":")?;
         self.number()?;
         self.lit(b",\"predicted_per_token_ms\":")?;
@@ -196,13 +205,13 @@ impl<'a> Layout<'a> {
     /// `prompt_progress` after `{"total":`, to its `}`.
     #[inline(always)]
     fn progress(&mut self) -> Option<PromptProgress> {
-        let total = self.0.u64().ok()?;
+        let total = self.u64()?;
         self.lit(b",\"cache\":")?;
-        let cache = self.0.u64().ok()?;
+        let cache = self.u64()?;
         self.lit(b",\"processed\":")?;
-        let processed = self.0.u64().ok()?;
+        let processed = self.u64()?;
         self.lit(b",\"time_ms\":")?;
-        let time_ms = self.0.u64().ok()?;
+        let time_ms = self.u64()?;
         self.lit(b"}")?;
         Some(PromptProgress {
             total,

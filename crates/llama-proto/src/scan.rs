@@ -293,16 +293,22 @@ impl<'a> Scan<'a> {
             }
             b'{' | b'[' => self.nested(outer)?,
             b',' | b'}' | b']' => return Err(Error::ExpectedSomeValue.into()),
-            _ => {
-                let rest = self.b.get(self.i..).unwrap_or_default();
-                // A `match`, not `or_else`: that closure was left a call.
-                self.i += match find_near(rest, delimiter) {
-                    Some(n) => n,
-                    None => find(rest, delimiter).ok_or(Error::EofWhileParsingValue)?,
-                };
-            }
+            _ => self.scalar()?,
         }
         Ok(self.b.get(start..self.i).unwrap_or_default())
+    }
+
+    /// Passes a number, `true`, `false` or `null` at `self.i` to the next `,`, `}` or `]`,
+    /// without looking at its bytes.
+    #[cfg_attr(target_pointer_width = "64", inline(always))]
+    pub(crate) fn scalar(&mut self) -> Result<()> {
+        let rest = self.b.get(self.i..).unwrap_or_default();
+        // A `match`, not `or_else`: that closure was left a call.
+        self.i += match find_near(rest, delimiter) {
+            Some(n) => n,
+            None => find(rest, delimiter).ok_or(Error::EofWhileParsingValue)?,
+        };
+        Ok(())
     }
 
     #[cfg(target_pointer_width = "64")]
@@ -754,6 +760,12 @@ impl<'a> Scan<'a> {
     #[cfg_attr(target_pointer_width = "64", inline(always))]
     pub(crate) fn u64(&mut self) -> Result<u64> {
         let first = self.ws().ok_or(Error::EofWhileParsingValue)?;
+        self.u64_from(first)
+    }
+
+    /// [`u64`](Self::u64) after the whitespace: `first` is the byte at `self.i`.
+    #[cfg_attr(target_pointer_width = "64", inline(always))]
+    pub(crate) fn u64_from(&mut self, first: u8) -> Result<u64> {
         match first {
             b'-' => return Err(Error::InvalidNumber.into()),
             b'0' => {
