@@ -1,10 +1,13 @@
 //! One `data:` payload of a llama-server chat stream into typed, borrowed fields.
 //!
-//! [`decode_chunk`] parses a `chat.completion.chunk` (or an in-stream error) by hand (`scan`):
-//! keys are matched as bytes, values the assembler does not need are skipped to their end;
-//! then it unescapes the strings the assembler needs into a buffer the caller owns. Unknown fields are skipped. Strings without escapes are borrowed from the payload;
-//! the others are written to `text`, which never needs more than `payload.len()` bytes.
-//! Nothing here allocates or panics.
+//! [`decode_chunk`] parses a `chat.completion.chunk` (or an in-stream error) by hand (`scan`): keys
+//! are matched as bytes, values the assembler does not need are skipped to their end. On 64-bit
+//! hosts it first matches the payload against the layout llama-server writes (`layout`), and walks
+//! it only when that does not match; the two give the same result for every payload (a proptest and
+//! the `proto_assemble` fuzz target compare them). Then it unescapes the strings the assembler
+//! needs into a buffer the caller owns. Unknown fields are skipped. Strings without escapes are
+//! borrowed from the payload; the others are written to `text`, which never needs more than
+//! `payload.len()` bytes. Nothing here allocates or panics.
 //!
 //! Not decoded: object keys are matched as written (an escaped key such as `"con\u0074ent"`
 //! is an unknown field; llama-server never escapes keys).

@@ -19,6 +19,10 @@
 //! give the same key and position, so the result does not depend on the order (a proptest
 //! holds the two to the same result).
 //!
+//! On 64-bit hosts `decode_chunk` tries the template in [`crate::layout`] first, which reads
+//! its values with this walk's steps; the walk decides every payload that template does not
+//! match exactly, and is the only path on a 32-bit device.
+//!
 //! The walk keeps a depth count, not a stack: the objects it descends into are at fixed
 //! depths (at most 7), and a skipped value's depth is counted against the limit, so its stack
 //! use is constant whatever the payload.
