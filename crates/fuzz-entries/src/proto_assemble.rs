@@ -1,6 +1,8 @@
 //! Decoder and assembler together: every input line is one `data:` payload.
 //!
-//! Checks: no panic; a text buffer as long as the payload is always enough; a payload is
+//! Checks: no panic; the 64-bit layout template and the walk alone decode every line the
+//! same (`decode_chunk` against `decode_chunk_walked`: the same chunk or the same error); a
+//! text buffer as long as the payload is always enough; a payload is
 //! valid JSON is refused as too deep only when a plain bracket count says it nests past the
 //! limit;
 //! capacities hold; a refused chunk changes nothing; the same chunks fed to a second
@@ -10,7 +12,8 @@ mod json_depth;
 
 use json_depth::depth;
 use llama_proto::{
-    decode_chunk, AssembleError, Assembler, DecodeError, Message, Payload, MAX_NESTING,
+    decode_chunk, decode_chunk_walked, AssembleError, Assembler, DecodeError, Message, Payload,
+    MAX_NESTING,
 };
 
 const C: usize = 64;
@@ -51,7 +54,14 @@ fn run(lines: &[&[u8]], a: &mut Asm<'_>) -> Vec<Result<(), AssembleError>> {
     let mut results = Vec::new();
     for line in lines {
         let mut text = vec![0u8; line.len()];
-        let chunk = match decode_chunk(line, &mut text) {
+        let mut walked_text = vec![0u8; line.len()];
+        let decoded = decode_chunk(line, &mut text);
+        assert_eq!(
+            decoded,
+            decode_chunk_walked(line, &mut walked_text),
+            "the layout template and the walk disagree"
+        );
+        let chunk = match decoded {
             Ok(Payload::Chunk(c)) => c,
             Ok(Payload::Error(_)) => continue,
             Err(DecodeError::TooDeep) => {

@@ -53,6 +53,10 @@ fn main() {
     let nest = |n: usize| format!("{}1{}", r#"{"k":"#.repeat(n), "}".repeat(n));
     let cases = [
         (
+            "recorded chunk in llama-server's layout (the 64-bit template)",
+            r#"{"choices":[{"finish_reason":null,"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"get_weather","arguments":"{\"city\""}}]}}],"created":1,"id":"chatcmpl-x","model":"m","system_fingerprint":"b0","object":"chat.completion.chunk","timings":{"cache_n":0,"prompt_n":24,"prompt_ms":3.5,"prompt_per_token_ms":0.1,"prompt_per_second":9.3,"predicted_n":1,"predicted_ms":0.0,"predicted_per_token_ms":0.0,"predicted_per_second":0.0},"prompt_progress":{"total":24,"cache":0,"processed":24,"time_ms":3}}"#.to_string(),
+        ),
+        (
             "recorded chunk (tool call)",
             r#"{"choices":[{"finish_reason":null,"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"get_weather","arguments":"{\"city\""}}]}}],"created":1,"id":"chatcmpl-x","model":"m","object":"chat.completion.chunk","timings":{"cache_n":0,"prompt_n":24,"prompt_ms":3.5,"predicted_n":1}}"#.to_string(),
         ),

@@ -1,10 +1,13 @@
 //! One `data:` payload of a llama-server chat stream into typed, borrowed fields.
 //!
-//! [`decode_chunk`] parses a `chat.completion.chunk` (or an in-stream error) by hand (`scan`):
-//! keys are matched as bytes, values the assembler does not need are skipped to their end;
-//! then it unescapes the strings the assembler needs into a buffer the caller owns. Unknown fields are skipped. Strings without escapes are borrowed from the payload;
-//! the others are written to `text`, which never needs more than `payload.len()` bytes.
-//! Nothing here allocates or panics.
+//! [`decode_chunk`] parses a `chat.completion.chunk` (or an in-stream error) by hand (`scan`): keys
+//! are matched as bytes, values the assembler does not need are skipped to their end. On 64-bit
+//! hosts it first matches the payload against the layout llama-server writes (`layout`), and walks
+//! it only when that does not match; the two give the same result for every payload (a proptest and
+//! the `proto_assemble` fuzz target compare them). Then it unescapes the strings the assembler
+//! needs into a buffer the caller owns. Unknown fields are skipped. Strings without escapes are
+//! borrowed from the payload; the others are written to `text`, which never needs more than
+//! `payload.len()` bytes. Nothing here allocates or panics.
 //!
 //! Not decoded: object keys are matched as written (an escaped key such as `"con\u0074ent"`
 //! is an unknown field; llama-server never escapes keys).
@@ -38,7 +41,33 @@ impl From<UnescapeError> for DecodeError {
 /// ```
 pub fn decode_chunk<'a>(payload: &'a [u8], text: &'a mut [u8]) -> Result<Payload<'a>, DecodeError> {
     let mut raw = RawChunk::default();
+    #[cfg(target_pointer_width = "64")]
+    if crate::layout::parse_laid_out(payload, &mut raw).is_none() {
+        // Not llama-server's own layout: the walk decides, from the start.
+        raw = RawChunk::default();
+        parse_chunk(payload, &mut raw)?;
+    }
+    #[cfg(not(target_pointer_width = "64"))]
     parse_chunk(payload, &mut raw)?;
+    finish(&mut raw, text)
+}
+
+/// [`decode_chunk`] by the walk alone, without the 64-bit layout template: the path a 32-bit
+/// device takes. For the differential checks (the crate's tests, `fuzz-entries`); not API.
+#[cfg(any(test, feature = "differential"))]
+#[doc(hidden)]
+pub fn decode_chunk_walked<'a>(
+    payload: &'a [u8],
+    text: &'a mut [u8],
+) -> Result<Payload<'a>, DecodeError> {
+    let mut raw = RawChunk::default();
+    parse_chunk(payload, &mut raw)?;
+    finish(&mut raw, text)
+}
+
+/// The strings of a parsed payload unescaped into `text`, its wire values checked.
+#[inline(always)]
+fn finish<'a>(raw: &mut RawChunk<'a>, text: &'a mut [u8]) -> Result<Payload<'a>, DecodeError> {
     let mut out = Text(text);
     if let Some(e) = raw.error {
         return Ok(Payload::Error(server_error(e, &mut out)?));

@@ -38,6 +38,8 @@ pub mod cache;
 mod chunk;
 mod decode;
 pub mod hash;
+#[cfg(target_pointer_width = "64")]
+mod layout;
 #[cfg(feature = "alloc")]
 mod owned;
 mod raw;
@@ -58,6 +60,8 @@ pub use chunk::{
     Chunk, DecodeError, Payload, PromptProgress, ServerError, ToolCallDelta, MAX_NESTING,
     MAX_TOOL_CALL_DELTAS,
 };
+#[cfg(feature = "differential")]
+pub use decode::decode_chunk_walked;
 pub use decode::{decode_chunk, decode_error_event};
 /// The push shape of [`ChatStream::feed`] and of its parts: httparse's `Status`.
 pub use http_nostd::Status;

@@ -19,6 +19,10 @@
 //! give the same key and position, so the result does not depend on the order (a proptest
 //! holds the two to the same result).
 //!
+//! On 64-bit hosts `decode_chunk` tries the template in [`crate::layout`] first, which reads
+//! its values with this walk's steps; the walk decides every payload that template does not
+//! match exactly, and is the only path on a 32-bit device.
+//!
 //! The walk keeps a depth count, not a stack: the objects it descends into are at fixed
 //! depths (at most 7), and a skipped value's depth is counted against the limit, so its stack
 //! use is constant whatever the payload.
@@ -39,13 +43,13 @@ impl From<Error> for DecodeError {
 
 // How deep each walked object sits, the top level being 1: a value skipped inside one of them
 // has that many enclosing arrays and objects.
-const TOP: usize = 1;
-const CHOICES: usize = 2;
-const CHOICE: usize = 3;
-const DELTA: usize = 4;
-const CALLS: usize = 5;
-const CALL: usize = 6;
-const FUNCTION: usize = 7;
+pub(crate) const TOP: usize = 1;
+pub(crate) const CHOICES: usize = 2;
+pub(crate) const CHOICE: usize = 3;
+pub(crate) const DELTA: usize = 4;
+pub(crate) const CALLS: usize = 5;
+pub(crate) const CALL: usize = 6;
+pub(crate) const FUNCTION: usize = 7;
 
 // The keys of each walked object in the order llama-server's chunks write them.
 const TOP_KEYS: Order = keys![
@@ -237,15 +241,15 @@ impl<'a> ErrorFields<'a> {
 // The walk's small steps are forced inline on 64-bit hosts, where that made the decode
 // fast; on a 32-bit device the optimizer decides, and one copy per call site would cost
 // flash (docs/benchmarks/embedded.md).
-struct Scan<'a> {
-    b: &'a [u8],
-    i: usize,
+pub(crate) struct Scan<'a> {
+    pub(crate) b: &'a [u8],
+    pub(crate) i: usize,
 }
 
 impl<'a> Scan<'a> {
     /// Skips whitespace; returns the next byte.
     #[cfg_attr(target_pointer_width = "64", inline(always))]
-    fn ws(&mut self) -> Option<u8> {
+    pub(crate) fn ws(&mut self) -> Option<u8> {
         while let Some(&c) = self.b.get(self.i) {
             // Every byte that is not whitespace and starts a token is above the space.
             if c > b' ' || !matches!(c, b' ' | b'\n' | b'\t' | b'\r') {
@@ -266,7 +270,7 @@ impl<'a> Scan<'a> {
 
     /// A string at `self.i` (the opening quote); returns the raw bytes between the quotes.
     #[cfg_attr(target_pointer_width = "64", inline(always))]
-    fn string(&mut self) -> Result<&'a [u8]> {
+    pub(crate) fn string(&mut self) -> Result<&'a [u8]> {
         let start = self.i + 1;
         let mut at = start;
         loop {
@@ -285,7 +289,7 @@ impl<'a> Scan<'a> {
     /// skipped as strings; arrays and objects up to their matching close (refused past
     /// [`MAX_NESTING`] in all); anything else up to the next `,`, `}` or `]`.
     #[cfg_attr(target_pointer_width = "64", inline(always))]
-    fn value(&mut self, outer: usize) -> Result<&'a [u8]> {
+    pub(crate) fn value(&mut self, outer: usize) -> Result<&'a [u8]> {
         let start = self.i;
         match self.ws().ok_or(Error::EofWhileParsingValue)? {
             b'"' => {
@@ -293,14 +297,22 @@ impl<'a> Scan<'a> {
             }
             b'{' | b'[' => self.nested(outer)?,
             b',' | b'}' | b']' => return Err(Error::ExpectedSomeValue.into()),
-            _ => {
-                let rest = self.b.get(self.i..).unwrap_or_default();
-                self.i += find_near(rest, delimiter)
-                    .or_else(|| find(rest, delimiter))
-                    .ok_or(Error::EofWhileParsingValue)?;
-            }
+            _ => self.scalar()?,
         }
         Ok(self.b.get(start..self.i).unwrap_or_default())
+    }
+
+    /// Passes a number, `true`, `false` or `null` at `self.i` to the next `,`, `}` or `]`,
+    /// without looking at its bytes.
+    #[cfg_attr(target_pointer_width = "64", inline(always))]
+    pub(crate) fn scalar(&mut self) -> Result<()> {
+        let rest = self.b.get(self.i..).unwrap_or_default();
+        // A `match`, not `or_else`: that closure was left a call.
+        self.i += match find_near(rest, delimiter) {
+            Some(n) => n,
+            None => find(rest, delimiter).ok_or(Error::EofWhileParsingValue)?,
+        };
+        Ok(())
     }
 
     #[cfg(target_pointer_width = "64")]
@@ -381,7 +393,7 @@ impl<'a> Scan<'a> {
 
     /// `null` or a string, as `Option<&str>` from `serde-json-core` (escapes kept).
     #[cfg_attr(target_pointer_width = "64", inline(always))]
-    fn opt_str(&mut self) -> Result<Option<&'a str>> {
+    pub(crate) fn opt_str(&mut self) -> Result<Option<&'a str>> {
         match self.ws().ok_or(Error::EofWhileParsingValue)? {
             b'"' => {
                 let raw = self.string()?;
@@ -395,7 +407,7 @@ impl<'a> Scan<'a> {
     }
 
     #[cfg_attr(target_pointer_width = "64", inline(always))]
-    fn null(&mut self) -> Result<()> {
+    pub(crate) fn null(&mut self) -> Result<()> {
         match self.b.get(self.i..self.i + 4) {
             Some(b"null") => {
                 self.i += 4;
@@ -568,7 +580,7 @@ impl<'a> Scan<'a> {
     }
 
     /// Only whitespace may follow the top-level value.
-    fn end(&mut self) -> Result<()> {
+    pub(crate) fn end(&mut self) -> Result<()> {
         match self.ws() {
             None => Ok(()),
             Some(_) => Err(Error::TrailingCharacters.into()),
@@ -743,15 +755,21 @@ impl<'a> Scan<'a> {
     }
 
     /// An unsigned integer that fits 32 bits, as `serde-json-core` reads a `u32`.
-    fn u32(&mut self) -> Result<u32> {
+    pub(crate) fn u32(&mut self) -> Result<u32> {
         let n = self.u64()?;
         u32::try_from(n).map_err(|_| Error::InvalidNumber.into())
     }
 
     /// An unsigned integer, as `serde-json-core` reads a `u64`.
     #[cfg_attr(target_pointer_width = "64", inline(always))]
-    fn u64(&mut self) -> Result<u64> {
+    pub(crate) fn u64(&mut self) -> Result<u64> {
         let first = self.ws().ok_or(Error::EofWhileParsingValue)?;
+        self.u64_from(first)
+    }
+
+    /// [`u64`](Self::u64) after the whitespace: `first` is the byte at `self.i`.
+    #[cfg_attr(target_pointer_width = "64", inline(always))]
+    pub(crate) fn u64_from(&mut self, first: u8) -> Result<u64> {
         match first {
             b'-' => return Err(Error::InvalidNumber.into()),
             b'0' => {
@@ -1009,12 +1027,13 @@ mod tests {
         pub(super) static GENERAL_ONLY: core::cell::Cell<bool> = const { core::cell::Cell::new(false) };
     }
 
-    /// `decode_chunk` with the known keys matched as words, then with the scan alone.
+    /// The walk (`decode_chunk_walked`, the layout template off) with the known keys matched
+    /// as words, then with the scan alone.
     fn both_ways(p: &[u8]) -> [String; 2] {
         [false, true].map(|general| {
             GENERAL_ONLY.with(|g| g.set(general));
             let mut text = std::vec![0u8; p.len()];
-            let out = format!("{:?}", crate::decode_chunk(p, &mut text));
+            let out = format!("{:?}", crate::decode::decode_chunk_walked(p, &mut text));
             GENERAL_ONLY.with(|g| g.set(false));
             out
         })
