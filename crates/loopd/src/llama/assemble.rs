@@ -43,7 +43,8 @@ pub(crate) type Stream<'s> = ChatStream<
 
 /// The heap storage of one response (head, SSE line, unescaped strings, content, reasoning,
 /// tool-call arguments) for a [`ChatExchange`](super::ChatExchange); allocate once, reuse for
-/// every request.
+/// every request (a [`Client`](super::Client) keeps those of finished requests in its
+/// [`BufferPool`](super::BufferPool): [`Client::buffers`](super::Client::buffers)).
 pub struct Buffers {
     head: Box<[u8; HEAD_CAP]>,
     line: Box<[u8; SSE_CAP]>,
@@ -66,7 +67,14 @@ impl Default for Buffers {
 }
 
 impl Buffers {
-    /// Zeroed buffers straight on the heap (the allocator hands out untouched pages).
+    /// The heap bytes of one set.
+    pub const BYTES: usize =
+        HEAD_CAP + 2 * SSE_CAP + CONTENT_CAP + REASONING_CAP + TOOL_CALLS_CAP * ARGUMENTS_CAP;
+
+    /// Zeroed buffers straight on the heap. Only a process's first set comes as untouched
+    /// pages: freeing it raises glibc's mmap threshold, and later sets are served from the heap
+    /// and cleared with a `memset` of all 5 MiB; so a request takes a finished one's set from
+    /// its client's pool instead ([`Client::buffers`](super::Client::buffers)).
     pub fn new() -> Self {
         Buffers {
             head: crate::heap::array::<HEAD_CAP>(),
@@ -93,6 +101,12 @@ impl Buffers {
             reasoning: &mut self.reasoning,
             args: &mut self.args,
         }
+    }
+
+    /// Where the head buffer lives, to tell one set from another.
+    #[cfg(test)]
+    pub(crate) fn head_ptr(&self) -> *const u8 {
+        self.head.as_ptr()
     }
 }
 
