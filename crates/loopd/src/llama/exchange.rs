@@ -222,23 +222,28 @@ impl<'b> ChatExchange<'b> {
         self.last_byte = now;
         let mut rest = input;
         while !rest.is_empty() && self.outcome.is_none() && self.capped.is_none() {
-            let (used, status) = match self.stream.feed(rest) {
-                Ok(fed) => fed,
+            // Read where `feed` wrote it: moving the event (a chunk is 360 bytes) out of the
+            // result and then out of the event cost two copies an event.
+            let fed = self.stream.feed(rest);
+            let (used, event) = match &fed {
+                Ok((used, Status::Complete(event))) => (*used, event),
+                Ok((used, Status::Partial)) => {
+                    rest = &rest[*used..];
+                    continue;
+                }
                 Err(e) => {
+                    let e = *e;
                     self.on_stream_error(e);
                     break;
                 }
             };
             rest = &rest[used..];
-            let Status::Complete(event) = status else {
-                continue;
-            };
             // Only the fields the stream does not own are touched while `event` borrows it.
             let seen = match event {
-                StreamEvent::Head(status) => Seen::Head(status),
+                StreamEvent::Head(status) => Seen::Head(*status),
                 StreamEvent::Chunk(c) => {
                     let outputs = &mut self.outputs;
-                    chunk_events(&c, &mut |e| outputs.push_back(Output::Event(e)));
+                    chunk_events(c, &mut |e| outputs.push_back(Output::Event(e)));
                     let empty = |t: Option<&str>| t.is_none_or(str::is_empty);
                     Seen::Chunk {
                         finished: c.finish_reason.is_some(),
@@ -256,7 +261,7 @@ impl<'b> ChatExchange<'b> {
                     }
                     Seen::ErrorBody
                 }
-                StreamEvent::ServerError(e) => Seen::Server(server_error(&e)),
+                StreamEvent::ServerError(e) => Seen::Server(server_error(e)),
                 StreamEvent::Done => Seen::Done,
                 StreamEvent::End => Seen::End,
                 _ => Seen::Idle,
