@@ -174,6 +174,15 @@ impl<'b> ChatCall<'b> {
         self.outputs.pop_front()
     }
 
+    /// Gives back an event from [`poll_output`](Self::poll_output) once it was shown, for
+    /// the attempt's later events to be written into its strings
+    /// ([`ChatExchange::recycle`]; optional).
+    pub fn recycle(&mut self, event: ChatEvent) {
+        if let Phase::Exchange(x) = &mut self.phase {
+            x.recycle(event);
+        }
+    }
+
     /// When [`handle_timeout`](Self::handle_timeout) is next due; `None` when only an answer
     /// from the driver (or the owner's verdict) can move the call on.
     pub fn poll_timeout(&self) -> Option<Duration> {

@@ -243,7 +243,10 @@ impl Client {
         loop {
             while let Some(out) = call.poll_output() {
                 match out {
-                    CallOutput::Event(e) => on_event(&e),
+                    CallOutput::Event(e) => {
+                        on_event(&e);
+                        call.recycle(e);
+                    }
                     CallOutput::Acquire => {
                         let acquired = io.acquire(cancel, on_event);
                         call.handle_acquired(clock.now(), acquired);

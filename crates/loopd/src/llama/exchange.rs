@@ -37,7 +37,9 @@ use llama_proto::{AssembleError, Status, StreamError, StreamEvent};
 
 use crate::config::Limits;
 
-use super::assemble::{chunk_events, completion, partial, server_error, Buffers, Storage, Stream};
+use super::assemble::{
+    chunk_events, completion, partial, server_error, Buffers, SpareStrings, Storage, Stream,
+};
 use super::timers::{CapAction, FirstByteWait, SlotSeen, ThinkingCap};
 use super::{
     capped_body, ChatEvent, Completion, Deadline, InferError, Partial, Silence, ERROR_BODY_CAP,
@@ -121,6 +123,8 @@ pub struct ChatExchange<'b> {
     // hit it are not consumed; the caller hands them back after the answer.
     capped: Option<u64>,
     outputs: VecDeque<Output>,
+    // Strings of events shown and given back ([`recycle`](Self::recycle)).
+    spare: SpareStrings,
     outcome: Option<Result<(), InferError>>,
     finished: bool,
 }
@@ -160,6 +164,7 @@ impl<'b> ChatExchange<'b> {
             last_byte: sent_at,
             capped: None,
             outputs: VecDeque::new(),
+            spare: SpareStrings::default(),
             outcome: None,
             finished: false,
         }
@@ -243,7 +248,9 @@ impl<'b> ChatExchange<'b> {
                 StreamEvent::Head(status) => Seen::Head(*status),
                 StreamEvent::Chunk(c) => {
                     let outputs = &mut self.outputs;
-                    chunk_events(c, &mut |e| outputs.push_back(Output::Event(e)));
+                    chunk_events(c, &mut self.spare, &mut |e| {
+                        outputs.push_back(Output::Event(e))
+                    });
                     let empty = |t: Option<&str>| t.is_none_or(str::is_empty);
                     Seen::Chunk {
                         finished: c.finish_reason.is_some(),
@@ -376,6 +383,13 @@ impl<'b> ChatExchange<'b> {
     /// The next thing to do, in order.
     pub fn poll_output(&mut self) -> Option<Output> {
         self.outputs.pop_front()
+    }
+
+    /// Gives back an event from [`poll_output`](Self::poll_output) once it was shown: the
+    /// text of later events is written into its strings rather than new ones (optional; it
+    /// saves an allocation an event).
+    pub fn recycle(&mut self, event: ChatEvent) {
+        self.spare.keep(event);
     }
 
     /// When [`handle_timeout`](Self::handle_timeout) is next due (on the clock of `now`);
