@@ -4,8 +4,9 @@
 //!
 //! A chunk is reported only after the stream folded it into the assembler (which checks it
 //! whole before changing anything), so an event is never emitted for a chunk the completion
-//! does not contain. Events are handed over owned, so the caller queues them without a copy.
-//! The capacities below are the caps of one message; going past one is
+//! does not contain. Events are handed over owned, so the caller queues them without a copy;
+//! a caller that gives them back once shown lends their strings to later events
+//! ([`SpareStrings`]). The capacities below are the caps of one message; going past one is
 //! [`InferError::Protocol`] with the assembler's [`AssembleError`].
 
 use http_nostd::MAX_HEADERS;
