@@ -9,7 +9,9 @@
 //! slot, the attempts and the waits between them), which nests the [`ChatExchange`] of the
 //! attempt on the wire (bytes and time in, [`Output`]s out); one IO driver (`chat.rs`)
 //! carries out what either asks, for the client and for the runner alike. [`Client::props`], [`Client::slots`] and
-//! [`Client::tokenize`] read what the server says about itself.
+//! [`Client::tokenize`] read what the server says about itself. A request's response is read
+//! into a set of [`Buffers`] from the client's [`BufferPool`] ([`Client::buffers`]), which keeps
+//! those of finished requests for the next.
 
 use std::fmt;
 use std::sync::Arc;
