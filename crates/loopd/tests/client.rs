@@ -92,6 +92,41 @@ fn a_plain_answer_sends_the_rendered_request_and_assembles() {
 }
 
 #[test]
+fn a_finished_requests_buffers_serve_the_next_as_if_new() {
+    // The first answer is longer, thinks and calls a tool; the second reuses its buffers
+    // without clearing them and must see none of it.
+    let call = support::chunk(
+        r#"{"tool_calls":[{"index":0,"id":"c1","type":"function","function":{"name":"f","arguments":"{}"}}]}"#,
+        None,
+        4,
+    );
+    let first = Reply::sse(vec![
+        reasoning("mm, colours", 1),
+        content("Red, blue and green", 2),
+        call,
+        finish(5),
+        done(),
+    ]);
+    let server = FakeServer::start(vec![(CHAT, vec![first, answer()])]);
+    let client = Client::new(config(&server));
+    assert_eq!(client.buffer_pool().spare(), 0);
+    let one = run(&client, &request(0)).0.unwrap();
+    assert_eq!(one.message.tool_calls.len(), 1);
+    assert_eq!(client.buffer_pool().spare(), 1, "kept for the next request");
+    let two = run(&client, &request(0)).0.unwrap();
+    assert_eq!(
+        (
+            two.message.content.as_deref(),
+            two.message.reasoning_content.as_deref(),
+            two.message.tool_calls.len(),
+            two.reasoning_tokens
+        ),
+        (Some("Red, blue"), None, 0, 0)
+    );
+    assert_eq!(client.buffer_pool().spare(), 1, "the same set again");
+}
+
+#[test]
 fn connect_error_when_nothing_listens() {
     let server = FakeServer::start(vec![]);
     let mut c = config(&server);

@@ -4,8 +4,9 @@
 //!
 //! A chunk is reported only after the stream folded it into the assembler (which checks it
 //! whole before changing anything), so an event is never emitted for a chunk the completion
-//! does not contain. Events are handed over owned, so the caller queues them without a copy.
-//! The capacities below are the caps of one message; going past one is
+//! does not contain. Events are handed over owned, so the caller queues them without a copy;
+//! a caller that gives them back once shown lends their strings to later events
+//! ([`SpareStrings`]). The capacities below are the caps of one message; going past one is
 //! [`InferError::Protocol`] with the assembler's [`AssembleError`].
 
 use http_nostd::MAX_HEADERS;
@@ -43,7 +44,8 @@ pub(crate) type Stream<'s> = ChatStream<
 
 /// The heap storage of one response (head, SSE line, unescaped strings, content, reasoning,
 /// tool-call arguments) for a [`ChatExchange`](super::ChatExchange); allocate once, reuse for
-/// every request.
+/// every request (a [`Client`](super::Client) keeps those of finished requests in its
+/// [`BufferPool`](super::BufferPool): [`Client::buffers`](super::Client::buffers)).
 pub struct Buffers {
     head: Box<[u8; HEAD_CAP]>,
     line: Box<[u8; SSE_CAP]>,
@@ -66,7 +68,14 @@ impl Default for Buffers {
 }
 
 impl Buffers {
-    /// Zeroed buffers straight on the heap (the allocator hands out untouched pages).
+    /// The heap bytes of one set.
+    pub const BYTES: usize =
+        HEAD_CAP + 2 * SSE_CAP + CONTENT_CAP + REASONING_CAP + TOOL_CALLS_CAP * ARGUMENTS_CAP;
+
+    /// Zeroed buffers straight on the heap. Only a process's first set comes as untouched
+    /// pages: freeing it raises glibc's mmap threshold, and later sets are served from the heap
+    /// and cleared with a `memset` of all 5 MiB; so a request takes a finished one's set from
+    /// its client's pool instead ([`Client::buffers`](super::Client::buffers)).
     pub fn new() -> Self {
         Buffers {
             head: crate::heap::array::<HEAD_CAP>(),
@@ -93,6 +102,12 @@ impl Buffers {
             reasoning: &mut self.reasoning,
             args: &mut self.args,
         }
+    }
+
+    /// Where the head buffer lives, to tell one set from another.
+    #[cfg(test)]
+    pub(crate) fn head_ptr(&self) -> *const u8 {
+        self.head.as_ptr()
     }
 }
 
@@ -148,9 +163,66 @@ pub fn server_error(e: &ServerError<'_>) -> InferError {
     }
 }
 
+/// Strings of events already shown, kept for the text of the next events: an event's text is
+/// owned (the caller may queue it), and writing it into a string given back saves an
+/// allocation and a free an event. At most [`SpareStrings::MOST`] strings of at most
+/// [`SpareStrings::CAPACITY`] bytes each are kept.
+#[derive(Debug, Default)]
+pub(crate) struct SpareStrings(Vec<String>);
+
+impl SpareStrings {
+    /// Strings kept: more than the events of one 16 KiB read (llama-server's chunks are about
+    /// 500 bytes with their timings), which the client shows and gives back before the next.
+    pub const MOST: usize = 64;
+    /// The largest capacity kept, so that a long piece does not stay behind.
+    pub const CAPACITY: usize = 1024;
+
+    /// `text` as an owned string, in a spare one if there is one.
+    pub fn text(&mut self, text: &str) -> String {
+        if text.is_empty() {
+            return String::new();
+        }
+        match self.0.pop() {
+            Some(mut s) => {
+                s.clear();
+                s.push_str(text);
+                s
+            }
+            None => text.to_owned(),
+        }
+    }
+
+    /// Keeps the strings of an event that was shown.
+    pub fn keep(&mut self, event: ChatEvent) {
+        match event {
+            ChatEvent::Reasoning(s) | ChatEvent::Content(s) => self.keep_one(s),
+            ChatEvent::ToolCallDelta {
+                id,
+                name,
+                arguments,
+                ..
+            } => {
+                self.keep_one(arguments);
+                id.into_iter().chain(name).for_each(|s| self.keep_one(s));
+            }
+            _ => {}
+        }
+    }
+
+    fn keep_one(&mut self, s: String) {
+        if self.0.len() < Self::MOST && (1..=Self::CAPACITY).contains(&s.capacity()) {
+            self.0.push(s);
+        }
+    }
+}
+
 /// Reports a chunk the stream folded in: progress, reasoning, content, then each tool-call
-/// delta.
-pub(crate) fn chunk_events(chunk: &Chunk<'_>, on_event: &mut dyn FnMut(ChatEvent)) {
+/// delta; their text is written into `spare` strings where it has them.
+pub(crate) fn chunk_events(
+    chunk: &Chunk<'_>,
+    spare: &mut SpareStrings,
+    on_event: &mut dyn FnMut(ChatEvent),
+) {
     if let Some(p) = chunk.prompt_progress {
         on_event(ChatEvent::Progress {
             total: p.total,
@@ -159,17 +231,17 @@ pub(crate) fn chunk_events(chunk: &Chunk<'_>, on_event: &mut dyn FnMut(ChatEvent
         });
     }
     if let Some(r) = chunk.reasoning_content.filter(|r| !r.is_empty()) {
-        on_event(ChatEvent::Reasoning(r.to_owned()));
+        on_event(ChatEvent::Reasoning(spare.text(r)));
     }
     if let Some(c) = chunk.content.filter(|c| !c.is_empty()) {
-        on_event(ChatEvent::Content(c.to_owned()));
+        on_event(ChatEvent::Content(spare.text(c)));
     }
     for d in chunk.tool_calls() {
         on_event(ChatEvent::ToolCallDelta {
             index: d.index,
-            id: d.id.map(str::to_owned),
-            name: d.name.map(str::to_owned),
-            arguments: d.arguments.unwrap_or_default().to_owned(),
+            id: d.id.map(|s| spare.text(s)),
+            name: d.name.map(|s| spare.text(s)),
+            arguments: spare.text(d.arguments.unwrap_or_default()),
         });
     }
 }
@@ -217,7 +289,9 @@ mod tests {
                 Ok((_, Status::Partial)) => break,
                 Ok((used, Status::Complete(event))) => {
                     match event {
-                        StreamEvent::Chunk(c) => chunk_events(&c, &mut |e| events.push(e)),
+                        StreamEvent::Chunk(c) => {
+                            chunk_events(&c, &mut SpareStrings::default(), &mut |e| events.push(e))
+                        }
                         StreamEvent::ServerError(e) => return (Err(server_error(&e)), events),
                         _ => {}
                     }
@@ -398,6 +472,34 @@ mod tests {
                 llama_proto::StreamError::Sse(sse_nostd::SseError::LineTooLong)
             )))
         ));
+    }
+
+    #[test]
+    fn spare_strings_keep_at_most_most_of_at_most_capacity() {
+        let mut spare = SpareStrings::default();
+        let event = |cap: usize| ChatEvent::Content(String::with_capacity(cap));
+        spare.keep(event(0));
+        spare.keep(event(SpareStrings::CAPACITY + 1));
+        assert!(spare.0.is_empty(), "nothing to lend, or too long to keep");
+        spare.keep(ChatEvent::ToolCallDelta {
+            index: 0,
+            id: Some(String::with_capacity(8)),
+            name: Some(String::with_capacity(8)),
+            arguments: String::with_capacity(SpareStrings::CAPACITY),
+        });
+        assert_eq!(spare.0.len(), 3);
+        for _ in 0..SpareStrings::MOST {
+            spare.keep(event(8));
+        }
+        assert_eq!(spare.0.len(), SpareStrings::MOST);
+        // Text goes into a kept string, whatever it held; an empty text takes none.
+        assert_eq!(spare.text(""), "");
+        assert_eq!(spare.0.len(), SpareStrings::MOST);
+        let mut held = spare.0.last().unwrap().clone();
+        held.push_str("old");
+        spare.0.push(held);
+        assert_eq!(spare.text("new"), "new");
+        assert_eq!(spare.0.len(), SpareStrings::MOST);
     }
 
     const STOP: &str =

@@ -171,7 +171,22 @@ impl<'b> ChatCall<'b> {
 
     /// The next thing to do, in order.
     pub fn poll_output(&mut self) -> Option<CallOutput> {
-        self.outputs.pop_front()
+        if let Some(o) = self.outputs.pop_front() {
+            return Some(o);
+        }
+        match &mut self.phase {
+            Phase::Exchange(x) => x.poll_output().map(call_output),
+            _ => None,
+        }
+    }
+
+    /// Gives back an event from [`poll_output`](Self::poll_output) once it was shown, for
+    /// the attempt's later events to be written into its strings
+    /// ([`ChatExchange::recycle`]; optional).
+    pub fn recycle(&mut self, event: ChatEvent) {
+        if let Phase::Exchange(x) = &mut self.phase {
+            x.recycle(event);
+        }
     }
 
     /// When [`handle_timeout`](Self::handle_timeout) is next due; `None` when only an answer
@@ -427,21 +442,19 @@ impl<'b> ChatCall<'b> {
         self.outputs.push_back(CallOutput::Send);
     }
 
-    /// Hands on what the exchange asked for, then ends the attempt if it is over.
+    /// Ends the attempt if its exchange is over, after handing on what the exchange asked
+    /// for. While it runs, [`poll_output`](Self::poll_output) reads the exchange's outputs in
+    /// place, after the call's own (which are older: nothing else is queued in this phase),
+    /// rather than moving each event through a second queue.
     fn pump(&mut self, now: Duration) {
         let Phase::Exchange(x) = &mut self.phase else {
             return;
         };
-        while let Some(o) = x.poll_output() {
-            self.outputs.push_back(match o {
-                Output::Event(e) => CallOutput::Event(e),
-                Output::PollSlots => CallOutput::PollSlots,
-                Output::EndReasoning { id } => CallOutput::EndReasoning { id },
-                Output::JudgeSilence => CallOutput::JudgeSilence,
-            });
-        }
         if !x.is_over() {
             return;
+        }
+        while let Some(o) = x.poll_output() {
+            self.outputs.push_back(call_output(o));
         }
         let Phase::Exchange(mut x) = std::mem::replace(&mut self.phase, Phase::Over) else {
             return;
@@ -502,6 +515,16 @@ impl<'b> ChatCall<'b> {
     fn over(&mut self, result: Result<Completion, InferError>) {
         self.phase = Phase::Over;
         self.result = Some(result);
+    }
+}
+
+/// What the exchange asked for, as the call's output.
+fn call_output(o: Output) -> CallOutput {
+    match o {
+        Output::Event(e) => CallOutput::Event(e),
+        Output::PollSlots => CallOutput::PollSlots,
+        Output::EndReasoning { id } => CallOutput::EndReasoning { id },
+        Output::JudgeSilence => CallOutput::JudgeSilence,
     }
 }
 

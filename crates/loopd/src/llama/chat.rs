@@ -26,7 +26,6 @@ use crate::clock::Clock;
 use crate::config::{Config, Retry};
 use crate::http::{self, READ_CHUNK};
 
-use super::assemble::Buffers;
 use super::call::{CallOutput, ChatCall};
 use super::gate::SlotPermit;
 use super::timers::SlotSeen;
@@ -235,7 +234,7 @@ impl Client {
     ) -> Result<Completion, Failed> {
         let clock = &*self.clock;
         let poll = Duration::from_millis(self.config.limits.poll_ms);
-        let mut buffers = Buffers::new();
+        let mut buffers = self.buffers();
         let jitter = Arc::clone(&self.jitter);
         let (limits, now) = (self.config.limits, clock.now());
         let mut call = ChatCall::new(now, limits, retry, jitter, req.clone(), buffers.storage());
@@ -244,7 +243,10 @@ impl Client {
         loop {
             while let Some(out) = call.poll_output() {
                 match out {
-                    CallOutput::Event(e) => on_event(&e),
+                    CallOutput::Event(e) => {
+                        on_event(&e);
+                        call.recycle(e);
+                    }
                     CallOutput::Acquire => {
                         let acquired = io.acquire(cancel, on_event);
                         call.handle_acquired(clock.now(), acquired);

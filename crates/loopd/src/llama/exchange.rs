@@ -37,7 +37,9 @@ use llama_proto::{AssembleError, Status, StreamError, StreamEvent};
 
 use crate::config::Limits;
 
-use super::assemble::{chunk_events, completion, partial, server_error, Buffers, Storage, Stream};
+use super::assemble::{
+    chunk_events, completion, partial, server_error, Buffers, SpareStrings, Storage, Stream,
+};
 use super::timers::{CapAction, FirstByteWait, SlotSeen, ThinkingCap};
 use super::{
     capped_body, ChatEvent, Completion, Deadline, InferError, Partial, Silence, ERROR_BODY_CAP,
@@ -121,6 +123,8 @@ pub struct ChatExchange<'b> {
     // hit it are not consumed; the caller hands them back after the answer.
     capped: Option<u64>,
     outputs: VecDeque<Output>,
+    // Strings of events shown and given back ([`recycle`](Self::recycle)).
+    spare: SpareStrings,
     outcome: Option<Result<(), InferError>>,
     finished: bool,
 }
@@ -160,6 +164,7 @@ impl<'b> ChatExchange<'b> {
             last_byte: sent_at,
             capped: None,
             outputs: VecDeque::new(),
+            spare: SpareStrings::default(),
             outcome: None,
             finished: false,
         }
@@ -222,23 +227,30 @@ impl<'b> ChatExchange<'b> {
         self.last_byte = now;
         let mut rest = input;
         while !rest.is_empty() && self.outcome.is_none() && self.capped.is_none() {
-            let (used, status) = match self.stream.feed(rest) {
-                Ok(fed) => fed,
+            // Read where `feed` wrote it: moving the event (a chunk is 360 bytes) out of the
+            // result and then out of the event cost two copies an event.
+            let fed = self.stream.feed(rest);
+            let (used, event) = match &fed {
+                Ok((used, Status::Complete(event))) => (*used, event),
+                Ok((used, Status::Partial)) => {
+                    rest = &rest[*used..];
+                    continue;
+                }
                 Err(e) => {
+                    let e = *e;
                     self.on_stream_error(e);
                     break;
                 }
             };
             rest = &rest[used..];
-            let Status::Complete(event) = status else {
-                continue;
-            };
             // Only the fields the stream does not own are touched while `event` borrows it.
             let seen = match event {
-                StreamEvent::Head(status) => Seen::Head(status),
+                StreamEvent::Head(status) => Seen::Head(*status),
                 StreamEvent::Chunk(c) => {
                     let outputs = &mut self.outputs;
-                    chunk_events(&c, &mut |e| outputs.push_back(Output::Event(e)));
+                    chunk_events(c, &mut self.spare, &mut |e| {
+                        outputs.push_back(Output::Event(e))
+                    });
                     let empty = |t: Option<&str>| t.is_none_or(str::is_empty);
                     Seen::Chunk {
                         finished: c.finish_reason.is_some(),
@@ -256,7 +268,7 @@ impl<'b> ChatExchange<'b> {
                     }
                     Seen::ErrorBody
                 }
-                StreamEvent::ServerError(e) => Seen::Server(server_error(&e)),
+                StreamEvent::ServerError(e) => Seen::Server(server_error(e)),
                 StreamEvent::Done => Seen::Done,
                 StreamEvent::End => Seen::End,
                 _ => Seen::Idle,
@@ -371,6 +383,13 @@ impl<'b> ChatExchange<'b> {
     /// The next thing to do, in order.
     pub fn poll_output(&mut self) -> Option<Output> {
         self.outputs.pop_front()
+    }
+
+    /// Gives back an event from [`poll_output`](Self::poll_output) once it was shown: the
+    /// text of later events is written into its strings rather than new ones (optional; it
+    /// saves an allocation an event).
+    pub fn recycle(&mut self, event: ChatEvent) {
+        self.spare.keep(event);
     }
 
     /// When [`handle_timeout`](Self::handle_timeout) is next due (on the clock of `now`);

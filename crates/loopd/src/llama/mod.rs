@@ -9,7 +9,9 @@
 //! slot, the attempts and the waits between them), which nests the [`ChatExchange`] of the
 //! attempt on the wire (bytes and time in, [`Output`]s out); one IO driver (`chat.rs`)
 //! carries out what either asks, for the client and for the runner alike. [`Client::props`], [`Client::slots`] and
-//! [`Client::tokenize`] read what the server says about itself.
+//! [`Client::tokenize`] read what the server says about itself. A request's response is read
+//! into a set of [`Buffers`] from the client's [`BufferPool`] ([`Client::buffers`]), which keeps
+//! those of finished requests for the next.
 
 use std::fmt;
 use std::sync::Arc;
@@ -24,6 +26,7 @@ mod error;
 mod exchange;
 mod gate;
 mod info;
+mod pool;
 mod request;
 mod retry;
 mod timers;
@@ -42,6 +45,7 @@ pub use llama_proto::{
     cache_outcome, AssistantMessage, CacheOutcome, ChatMessage, Completion, FinishReason, Timings,
     ToolCall, ToolSchema, CACHE_LOSS_TOLERANCE,
 };
+pub use pool::{BufferPool, PooledBuffers, SPARE_BUFFERS};
 pub use request::render as render_request;
 pub use timers::SlotSeen;
 
@@ -164,6 +168,7 @@ pub struct Client {
     clock: Arc<dyn Clock>,
     jitter: Arc<dyn Jitter>,
     gate: gate::SlotGate,
+    buffers: BufferPool,
 }
 
 impl fmt::Debug for Client {
@@ -192,6 +197,7 @@ impl Client {
             clock,
             jitter,
             gate,
+            buffers: BufferPool::new(),
         }
     }
 
@@ -223,5 +229,17 @@ impl Client {
     /// The slot gate every request of this client passes.
     pub fn gate(&self) -> &SlotGate {
         &self.gate
+    }
+
+    /// One request's [`Buffers`] from this client's pool (those of a finished request, else
+    /// new ones), given back when the guard drops: what [`Client::run`] reads into, and what
+    /// a driver of its own (the runner's) should use in place of [`Buffers::new`].
+    pub fn buffers(&self) -> PooledBuffers<'_> {
+        self.buffers.take()
+    }
+
+    /// The pool behind [`Client::buffers`].
+    pub fn buffer_pool(&self) -> &BufferPool {
+        &self.buffers
     }
 }

@@ -126,6 +126,38 @@ fn every_split_of_the_bytes_gives_the_same_events_and_completion() {
 }
 
 #[test]
+fn events_given_back_lend_their_strings_to_later_events() {
+    let mut b = Buffers::new();
+    let mut x = ChatExchange::new(limits(), t(0), &mut b);
+    let mut bytes = HEAD.to_vec();
+    bytes.extend(chunked(&[content("Crimson", 1)]));
+    x.handle_bytes(t(1), &bytes);
+    let mut out = outputs(&mut x);
+    assert_eq!(out, [text("Crimson")]);
+    let Some(Output::Event(red)) = out.pop() else {
+        unreachable!()
+    };
+    let ChatEvent::Content(s) = &red else {
+        unreachable!()
+    };
+    let at = s.as_ptr();
+    x.recycle(red);
+    x.handle_bytes(t(2), &chunked(&[content(" red", 2), finish(3)]));
+    let out = outputs(&mut x);
+    assert_eq!(
+        out,
+        [text(" red")],
+        "the same events as without giving back"
+    );
+    let [Output::Event(ChatEvent::Content(s))] = &out[..] else {
+        unreachable!()
+    };
+    assert_eq!(s.as_ptr(), at, "written into the string given back");
+    let done = x.take_result().unwrap().unwrap();
+    assert_eq!(done.message.content.as_deref(), Some("Crimson red"));
+}
+
+#[test]
 fn slots_is_polled_every_poll_ms_until_the_first_byte() {
     let mut b = Buffers::new();
     let mut x = ChatExchange::new(limits(), t(1_000), &mut b);
