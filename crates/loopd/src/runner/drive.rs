@@ -13,7 +13,7 @@
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::time::Duration;
 
-use crate::llama::{wait_until, Buffers, ByteSink, Cancel, ChatIo};
+use crate::llama::{wait_until, ByteSink, Cancel, ChatIo};
 
 use super::agent::{Action, AgentRequest, Setup};
 use super::hosts::Host;
@@ -100,7 +100,9 @@ pub(super) fn drive(
     let clock = client.clock();
     let poll = Duration::from_millis(config.limits.poll_ms);
     let worker_timeout = Duration::from_millis(host.settings.worker_timeout_ms);
-    let mut buffers = Buffers::new();
+    // From the first host's pool (issue 31: a new 5 MiB set was a memset on the request's
+    // path before its POST); it goes back there when the request ends, rehomed or not.
+    let mut buffers = client.buffers();
     let setup = Setup {
         id,
         slot,
