@@ -541,6 +541,33 @@ fn the_files_stay_bounded_in_a_long_run() {
     );
 }
 
+/// A compaction empties the WAL and then restarts it itself (a new header, synced, and one
+/// page), so the next submit's insert appends to a WAL already begun instead of paying that
+/// sync before its acknowledgement (issue 31).
+#[test]
+fn a_compaction_leaves_the_wal_begun_so_the_next_insert_does_not_restart_it() {
+    let path = fresh("db-wal-begun");
+    let mut db = Db::open(&path, settings(1_000, 100)).unwrap();
+    let wal = path.with_extension("db-wal");
+    let wal_len = || std::fs::metadata(&wal).map_or(0, |m| m.len());
+    for n in 0..3u64 {
+        let id = db.insert_submitted("\"x\"", at(n)).unwrap();
+        db.finish(id, "completed", "\"r\"", at(n)).unwrap();
+        assert!(db.take_result(id, at(n)).unwrap().is_ok());
+    }
+    db.compact().unwrap();
+    // The WAL header (32 bytes) and one frame (24 bytes and a page) are there already.
+    let page = 4096;
+    assert_eq!(wal_len(), 32 + 24 + page, "the WAL after a compaction");
+    let before = wal_len();
+    db.insert_submitted("\"y\"", at(9)).unwrap();
+    assert!(
+        wal_len() > before,
+        "the insert appended to the WAL ({before} -> {} bytes)",
+        wal_len()
+    );
+}
+
 #[test]
 fn the_default_path_follows_systemd_then_xdg_then_home() {
     let os = |s: &'static str| Some(OsStr::new(s));
