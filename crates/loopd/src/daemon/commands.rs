@@ -4,18 +4,18 @@
 use std::io;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::{sync_channel, Receiver};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::connection::send;
 use super::db::DbError;
+use super::follower::{follower, Feed};
 use super::listener::{Daemon, EVENT_QUEUE, TICK};
 use super::protocol::{
     to_line, CancelReply, CancelState, Command, ErrorCode, HostLine, MetricsReply, OkTrue,
     ProtoError, ResultReply, ServeState, Status, StatusReply, SubmitCmd, SubmitReply, WireResult,
 };
-use super::state::{lock, Hub, Line, Refusal, State};
+use super::state::{lock, Hub, Refusal, State};
 use crate::runner::{RequestId, ResultError, SubmitError};
 
 /// A `result` reply around the stored result's JSON text, read back into its type.
@@ -165,11 +165,11 @@ impl Daemon {
 
     fn follow(&self, stream: &UnixStream, id: u64) -> io::Result<()> {
         let s = &self.state;
-        let (tx, rx) = sync_channel(EVENT_QUEUE);
+        let (f, feed) = follower(stream, EVENT_QUEUE)?;
         {
             let inner = lock(&s.inner);
             match inner.live.get(&id) {
-                Some(l) => lock(&l.hub).push(tx),
+                Some(l) => lock(&l.hub).push(f),
                 None => {
                     let reply = match inner.db.knows(id, s.clock.wall()) {
                         Ok(true) => ProtoError::Ended(RequestId(id)),
@@ -180,14 +180,14 @@ impl Daemon {
                 }
             }
         }
-        send(stream, &to_line(&SubmitReply::new(id)))?;
-        self.stream_events(stream, rx)
+        feed.open(stream, &to_line(&SubmitReply::new(id)))?;
+        self.stream_events(stream, feed)
     }
 
-    fn stream_events(&self, stream: &UnixStream, rx: Receiver<Line>) -> io::Result<()> {
+    fn stream_events(&self, stream: &UnixStream, feed: Feed) -> io::Result<()> {
         let s = &self.state;
         s.followers.fetch_add(1, Ordering::SeqCst);
-        let sent = pass_on(stream, rx);
+        let sent = feed.pass_on(stream);
         // Under the store's lock, so a shutdown waiting on the count cannot miss the wake-up.
         let inner = lock(&s.inner);
         s.followers.fetch_sub(1, Ordering::SeqCst);
@@ -219,11 +219,13 @@ impl Daemon {
             return send(stream, &ProtoError::UnknownTool(t.clone()).to_line());
         }
         let hub: Hub = Arc::new(Mutex::new(Vec::new()));
-        let rx = follow.then(|| {
-            let (tx, rx) = sync_channel(EVENT_QUEUE);
-            lock(&hub).push(tx);
-            rx
-        });
+        let feed = match follow.then(|| follower(stream, EVENT_QUEUE)).transpose()? {
+            Some((f, feed)) => {
+                lock(&hub).push(f);
+                Some(feed)
+            }
+            None => None,
+        };
         // The line parsed as JSON, so it is UTF-8.
         let submission = String::from_utf8_lossy(line);
         let mut named = None;
@@ -258,21 +260,13 @@ impl Daemon {
         };
         self.state.metrics.set_busy(self.runner.busy_slots());
         self.state.metrics.set_hosts(&self.host_lines());
-        send(stream, &to_line(&SubmitReply::new(id.0)))?;
-        match rx {
-            Some(rx) => self.stream_events(stream, rx),
-            None => Ok(()),
-        }
-    }
-}
-
-fn pass_on(stream: &UnixStream, rx: Receiver<Line>) -> io::Result<()> {
-    loop {
-        match rx.recv() {
-            Ok(Line::Event(l)) => send(stream, &l)?,
-            Ok(Line::End(l)) => return send(stream, &l),
-            // The hub dropped this follower: it fell EVENT_QUEUE lines behind.
-            Err(_) => return send(stream, &ProtoError::FollowerDropped(EVENT_QUEUE).to_line()),
+        let reply = to_line(&SubmitReply::new(id.0));
+        match feed {
+            Some(feed) => {
+                feed.open(stream, &reply)?;
+                self.stream_events(stream, feed)
+            }
+            None => send(stream, &reply),
         }
     }
 }

@@ -17,6 +17,7 @@ pub mod client;
 mod commands;
 mod connection;
 mod db;
+mod follower;
 mod listener;
 mod metrics;
 mod output;

@@ -8,26 +8,20 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::mpsc::{SyncSender, TrySendError};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
 use clock::Clock;
 
 use super::db::{Db, DbError};
+use super::follower::Follower;
 use super::metrics::Metrics;
 use super::output::{Checkpoints, Output};
 use super::protocol::{to_line, ErrorCode, ProtoError, ResultReply, WireEvent, WireResult};
 use crate::runner::{RequestEvent, RequestId, RequestResult, SubmitError};
 
-/// One line for a follower: an event, or the end line (the result).
-pub(super) enum Line {
-    Event(String),
-    End(String),
-}
-
 /// The followers of one running request.
-pub(super) type Hub = Arc<Mutex<Vec<SyncSender<Line>>>>;
+pub(super) type Hub = Arc<Mutex<Vec<Follower>>>;
 
 /// A running request's channels.
 pub(super) struct Live {
@@ -144,10 +138,8 @@ impl State {
                 return;
             };
             let line = to_line(&event);
-            subs.retain(|s| match s.try_send(Line::Event(line.clone())) {
-                Ok(()) => true,
-                Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => false,
-            });
+            // Written to each client at once where nothing is queued for it (follower.rs).
+            subs.retain(|f| f.offer(&line));
         });
         Ok((RequestId(id), observer))
     }
@@ -223,8 +215,8 @@ impl State {
         // Under the lock, so no follower can join the hub after its last line.
         if let Some(l) = live {
             let end = to_line(&ResultReply::new(wire));
-            for s in lock(&l.hub).drain(..) {
-                let _ = s.try_send(Line::End(end.clone()));
+            for f in lock(&l.hub).drain(..) {
+                let _ = f.end(end.clone());
             }
         }
         drop(inner);
