@@ -91,11 +91,18 @@ fn connect_and_copy(client: UnixStream, upstream: &str, slot: Slot) {
     };
     let slot = Arc::new(slot);
     let back_slot = slot.clone();
+    // The request goes upstream only once the thread that copies the answer back is up, its
+    // buffer made: started later, its start-up ran beside the server's prompt evaluation,
+    // which on a box whose cores the model's threads fill costs the first token a scheduler
+    // slice (issue 31).
+    let (up, is_up) = std::sync::mpsc::sync_channel::<()>(1);
     let back = thread::Builder::new()
         .name("copy".into())
         .stack_size(COPY_STACK)
         .spawn(move || {
-            copy_half(server_back, client_back);
+            copy_half_when(server_back, client_back, || {
+                let _ = up.send(());
+            });
             drop(back_slot);
         });
     if let Err(e) = back {
@@ -103,6 +110,8 @@ fn connect_and_copy(client: UnixStream, upstream: &str, slot: Slot) {
         eprintln!("inferproxy: closed a connection: cannot start a thread: {e}");
         return;
     }
+    // Gone without a word only if that thread ended at once; the copy below then fails.
+    let _ = is_up.recv();
     copy_half(client, server);
 }
 
@@ -160,8 +169,14 @@ impl HalfClose for TcpStream {
 }
 
 /// Copies `from` into `to` until `from` ends, then half-closes `to`; on any error closes both.
-fn copy_half(mut from: impl HalfClose, mut to: impl HalfClose) {
+fn copy_half(from: impl HalfClose, to: impl HalfClose) {
+    copy_half_when(from, to, || {});
+}
+
+/// [`copy_half`], calling `ready` once its buffer is made, before the first read.
+fn copy_half_when(mut from: impl HalfClose, mut to: impl HalfClose, ready: impl FnOnce()) {
     let mut buf = vec![0u8; COPY_BUFFER];
+    ready();
     let ended = pass(&mut from, &mut to, &mut buf).and_then(|()| to.shut(Shutdown::Write));
     if ended.is_err() {
         close_both(&from, &to);
