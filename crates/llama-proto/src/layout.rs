@@ -246,7 +246,7 @@ mod tests {
 
     /// Every `data:` payload of the recorded streams.
     fn recorded() -> Vec<&'static str> {
-        [
+        crate::recorded_payloads(&[
             include_str!("../../../fixtures/plain.sse"),
             include_str!("../../../fixtures/thinking.sse"),
             include_str!("../../../fixtures/tool_call.sse"),
@@ -254,12 +254,7 @@ mod tests {
             include_str!("../../../fixtures/looping.sse"),
             include_str!("../../../fixtures/reasoning_end.sse"),
             include_str!("../../../fixtures/tool_call_text.sse"),
-        ]
-        .iter()
-        .flat_map(|t| t.lines())
-        .filter_map(|l| l.strip_prefix("data: "))
-        .filter(|p| p.starts_with('{'))
-        .collect()
+        ])
     }
 
     #[test]

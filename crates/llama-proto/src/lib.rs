@@ -33,6 +33,18 @@ extern crate alloc;
 #[cfg(test)]
 extern crate std;
 
+/// Every `data:` payload that is a JSON object in the recorded `streams` (the text of
+/// `fixtures/*.sse`), for the tests that hold the decoder's paths to each other.
+#[cfg(test)]
+fn recorded_payloads(streams: &[&'static str]) -> std::vec::Vec<&'static str> {
+    streams
+        .iter()
+        .flat_map(|t| t.lines())
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|p| p.starts_with('{'))
+        .collect()
+}
+
 mod assemble;
 pub mod cache;
 mod chunk;

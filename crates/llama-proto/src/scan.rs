@@ -1041,16 +1041,11 @@ mod tests {
 
     /// Every `data:` payload of the three recorded streams.
     fn recorded() -> Vec<&'static str> {
-        [
+        crate::recorded_payloads(&[
             include_str!("../../../fixtures/plain.sse"),
             include_str!("../../../fixtures/thinking.sse"),
             include_str!("../../../fixtures/tool_call.sse"),
-        ]
-        .iter()
-        .flat_map(|t| t.lines())
-        .filter_map(|l| l.strip_prefix("data: "))
-        .filter(|p| p.starts_with('{'))
-        .collect()
+        ])
     }
 
     #[test]
