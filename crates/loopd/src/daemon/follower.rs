@@ -66,20 +66,17 @@ pub(super) fn follower(stream: &UnixStream, capacity: usize) -> io::Result<(Foll
 }
 
 impl Follower {
-    /// Hands `line` (without its newline) to the client: written at once if nothing is
-    /// queued and the socket takes it, else queued for the connection's thread. `false` when
-    /// the follower is to be dropped: its client went, or its queue is full.
-    pub fn offer(&self, line: &str) -> bool {
-        let mut bytes = Vec::with_capacity(line.len() + 1);
-        bytes.extend_from_slice(line.as_bytes());
-        bytes.push(b'\n');
+    /// Hands `line` (its newline included, made once for every follower) to the client:
+    /// written at once if nothing is queued and the socket takes it, else what is left of it
+    /// is copied into the queue for the connection's thread. `false` when the follower is to
+    /// be dropped: its client went, or its queue is full.
+    pub fn offer(&self, line: &[u8]) -> bool {
+        let mut sent = 0;
         if self.queued.load(Ordering::SeqCst) == 0 {
             let flags = libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL;
-            match SockRef::from(&self.stream).send_with_flags(&bytes, flags) {
-                Ok(n) if n == bytes.len() => return true,
-                Ok(n) => {
-                    bytes.drain(..n);
-                }
+            match SockRef::from(&self.stream).send_with_flags(line, flags) {
+                Ok(n) if n == line.len() => return true,
+                Ok(n) => sent = n,
                 Err(e)
                     if matches!(
                         e.kind(),
@@ -88,7 +85,7 @@ impl Follower {
                 Err(_) => return false,
             }
         }
-        self.queue(Line::Event(bytes))
+        self.queue(Line::Event(line[sent..].to_vec()))
     }
 
     /// Queues the end line; whether the connection's thread can still take it.
@@ -150,11 +147,11 @@ mod tests {
         let (ours, theirs) = UnixStream::pair().unwrap();
         let (f, feed) = follower(&ours, 4).unwrap();
         // Before the reply: queued for the connection's thread.
-        assert!(f.offer("e1"));
+        assert!(f.offer(b"e1\n"));
         assert_eq!(f.queued.load(Ordering::SeqCst), 2);
         feed.open(&ours, "ok").unwrap();
         // e1 is still queued: e2 queues behind it.
-        assert!(f.offer("e2"));
+        assert!(f.offer(b"e2\n"));
         assert_eq!(f.queued.load(Ordering::SeqCst), 2);
         assert!(f.end("end".into()));
         let t = std::thread::spawn(move || feed.pass_on(&ours));
@@ -168,8 +165,8 @@ mod tests {
         let (ours, theirs) = UnixStream::pair().unwrap();
         let (f, feed) = follower(&ours, 4).unwrap();
         feed.open(&ours, "ok").unwrap();
-        assert!(f.offer("e1"));
-        assert!(f.offer("e2"));
+        assert!(f.offer(b"e1\n"));
+        assert!(f.offer(b"e2\n"));
         assert_eq!(f.queued.load(Ordering::SeqCst), 0, "nothing queued");
         assert!(f.end("end".into()));
         drop(f);
@@ -187,11 +184,11 @@ mod tests {
         let line = "x".repeat(8 * 1024);
         let mut n = 0;
         while f.queued.load(Ordering::SeqCst) == 0 {
-            assert!(f.offer(&format!("{n} {line}")));
+            assert!(f.offer(format!("{n} {line}\n").as_bytes()));
             n += 1;
             assert!(n < 10_000, "the socket never filled");
         }
-        assert!(f.offer(&format!("{n} {line}")));
+        assert!(f.offer(format!("{n} {line}\n").as_bytes()));
         assert!(f.end("end".into()));
         drop(f);
         let reader = std::thread::spawn(move || lines(theirs));
@@ -212,11 +209,11 @@ mod tests {
         let (f, feed) = follower(&ours, 1).unwrap();
         feed.open(&ours, "ok").unwrap();
         drop(theirs);
-        assert!(!f.offer("e1"), "the client went");
+        assert!(!f.offer(b"e1\n"), "the client went");
         let (ours, _theirs) = UnixStream::pair().unwrap();
         let (f, _feed) = follower(&ours, 1).unwrap();
         // The reply not yet written: events queue, and the second finds the queue full.
-        assert!(f.offer("e1"));
-        assert!(!f.offer("e2"));
+        assert!(f.offer(b"e1\n"));
+        assert!(!f.offer(b"e2\n"));
     }
 }

@@ -137,9 +137,10 @@ impl State {
             let Some(event) = WireEvent::of(e) else {
                 return;
             };
-            let line = to_line(&event);
+            let mut line = to_line(&event);
+            line.push('\n');
             // Written to each client at once where nothing is queued for it (follower.rs).
-            subs.retain(|f| f.offer(&line));
+            subs.retain(|f| f.offer(line.as_bytes()));
         });
         Ok((RequestId(id), observer))
     }
