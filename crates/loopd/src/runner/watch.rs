@@ -119,6 +119,12 @@ impl Watch {
         self.renew.store(true, Ordering::SeqCst);
     }
 
+    /// What the lost or dropped connection said: its hello's id and the worker's state.
+    fn forget_connection(&self) {
+        *lock(&self.id) = None;
+        *lock(&self.state) = None;
+    }
+
     fn stopped(&self) -> bool {
         self.stop.load(Ordering::SeqCst)
     }
@@ -167,8 +173,7 @@ impl Watch {
                             // A line this loopd does not know: the next one may be.
                             Err(WorkerError::BadAnswer(_)) => {}
                             Err(e) => {
-                                *lock(&self.id) = None;
-                                *lock(&self.state) = None;
+                                self.forget_connection();
                                 eprintln!(
                                     "loopd: llama-worker's watch ({}) was lost ({e})",
                                     socket.display()
@@ -179,8 +184,7 @@ impl Watch {
                             }
                         }
                         if self.renew.swap(false, Ordering::SeqCst) {
-                            *lock(&self.id) = None;
-                            *lock(&self.state) = None;
+                            self.forget_connection();
                             eprintln!(
                                 "loopd: llama-worker's watch ({}) dropped: its host was lost",
                                 socket.display()
