@@ -12,6 +12,12 @@
 //! The whole submit-to-acknowledge over the socket, store against no store, is measured by
 //! `tests/daemon_soak.rs` (`submit_ack_latency_*`).
 //!
+//! The insert after a compaction (issue 31): the daemon compacts (and empties the WAL) when a
+//! result was fetched and nothing runs, so the next submit's insert can be the first write into
+//! an emptied WAL. That line runs 200 requests each followed by `Db::compact`, with 100 ms idle
+//! before each insert (a daemon between requests: caches cold), against the same loop without
+//! the compaction in the same run.
+//!
 //! cargo bench -p loopd --bench store
 
 use std::path::PathBuf;
@@ -90,6 +96,43 @@ fn bench_db(durability: Durability) -> Figures {
     figures(t)
 }
 
+/// 200 requests with `idle` before each timed insert, then three checkpoints, the finish and
+/// the fetch, and (`compact`) a compaction, as the daemon's idle tick makes one.
+fn bench_idle_inserts(compact: bool) -> Figures {
+    let dir = dir();
+    let mut db = Db::open(
+        &dir.join("loopd.db"),
+        DbSettings {
+            durability: Durability::Normal,
+            ttl: Duration::from_secs(300),
+            cap: 1_000,
+        },
+    )
+    .expect("open the store");
+    let s = submission();
+    let now = SystemTime::now();
+    let mut t = Vec::with_capacity(200);
+    for _ in 0..200 {
+        std::thread::sleep(Duration::from_millis(100));
+        let start = Instant::now();
+        let id = db.insert_submitted(&s, now).expect("insert");
+        t.push(start.elapsed());
+        for k in 1..=3 {
+            db.checkpoint(id, &"o".repeat(300 * k), now)
+                .expect("checkpoint");
+        }
+        db.finish(id, "completed", &"r".repeat(3_000), now)
+            .expect("finish");
+        assert!(db.take_result(id, now).expect("take").is_ok());
+        if compact {
+            db.compact().expect("compact");
+        }
+    }
+    drop(db);
+    let _ = std::fs::remove_dir_all(&dir);
+    figures(t)
+}
+
 fn bench_memory() -> Figures {
     let mut running: BTreeSet<u64> = BTreeSet::new();
     let mut t = Vec::with_capacity(SAMPLES);
@@ -118,4 +161,7 @@ fn main() {
     line("store, synchronous=NORMAL", bench_db(Durability::Normal));
     line("store, synchronous=FULL", bench_db(Durability::Full));
     line("in memory (the daemon before)", bench_memory());
+    println!("insert_submitted after 100 ms idle, 200 calls each, synchronous=NORMAL:");
+    line("each after a compaction", bench_idle_inserts(true));
+    line("no compaction (the peer)", bench_idle_inserts(false));
 }
