@@ -10,7 +10,7 @@
 //! [`InferError::Protocol`] with the assembler's [`AssembleError`].
 
 use http_nostd::MAX_HEADERS;
-use llama_proto::{AssembleError, Assembler, ChatStream, Chunk, ServerError, StreamError};
+use llama_proto::{Assembler, ChatStream, Chunk, ServerError, StreamError};
 
 use super::{capped_body, ChatEvent, Completion, InferError, Partial};
 use crate::http::HEAD_CAP;
@@ -251,10 +251,9 @@ pub(crate) fn completion(
     message: &Message<'_>,
     thinking_capped: bool,
 ) -> Result<Completion, InferError> {
-    let message = message.finish().map_err(|e| match e {
-        AssembleError::NoFinishReason => InferError::StreamClosedEarly,
-        other => StreamError::Assemble(other).into(),
-    })?;
+    let message = message
+        .finish()
+        .map_err(|e| InferError::from(StreamError::Assemble(e)))?;
     let mut done = Completion::from(&message);
     done.thinking_capped = thinking_capped;
     Ok(done)

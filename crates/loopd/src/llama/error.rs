@@ -7,7 +7,8 @@
 use std::fmt;
 
 use http_nostd::HttpError;
-use llama_proto::StreamError;
+use llama_proto::{AssembleError, StreamError};
+use sse_nostd::SseError;
 
 use crate::http::SendError;
 
@@ -136,10 +137,19 @@ impl std::error::Error for ProtocolError {
     }
 }
 
-/// The whole path's one error (`llama_proto::ChatStream`'s), not a copy of it.
+/// The whole path's one error (`llama_proto::ChatStream`'s), not a copy of it, except where
+/// it says the connection ended before the stream did: inside the head, a chunk's size or
+/// data, an event, or between events before the final chunk. That is
+/// [`InferError::StreamClosedEarly`] wherever the cut falls (a router whose upstream died
+/// ends its own chunked body cleanly, mid-event), so it is retried as the design says.
 impl From<StreamError> for InferError {
     fn from(e: StreamError) -> Self {
-        InferError::Protocol(ProtocolError::Stream(e))
+        match e {
+            StreamError::Http(HttpError::Truncated | HttpError::IncompleteHead)
+            | StreamError::Sse(SseError::Unterminated)
+            | StreamError::Assemble(AssembleError::NoFinishReason) => InferError::StreamClosedEarly,
+            e => InferError::Protocol(ProtocolError::Stream(e)),
+        }
     }
 }
 
@@ -480,13 +490,23 @@ mod tests {
             .and_then(|s| s.source())
             .map(|c| c.to_string());
         assert_eq!(cause, Some(HttpError::HeadersTooLarge.to_string()));
-        let e = InferError::from(llama_proto::StreamError::Assemble(
-            llama_proto::AssembleError::NoFinishReason,
-        ));
+        // Each way the connection can end before the stream does is one error, retried.
+        for cut in [
+            llama_proto::StreamError::Http(HttpError::IncompleteHead),
+            llama_proto::StreamError::Http(HttpError::Truncated),
+            llama_proto::StreamError::Sse(SseError::Unterminated),
+            llama_proto::StreamError::Assemble(llama_proto::AssembleError::NoFinishReason),
+        ] {
+            assert!(
+                matches!(InferError::from(cut), InferError::StreamClosedEarly),
+                "{cut:?}"
+            );
+        }
+        // A stream that is wrong, not short, stays a protocol error.
         assert!(matches!(
-            e,
-            InferError::Protocol(ProtocolError::Stream(llama_proto::StreamError::Assemble(
-                llama_proto::AssembleError::NoFinishReason
+            InferError::from(llama_proto::StreamError::Sse(SseError::LineTooLong)),
+            InferError::Protocol(ProtocolError::Stream(llama_proto::StreamError::Sse(
+                SseError::LineTooLong
             )))
         ));
         let j = ProtocolError::Json {

@@ -32,8 +32,7 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use http_nostd::HttpError;
-use llama_proto::{AssembleError, Status, StreamError, StreamEvent};
+use llama_proto::{Status, StreamError, StreamEvent};
 
 use crate::config::Limits;
 
@@ -286,13 +285,10 @@ impl<'b> ChatExchange<'b> {
         match self.phase {
             Phase::Sent | Phase::Head => self.fail(InferError::StreamClosedEarly),
             Phase::ErrorBody { .. } => self.finish_error(),
+            // A body cut anywhere before the final chunk is `StreamClosedEarly` (the
+            // conversion says where that can be).
             Phase::Prefill | Phase::Stream => match self.stream.finish() {
                 Ok(_) => self.outcome = Some(Ok(())),
-                // A body cut off before the final chunk, or a stream that ended without one.
-                Err(
-                    StreamError::Http(HttpError::Truncated | HttpError::IncompleteHead)
-                    | StreamError::Assemble(AssembleError::NoFinishReason),
-                ) => self.fail(InferError::StreamClosedEarly),
                 Err(e) => self.fail(e.into()),
             },
         }

@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::llama::{FinishReason, ProtocolError, ToolCall};
+use http_nostd::HttpError;
 use sse_nostd::SseError;
 
 fn limits() -> Limits {
@@ -524,12 +525,7 @@ fn the_end_of_the_connection() {
     // A body read to the close that ends inside an event.
     let mut open = b"HTTP/1.1 200 OK\r\n\r\n".to_vec();
     open.extend_from_slice(b"data: {\"choi");
-    assert!(matches!(
-        end(&open).0,
-        Err(InferError::Protocol(ProtocolError::Stream(
-            llama_proto::StreamError::Sse(SseError::Unterminated)
-        )))
-    ));
+    assert!(matches!(end(&open).0, Err(InferError::StreamClosedEarly)));
     // A chunked body that ends cleanly without the final chunk.
     let mut clean = cut.clone();
     clean.extend_from_slice(b"0\r\n\r\n");
@@ -537,6 +533,66 @@ fn the_end_of_the_connection() {
     let mut x = ChatExchange::new(limits(), t(0), &mut b);
     x.handle_bytes(t(1), &clean);
     assert!(matches!(error(&mut x), InferError::StreamClosedEarly));
+}
+
+/// Wherever the connection ends before the final chunk, the request failed the same way:
+/// `StreamClosedEarly`, which the retry schedule retries, with what was assembled kept.
+#[test]
+fn a_connection_cut_anywhere_before_the_final_chunk_is_closed_early() {
+    let whole = {
+        let mut b = HEAD.to_vec();
+        b.extend(chunked(&[content("Red", 1)]));
+        b
+    };
+    let event = content("Blue", 2);
+    let mut inside_event = whole.clone();
+    // A chunk that holds half an event, then the router's clean end of its body.
+    inside_event.extend(chunked(&[event[..event.len() / 2].to_vec()]));
+    inside_event.extend_from_slice(b"0\r\n\r\n");
+    let mut between_events = whole.clone();
+    between_events.extend_from_slice(b"0\r\n\r\n");
+    let cuts: [(&str, Vec<u8>, Option<&str>); 7] = [
+        ("inside the status line", b"HTTP/1.1 2".to_vec(), None),
+        ("inside the head", HEAD[..HEAD.len() - 2].to_vec(), None),
+        (
+            "inside a chunk size",
+            [&whole[..], b"1"].concat(),
+            Some("Red"),
+        ),
+        (
+            "inside a chunk size line",
+            [&whole[..], b"1f;ext"].concat(),
+            Some("Red"),
+        ),
+        (
+            "inside chunk data",
+            [
+                &whole[..],
+                format!("{:x}\r\n", event.len()).as_bytes(),
+                &event[..9],
+            ]
+            .concat(),
+            Some("Red"),
+        ),
+        ("inside an event", inside_event, Some("Red")),
+        (
+            "between events without [DONE] or a finish reason",
+            between_events,
+            Some("Red"),
+        ),
+    ];
+    for (place, bytes, kept) in cuts {
+        let mut b = Buffers::new();
+        let mut x = ChatExchange::new(limits(), t(0), &mut b);
+        x.handle_bytes(t(1), &bytes);
+        x.handle_eof(t(2));
+        let r = x.take_result().unwrap();
+        assert!(
+            matches!(r, Err(InferError::StreamClosedEarly)),
+            "{place}: {r:?}"
+        );
+        assert_eq!(x.partial().message.content.as_deref(), kept, "{place}");
+    }
 }
 
 #[test]
