@@ -10,6 +10,8 @@
 //! - [`text_calls`] / [`parse_text_calls`]: tool calls the model wrote as `<tool_call>` text
 //!   in its content (when the server did not parse them), each a borrowed [`TextCall`] or a
 //!   [`TextCallError`], and the [`prose`] around them;
+//! - [`check_json_object`]: one JSON object (a native tool call's arguments) held to the
+//!   rules of a `<tool_call>` object, a [`JsonError`] naming what was wrong and where;
 //! - [`LoopDetector`]: fed the streamed content, says at which byte one line, one sentence or
 //!   a short cycle of them started repeating, with thresholds by length ([`LoopConfig`]);
 //! - [`cache_outcome`] and [`hash`].
@@ -86,3 +88,4 @@ pub use text_calls::{
     TextCallList, TextCalls, TooManyTextCalls,
 };
 pub use types::{FinishReason, Timings};
+pub use validate::{check_json_object, JsonError, MAX_NUMBER_LEN};

@@ -20,7 +20,7 @@
 use core::fmt;
 
 use crate::validate::{self, Bad, Fault};
-use crate::MAX_NESTING;
+use crate::{MAX_NESTING, MAX_NUMBER_LEN};
 
 const OPEN: &[u8] = b"<tool_call>";
 const CLOSE: &[u8] = b"</tool_call>";
@@ -67,6 +67,16 @@ pub enum TextCallError {
         /// The opening bracket one level too deep.
         at: usize,
     },
+    /// A number's text is longer than [`MAX_NUMBER_LEN`] bytes.
+    NumberTooLong {
+        /// The number's first byte.
+        at: usize,
+    },
+    /// A number rounds to `f64::MAX` or beyond in magnitude, where a reader may overflow.
+    NumberOutOfRange {
+        /// The number's first byte.
+        at: usize,
+    },
     /// `"name"` or `"arguments"` appears twice.
     DuplicateKey {
         /// The second occurrence of the key.
@@ -111,6 +121,14 @@ impl fmt::Display for TextCallError {
             TextCallError::TooDeep { at } => write!(
                 f,
                 "tool_call JSON nests deeper than {MAX_NESTING} levels at byte {at}"
+            ),
+            TextCallError::NumberTooLong { at } => write!(
+                f,
+                "tool_call JSON number at byte {at} is longer than {MAX_NUMBER_LEN} bytes"
+            ),
+            TextCallError::NumberOutOfRange { at } => write!(
+                f,
+                "tool_call JSON number at byte {at} is out of range (it rounds to f64::MAX or beyond)"
             ),
             TextCallError::DuplicateKey { at } => {
                 write!(
@@ -170,6 +188,13 @@ impl core::error::Error for TooManyTextCalls {}
 ///   close it). Inside, only JSON whitespace may surround one JSON object.
 /// - The object is strict JSON (RFC 8259) whose arrays and objects nest at most
 ///   [`MAX_NESTING`] deep, the object itself counting as the first level.
+/// - Every number in it is at most [`MAX_NUMBER_LEN`] bytes ([`TextCallError::NumberTooLong`])
+///   and its correctly rounded `f64` is below `f64::MAX` in magnitude
+///   ([`TextCallError::NumberOutOfRange`]); underflow to zero is fine. serde_json and
+///   llama-server's nlohmann::json both read every call accepted: the first refuses some
+///   texts that round to `f64::MAX`, the second any that rounds to infinity.
+///   [`check_json_object`](crate::check_json_object) holds a native call's arguments to the
+///   same rules.
 /// - It has exactly one `"name"`, a non-empty string without escapes (returned as written,
 ///   without its quotes), and exactly one `"arguments"`, an object. Other keys are ignored.
 ///   Keys are compared as written: `"n\u0061me"` is not `"name"`.
@@ -376,7 +401,13 @@ fn block(content: &str, start: usize) -> TextCallBlock<'_> {
 fn clamp(e: TextCallError, close: usize) -> TextCallError {
     match e {
         TextCallError::MalformedJson { at } => TextCallError::MalformedJson { at: at.min(close) },
-        TextCallError::TooDeep { at } if at > close => TextCallError::MalformedJson { at: close },
+        TextCallError::TooDeep { at }
+        | TextCallError::NumberTooLong { at }
+        | TextCallError::NumberOutOfRange { at }
+            if at > close =>
+        {
+            TextCallError::MalformedJson { at: close }
+        }
         other => other,
     }
 }
@@ -385,6 +416,8 @@ fn json_error(bad: Bad) -> TextCallError {
     match bad.fault {
         Fault::Malformed => TextCallError::MalformedJson { at: bad.at },
         Fault::TooDeep => TextCallError::TooDeep { at: bad.at },
+        Fault::NumberTooLong => TextCallError::NumberTooLong { at: bad.at },
+        Fault::NumberOutOfRange => TextCallError::NumberOutOfRange { at: bad.at },
     }
 }
 

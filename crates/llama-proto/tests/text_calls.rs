@@ -1,6 +1,7 @@
-//! `text_calls`, `parse_text_calls` and `prose`: one test per rule with the bytes inline, the
-//! list at its capacity and one past, a differential property test against `serde_json`, and
-//! the model's own text from `fixtures/tool_call_text.sse`.
+//! `text_calls`, `parse_text_calls`, `prose` and `check_json_object`: one test per rule with
+//! the bytes inline, the list at its capacity and one past, numbers at each edge of their
+//! range and length, a differential property test against `serde_json`, and the model's own
+//! text from `fixtures/tool_call_text.sse`.
 
 mod common;
 #[path = "common/json_depth.rs"]
@@ -8,8 +9,8 @@ mod json_depth;
 
 use json_depth::depth;
 use llama_proto::{
-    decode_chunk, parse_text_calls, prose, text_calls, Payload, TextCall, TextCallBlock,
-    TextCallError, TooManyTextCalls, MAX_NESTING,
+    check_json_object, decode_chunk, parse_text_calls, prose, text_calls, JsonError, Payload,
+    TextCall, TextCallBlock, TextCallError, TooManyTextCalls, MAX_NESTING, MAX_NUMBER_LEN,
 };
 use proptest::prelude::*;
 
@@ -304,6 +305,228 @@ fn a_deep_flood_costs_no_stack() {
     );
 }
 
+/// A call whose arguments are `{"n": <number>}`, and the number's offset in it.
+fn with_number(number: &str) -> (String, usize) {
+    let head = "<tool_call>{\"name\": \"f\", \"arguments\": {\"n\": ";
+    (format!("{head}{number}}}}}</tool_call>"), head.len())
+}
+
+/// The number is accepted, in the call and alone, and serde_json reads the arguments.
+fn assert_accepted(number: &str) {
+    let (c, _) = with_number(number);
+    let args = format!("{{\"n\": {number}}}");
+    assert_eq!(one(&c), call("f", &args), "{number}");
+    assert_eq!(check_json_object(&args), Ok(()), "{number}");
+    let v: serde_json::Value = serde_json::from_str(&args).expect(number);
+    assert!(v["n"].is_number(), "{number}");
+}
+
+/// The number is refused in the call and alone, at its first byte, with the error `call_err`
+/// and `json_err` make of that offset.
+fn assert_refused(
+    number: &str,
+    call_err: fn(usize) -> TextCallError,
+    json_err: fn(usize) -> JsonError,
+) {
+    let (c, at) = with_number(number);
+    assert_eq!(one(&c), Err(call_err(at)), "{number}");
+    let args = format!("{{\"n\": {number}}}");
+    assert_eq!(check_json_object(&args), Err(json_err(6)), "{number}");
+}
+
+fn out_of_range(number: &str) {
+    assert_refused(
+        number,
+        |at| TextCallError::NumberOutOfRange { at },
+        |at| JsonError::NumberOutOfRange { at },
+    );
+}
+
+fn too_long(number: &str) {
+    assert_refused(
+        number,
+        |at| TextCallError::NumberTooLong { at },
+        |at| JsonError::NumberTooLong { at },
+    );
+}
+
+#[test]
+fn the_largest_number_accepted_is_the_f64_below_f64_max() {
+    // f64::MAX's neighbour below, and the last text before the midpoint between the two
+    // (1.79769313486231560835...e308, which rounds to even: the neighbour).
+    for n in [
+        "1.7976931348623155e308",
+        "1.797693134862315608e308",
+        "-1.7976931348623155e308",
+        "-1.797693134862315608e308",
+    ] {
+        assert_accepted(n);
+    }
+}
+
+#[test]
+fn a_number_that_rounds_to_f64_max_or_beyond_is_out_of_range_at_its_first_byte() {
+    // Just past the midpoint: correctly rounded, f64::MAX. serde_json's default parser, which
+    // multiplies a rounded significand by a rounded power of ten, overflows on some such
+    // texts (1.7976931348623158e308) and reads others (1.7976931348623157e308, f64::MAX's
+    // own): the rule stops below f64::MAX so that it never has to tell them apart.
+    for n in [
+        "1.797693134862315609e308",
+        "1.7976931348623157e308",
+        "1.7976931348623158e308",
+        "-1.7976931348623157e308",
+        // Past the midpoint to 2^1024: infinite for every reader.
+        "1.7976931348623159e308",
+        "-1.7976931348623159e308",
+    ] {
+        out_of_range(n);
+    }
+    assert!(serde_json::from_str::<serde_json::Value>("1.7976931348623158e308").is_err());
+}
+
+#[test]
+fn a_huge_positive_exponent_is_out_of_range() {
+    for n in [
+        "1e400",
+        "-1e400",
+        "1E+400",
+        "0.1e310",
+        "1e99999999999999999999",
+    ] {
+        out_of_range(n);
+        assert!(serde_json::from_str::<serde_json::Value>(n).is_err(), "{n}");
+    }
+}
+
+#[test]
+fn a_huge_negative_exponent_underflows_to_zero_and_is_accepted() {
+    for n in [
+        "1e-400",
+        "-1e-400",
+        "1E-400",
+        "4.9e-324",
+        "1e-99999999999999999999",
+    ] {
+        assert_accepted(n);
+    }
+    let v: serde_json::Value = serde_json::from_str("1e-400").unwrap();
+    assert_eq!(v.as_f64(), Some(0.0));
+    // Zero times any power of ten is zero.
+    assert_accepted("0e99999999999999999999");
+}
+
+#[test]
+fn a_number_at_the_length_cap_is_accepted_and_one_past_is_too_long() {
+    let integer = format!("1{}", "0".repeat(MAX_NUMBER_LEN - 1));
+    let fraction = format!("-0.{}", "7".repeat(MAX_NUMBER_LEN - 3));
+    let exponent = format!("1e-{}", "9".repeat(MAX_NUMBER_LEN - 3));
+    for n in [&integer, &fraction, &exponent] {
+        assert_eq!(n.len(), MAX_NUMBER_LEN);
+        assert_accepted(n);
+        too_long(&format!("{n}0"));
+    }
+    // The fuzz find: a 101-digit exponent, which serde_json refuses as out of range.
+    too_long(
+        "3333333333333333333333333333333333e33333333333333333333333333333333333333333333333333333333333333333330",
+    );
+}
+
+#[test]
+fn a_number_fault_past_the_close_tag_is_malformed_there() {
+    // The first `</tool_call>` is inside a string, so the block ends there and the number
+    // after it is outside the block.
+    for n in ["1e400", &"1".repeat(MAX_NUMBER_LEN + 1)] {
+        let c = format!(
+            "<tool_call>{{\"name\": \"f\", \"arguments\": {{\"s\": \"</tool_call>\", \"n\": {n}}}}}</tool_call>"
+        );
+        let close = c.find("</tool_call>").unwrap();
+        assert_eq!(
+            blocks(&c)[0].outcome,
+            Err(TextCallError::MalformedJson { at: close })
+        );
+    }
+}
+
+#[test]
+fn numbers_in_other_keys_are_held_to_the_same_rules() {
+    let c = "<tool_call>{\"id\": 1e400, \"name\": \"f\", \"arguments\": {}}</tool_call>";
+    assert_eq!(one(c), Err(TextCallError::NumberOutOfRange { at: 18 }));
+    assert_eq!(&c[18..23], "1e400");
+}
+
+/// Every text serde_json's default parser overflows on is refused: it holds a number as a
+/// `u64` significand and a power of ten, so near `f64::MAX` that is every significand whose
+/// value lies within a few units in the last place of it, for each power it can take
+/// (10^289 to 10^308; a lower one with any `u64` stays far below).
+#[test]
+fn no_number_accepted_is_one_serde_json_overflows_on() {
+    let max = format!("{:.0}", f64::MAX);
+    let ulp = f64::MAX - f64::from_bits(f64::MAX.to_bits() - 1);
+    let (mut refused_by_serde, mut accepted) = (0, 0);
+    for e in 289..=308 {
+        let prefix: u64 = max[..max.len() - e].parse().unwrap();
+        let span = (3.0 * ulp / 10f64.powi(e as i32)).ceil() as u64 + 2;
+        for sig in prefix - span.min(prefix)..=prefix + span {
+            let args = format!("{{\"n\": {sig}e{e}}}");
+            let serde_ok = serde_json::from_str::<serde_json::Value>(&args).is_ok();
+            refused_by_serde += usize::from(!serde_ok);
+            if check_json_object(&args).is_ok() {
+                accepted += 1;
+                assert!(serde_ok, "{args}");
+            }
+        }
+    }
+    // The window reaches both sides of the edge.
+    assert!(
+        refused_by_serde > 1000 && accepted > 1000,
+        "{refused_by_serde} {accepted}"
+    );
+}
+
+#[test]
+fn check_json_object_takes_one_object_with_whitespace_around_it() {
+    for text in [
+        "{}",
+        " \t\r\n{\"a\": [1, {\"b\": null}]} \n",
+        "{\"city\": \"Paris\"}",
+    ] {
+        assert_eq!(check_json_object(text), Ok(()), "{text:?}");
+    }
+    for (text, err) in [
+        ("", JsonError::NotAnObject { at: 0 }),
+        ("  ", JsonError::NotAnObject { at: 2 }),
+        ("[1]", JsonError::NotAnObject { at: 0 }),
+        ("\"{}\"", JsonError::NotAnObject { at: 0 }),
+        (" {} {}", JsonError::TrailingText { at: 4 }),
+        ("{}x", JsonError::TrailingText { at: 2 }),
+        ("{\"a\": 1,}", JsonError::Malformed { at: 8 }),
+        ("{\"a\": 01}", JsonError::Malformed { at: 7 }),
+        ("{\"a\": ", JsonError::Malformed { at: 6 }),
+    ] {
+        assert_eq!(check_json_object(text), Err(err), "{text:?}");
+    }
+}
+
+#[test]
+fn check_json_object_nests_max_nesting_deep_and_refuses_one_past() {
+    // The object itself is the first level.
+    let nested = |depth: usize| {
+        format!(
+            "{{\"a\": {}1{}}}",
+            "[".repeat(depth - 1),
+            "]".repeat(depth - 1)
+        )
+    };
+    assert_eq!(check_json_object(&nested(MAX_NESTING)), Ok(()));
+    let at = 6 + MAX_NESTING - 1;
+    assert_eq!(
+        check_json_object(&nested(MAX_NESTING + 1)),
+        Err(JsonError::TooDeep { at })
+    );
+    let flood = format!("{{\"a\": {}", "[".repeat(100_000));
+    assert_eq!(check_json_object(&flood), Err(JsonError::TooDeep { at }));
+}
+
 fn many(n: usize) -> String {
     (0..n)
         .map(|i| format!("<tool_call>{{\"name\": \"t{i}\", \"arguments\": {{}}}}</tool_call>\n"))
@@ -354,6 +577,14 @@ fn errors_print_what_and_where() {
         format!("tool_call JSON nests deeper than {MAX_NESTING} levels at byte 40")
     );
     assert_eq!(
+        TextCallError::NumberTooLong { at: 33 }.to_string(),
+        format!("tool_call JSON number at byte 33 is longer than {MAX_NUMBER_LEN} bytes")
+    );
+    assert_eq!(
+        TextCallError::NumberOutOfRange { at: 33 }.to_string(),
+        "tool_call JSON number at byte 33 is out of range (it rounds to f64::MAX or beyond)"
+    );
+    assert_eq!(
         TooManyTextCalls {
             capacity: 4,
             at: 300
@@ -361,6 +592,34 @@ fn errors_print_what_and_where() {
         .to_string(),
         "more than 4 tool_call blocks; the next starts at byte 300"
     );
+    for (e, s) in [
+        (
+            JsonError::NotAnObject { at: 0 },
+            "no JSON object at byte 0".to_owned(),
+        ),
+        (
+            JsonError::Malformed { at: 5 },
+            "JSON is malformed at byte 5".to_owned(),
+        ),
+        (
+            JsonError::TooDeep { at: 40 },
+            format!("JSON nests deeper than {MAX_NESTING} levels at byte 40"),
+        ),
+        (
+            JsonError::NumberTooLong { at: 6 },
+            format!("JSON number at byte 6 is longer than {MAX_NUMBER_LEN} bytes"),
+        ),
+        (
+            JsonError::NumberOutOfRange { at: 6 },
+            "JSON number at byte 6 is out of range (it rounds to f64::MAX or beyond)".to_owned(),
+        ),
+        (
+            JsonError::TrailingText { at: 2 },
+            "text after the JSON object at byte 2".to_owned(),
+        ),
+    ] {
+        assert_eq!(e.to_string(), s);
+    }
 }
 
 /// The content of the recorded stream, from its deltas.
@@ -417,6 +676,9 @@ fn json_text() -> impl Strategy<Value = String> {
         "\"\\ud83d\\ude00\"",
         "\"é\"",
         "\"</tool\"",
+        // Out of range for every reader, and underflow to zero, which every reader takes.
+        "1e400",
+        "-1e-400",
     ])
     .prop_map(str::to_owned);
     scalar.prop_recursive(40, 200, 4, |inner| {
@@ -479,6 +741,10 @@ proptest! {
         let got = one(&c);
         let want = serde_object(&args) && depth(args.as_bytes()) < MAX_NESTING;
         prop_assert_eq!(got.is_ok(), want, "{:?} gave {:?}", args, got);
+        // Alone, the arguments may nest one level deeper: no call object around them.
+        let alone = check_json_object(&args);
+        let want = serde_object(&args) && depth(args.as_bytes()) <= MAX_NESTING;
+        prop_assert_eq!(alone.is_ok(), want, "{:?} gave {:?}", args, alone);
         if let Ok(call) = got {
             prop_assert_eq!(call.arguments, args.trim());
         }
