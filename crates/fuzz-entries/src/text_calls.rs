@@ -2,11 +2,13 @@
 //!
 //! Checks: no panic; blocks are ordered, disjoint, inside the content and open with
 //! `<tool_call>`; an unterminated block is the last and runs to the end; a call's block ends
-//! with `</tool_call>`, its name and arguments lie inside it, and `serde_json` reads the
-//! arguments as an object; the prose and the blocks add up to the content; the list of
-//! capacity 4 holds exactly the iterator's blocks or refuses at the fifth. Seeds (the model's
-//! own call, nesting at the limit and one past) are in `fuzz/seeds/text_calls`.
-use llama_proto::{parse_text_calls, prose, TextCallError, TooManyTextCalls};
+//! with `</tool_call>`, its name and arguments lie inside it, `serde_json` reads the arguments
+//! as an object and `check_json_object` (the same rules for a native call's arguments) takes
+//! them; the prose and the blocks add up to the content; the list of capacity 4 holds exactly
+//! the iterator's blocks or refuses at the fifth; and content `check_json_object` takes is an
+//! object to `serde_json`. Seeds (the model's own call, nesting at the limit and one past) are
+//! in `fuzz/seeds/text_calls`.
+use llama_proto::{check_json_object, parse_text_calls, prose, TextCallError, TooManyTextCalls};
 
 /// The `text_calls` fuzz target: panics when a check fails.
 pub fn text_calls(data: &[u8]) {
@@ -35,6 +37,7 @@ pub fn text_calls(data: &[u8]) {
                 let v: serde_json::Value =
                     serde_json::from_str(call.arguments).expect("accepted arguments are JSON");
                 assert!(v.is_object());
+                assert_eq!(check_json_object(call.arguments), Ok(()));
             }
             Err(TextCallError::Unterminated) => {
                 assert_eq!(i, blocks.len() - 1, "an unterminated block is the last");
@@ -42,6 +45,11 @@ pub fn text_calls(data: &[u8]) {
             }
             Err(_) => {}
         }
+    }
+    if check_json_object(content).is_ok() {
+        let v: serde_json::Value =
+            serde_json::from_str(content).expect("an object check_json_object takes is JSON");
+        assert!(v.is_object());
     }
     let kept: usize = prose(content).map(str::len).sum();
     let in_blocks: usize = blocks.iter().map(|b| b.end - b.start).sum();
