@@ -591,6 +591,22 @@ pub enum StreamRead {
     Interrupted,
 }
 
+/// One read of what `stream` already holds into `buf`, without waiting: `TimedOut` when it
+/// holds nothing. The socket is blocking again when it returns.
+pub fn read_now(stream: &mut UnixStream, buf: &mut [u8]) -> StreamRead {
+    use std::io::Read as _;
+    let read = stream.set_nonblocking(true).and_then(|()| stream.read(buf));
+    let restored = stream.set_nonblocking(false);
+    match (read, restored) {
+        // A socket that cannot be made blocking again is no use to its next read.
+        (_, Err(_)) | (Ok(0), _) => StreamRead::Eof,
+        (Ok(n), Ok(())) => StreamRead::Bytes(n),
+        (Err(e), Ok(())) if e.kind() == io::ErrorKind::WouldBlock => StreamRead::TimedOut,
+        (Err(e), Ok(())) if e.kind() == io::ErrorKind::Interrupted => StreamRead::Interrupted,
+        (Err(_), Ok(())) => StreamRead::Eof,
+    }
+}
+
 /// One read of `stream` into `buf`, waiting at most about `wait`: the read timeout set last is
 /// kept in `timeout` and set again only when it must shrink or would wake far too early (a
 /// timeout a little under the one wanted only wakes the caller early, whose machine ignores a

@@ -1142,6 +1142,69 @@ fn a_failure_pushed_on_the_watch_ends_the_request_with_its_partial_output() {
     }
 }
 
+/// Every byte the server sent before the worker pushed its death is in loopd's socket when
+/// the push is read (both are local sockets): the request ends with the worker's reason and
+/// all of that output, never part of it. Without a drain of the socket first, about one run
+/// in two lost some of it.
+#[test]
+fn a_pushed_failure_keeps_every_piece_already_received() {
+    const PIECES: usize = 400;
+    const RUNS: u32 = 500;
+    let texts: Vec<String> = (0..PIECES).map(|k| format!("piece {k}; ")).collect();
+    let server = FakeServer::start(vec![
+        (
+            CHAT,
+            vec![Reply::sse(texts.iter().map(|t| content(t)).collect()).ending(End::Silence)],
+        ),
+        (SLOTS, vec![Reply::json(200, &slots_json(None))]),
+    ]);
+    let whole: String = texts.concat();
+    let worker = FakeWorker::start(Script::default());
+    let mut c = config(&server, Some(&worker));
+    // Only the push can end it.
+    c.runner.stall_ms = 60_000;
+    c.runner.worker_poll_ms = 60_000;
+    c.limits.liveness_ms = 60_000;
+    let s = setup(c, 1);
+    support_wait(|| worker.watching() == 1);
+    let mut lost = Vec::new();
+    for run in 1..=RUNS {
+        let id = s.runner.submit(ask("a")).unwrap();
+        // Generation `run` is registered and sent; the server wrote its every byte.
+        // Polled every millisecond (not `wait_for`'s 100 ms): 500 runs in seconds.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            // (The slot's `/slots` polls after the last request's close are served too.)
+            let (chats, written, served) = (
+                server.requests_to(CHAT).len(),
+                server.written(),
+                server.served(),
+            );
+            if chats == run as usize && written == served {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "waited 5 s for run {run}'s reply: {chats} chats, {written} of {served} written"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        worker.push_failed(u64::from(run), "server_died");
+        let r = wait(&s.runner, id);
+        assert_eq!(failed(&r).0, FailReason::ServerDied, "run {run}: {r:?}");
+        if r.content.as_deref() != Some(whole.as_str()) {
+            lost.push((run, r.content.map_or(0, |c| c.len())));
+        }
+    }
+    assert!(
+        lost.is_empty(),
+        "{} of {RUNS} runs lost output (run, bytes kept of {}): {:?}",
+        lost.len(),
+        whole.len(),
+        &lost[..lost.len().min(5)]
+    );
+}
+
 #[test]
 fn wait_result_waits_on_the_clients_clock() {
     let server = FakeServer::start(vec![(CHAT, vec![answer("late")])]);

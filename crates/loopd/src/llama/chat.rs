@@ -10,6 +10,8 @@
 //! - [`ChatIo::read`]: the bytes of the connection into the machine ([`ByteSink`]), with a
 //!   socket timeout of what is left until the machine's `poll_timeout`, never more than
 //!   `poll_ms`, so a cancel is seen within one poll interval;
+//! - [`ChatIo::drain`]: what the connection already holds, without waiting, before the
+//!   machine hears of anything that ends the stream from outside;
 //! - [`ChatIo::close`]: dropping the connection closes it, which makes the server stop
 //!   generating; the permit goes back to the gate, marked abandoned when the machine says so.
 //!
@@ -165,7 +167,47 @@ impl<'c> ChatIo<'c> {
         }
         true
     }
+
+    /// Feeds `sink` everything the connection already holds, without waiting: the bytes left
+    /// over from the last read, then reads until the socket is empty, ends (handed on as
+    /// the end) or [`DRAIN_MOST`] bytes were read, or the sink takes no more for now (a
+    /// `reasoning_end` is out). A driver calls it before it hands its machine anything that
+    /// ends the stream from outside (a failure the worker pushed or answered, a lost host, a
+    /// cancel), so the output the server sent before that is kept whole.
+    pub fn drain(&mut self, clock: &dyn Clock, sink: &mut dyn ByteSink) {
+        let Some(s) = self.stream.as_mut() else {
+            return;
+        };
+        let mut left = DRAIN_MOST;
+        loop {
+            if self.pos < self.len {
+                let used = sink.handle_bytes(clock.now(), &self.buf[self.pos..self.len]);
+                self.pos += used;
+                if used == 0 {
+                    return;
+                }
+                continue;
+            }
+            if left == 0 {
+                return;
+            }
+            match http::read_now(s, &mut self.buf[..]) {
+                http::StreamRead::Bytes(n) => {
+                    (self.pos, self.len) = (0, n);
+                    left = left.saturating_sub(n);
+                }
+                http::StreamRead::Eof => return sink.handle_eof(clock.now()),
+                http::StreamRead::Interrupted => {}
+                http::StreamRead::TimedOut => return,
+            }
+        }
+    }
 }
+
+/// The most [`ChatIo::drain`] reads: more than a local socket's buffer holds, so everything
+/// that was there when the drain began, and a bound on a server that streams as fast as it
+/// is read.
+pub const DRAIN_MOST: usize = 4 * 1024 * 1024;
 
 /// How long a driver waits for IO before it looks at its machine again: until `due` (the
 /// machine's `poll_timeout`), at least 1 ms, at most `most`.
@@ -273,6 +315,7 @@ impl Client {
             }
             // After the events: a cancel from inside `on_event` is seen here.
             if cancel.is_cancelled() && !std::mem::replace(&mut cancelled, true) {
+                io.drain(clock, &mut call);
                 call.cancel(clock.now());
                 continue;
             }

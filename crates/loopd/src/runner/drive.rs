@@ -3,7 +3,10 @@
 //! one chat IO driver, `ChatIo`, as `Client::run` does; tool calls on
 //! threads of their own, llama-worker's socket: status, stall, register / progress / done) and
 //! feeds the machine what came back (and the failures the runner's watch pushes for its
-//! generation) with the time from the client's clock. It decides nothing: every wait is
+//! generation) with the time from the client's clock. Before it hands the machine anything
+//! that ends the stream from outside (a pushed failure, a lost host, the worker's answer, a
+//! cancel), it drains what the connection already holds into it ([`ChatIo::drain`]), so the
+//! output sent before that is kept whole. It decides nothing: every wait is
 //! bounded by the machine's [`poll_timeout`](AgentRequest::poll_timeout) and by
 //! `limits.poll_ms`, so a cancel is seen within one poll interval, and a failure pushed for a
 //! registered generation within [`PUSHED_WITHIN`]. A tool that ignores its cancel token keeps
@@ -235,6 +238,7 @@ pub(super) fn drive(
                         Some(socket) => worker::status(socket, worker_timeout),
                         None => continue,
                     };
+                    io.drain(clock, &mut m);
                     m.handle_worker_status(clock.now(), st);
                 }
                 Action::ReportStall { generation } => {
@@ -243,6 +247,7 @@ pub(super) fn drive(
                         (Some(s), None) => worker::report_stall(s, worker_timeout),
                         (None, _) => continue,
                     };
+                    io.drain(clock, &mut m);
                     m.handle_stall_answer(clock.now(), answer);
                 }
                 Action::RegisterGeneration => {
@@ -286,6 +291,8 @@ pub(super) fn drive(
         }
         pay(&mut owed, socket, &mut unanswered);
         if let Ok(notice) = pushed.try_recv().or_else(|_| ends.try_recv()) {
+            // What the server sent before the notice is the request's output too.
+            io.drain(clock, &mut m);
             match notice {
                 Notice::Failed(g, reason) => {
                     if registered == Some(g) {
@@ -301,6 +308,7 @@ pub(super) fn drive(
         }
         if cancel.is_cancelled() && !cancelled {
             cancelled = true;
+            io.drain(clock, &mut m);
             m.cancel(clock.now());
             continue;
         }

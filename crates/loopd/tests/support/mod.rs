@@ -163,6 +163,8 @@ struct Shared {
     /// Whether each route starts its script again after the last reply instead of repeating it.
     cycle: AtomicBool,
     served: AtomicU32,
+    /// Replies whose every piece was written (their ending not yet carried out).
+    written: AtomicU32,
     stop: AtomicBool,
     hung_up: AtomicU32,
 }
@@ -192,6 +194,7 @@ impl FakeServer {
             record: AtomicBool::new(true),
             cycle: AtomicBool::new(false),
             served: AtomicU32::new(0),
+            written: AtomicU32::new(0),
             stop: AtomicBool::new(false),
             hung_up: AtomicU32::new(0),
         });
@@ -232,6 +235,11 @@ impl FakeServer {
     /// Requests read so far, recorded or not.
     pub fn served(&self) -> u32 {
         self.shared.served.load(Ordering::SeqCst)
+    }
+
+    /// Replies written whole so far: every byte of each is in the client's socket.
+    pub fn written(&self) -> u32 {
+        self.shared.written.load(Ordering::SeqCst)
     }
 
     /// Every request so far, in arrival order.
@@ -346,6 +354,7 @@ fn serve(mut conn: UnixStream, s: &Shared) {
         s.hung_up.fetch_add(1, Ordering::SeqCst);
         return;
     }
+    s.written.fetch_add(1, Ordering::SeqCst);
     match reply.end {
         End::Clean | End::Cut => {}
         End::Silence => {
