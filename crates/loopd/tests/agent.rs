@@ -333,6 +333,18 @@ fn bad_arguments_and_unknown_tools_fail_without_running_anything() {
         ("echo", "not json", "bad arguments: not JSON"),
         ("echo", "[1]", "bad arguments: not a JSON object"),
         ("nothing", "{}", "failed: no tool named `nothing`"),
+        // Numbers no reader takes, by the rule of the text-call parser: past f64's range
+        // (serde_json refuses it) and longer than its cap.
+        (
+            "echo",
+            r#"{"n": 1e400}"#,
+            "bad arguments: not JSON: JSON number at byte 6 is out of range",
+        ),
+        (
+            "echo",
+            &format!(r#"{{"n": 1{}}}"#, "0".repeat(64)),
+            "bad arguments: not JSON: JSON number at byte 6 is longer than 64 bytes",
+        ),
     ] {
         let mut b = Buffers::new();
         let s = settings(false);
@@ -369,6 +381,25 @@ fn a_call_written_as_text_runs_and_one_that_does_not_parse_is_tool_parse_error()
         &answer("<tool_call>{\"name\": </tool_call>"),
     ));
     assert_eq!(failed(&r).0, FailReason::ToolParseError);
+
+    // A number past f64's range: the call is refused before anything runs, and no next
+    // generation carries it back to the server.
+    let mut b = Buffers::new();
+    let mut m = machine(&mut b, &s, ask(None), None);
+    drain(&mut m);
+    let text = r#"<tool_call>{"name": "echo", "arguments": {"n": 1e400}}</tool_call>"#;
+    let out = respond(&mut m, 10, &answer(text));
+    assert!(
+        !kinds(&out).iter().any(|k| k.starts_with("tool")),
+        "{out:?}"
+    );
+    let (reason, detail) = failed(&result(out));
+    assert_eq!(reason, FailReason::ToolParseError);
+    assert_eq!(
+        detail,
+        "<tool_call> block at byte 0: tool_call JSON number at byte 47 is out of range \
+         (it rounds to f64::MAX or beyond)"
+    );
 }
 
 #[test]

@@ -404,6 +404,11 @@ fn any_failing_call_fails_the_request_with_tool_execution_error() {
             "{}",
             "tool `nosuch` (call c2) failed: no tool named `nosuch`",
         ),
+        (
+            "echo",
+            r#"{"n":-1.8e308}"#,
+            "tool `echo` (call c2) bad arguments: not JSON: JSON number at byte 5 is out of range",
+        ),
     ];
     for (name, args, want) in cases {
         let server = FakeServer::start(vec![(
@@ -426,6 +431,11 @@ fn any_failing_call_fails_the_request_with_tool_execution_error() {
         assert_eq!(r.tool_calls.len(), 2, "{name}");
         assert!(r.tool_calls[1].result.is_err());
         assert_eq!(r.budget_left, 3, "a failed iteration is not counted");
+        assert_eq!(
+            server.requests_to(CHAT).len(),
+            1,
+            "{name}: no next generation carries the call back"
+        );
         assert_released(&s.runner);
     }
 }

@@ -44,7 +44,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
-use llama_proto::{cache_outcome, FinishReason, LoopDetector};
+use llama_proto::{cache_outcome, FinishReason, JsonError, LoopDetector};
 
 use crate::clock::Jitter;
 use crate::config::{Limits, Retry, RunnerConfig};
@@ -1200,10 +1200,19 @@ impl<'b> AgentRequest<'b> {
             }));
         let checked = match self.tools.get(&call.name) {
             None => Err(ToolError::Failed(format!("no tool named `{}`", call.name))),
-            Some(_) => match serde_json::from_str::<serde_json::Value>(&call.arguments) {
-                Err(e) => Err(ToolError::BadArguments(format!("not JSON: {e}"))),
-                Ok(v) if !v.is_object() => Err(ToolError::BadArguments("not a JSON object".into())),
-                Ok(v) => Ok(v),
+            // The rules every `<tool_call>` object is held to, for native calls too: what a
+            // tool runs on, the next request's history can carry back to the server.
+            Some(_) => match llama_proto::check_json_object(&call.arguments) {
+                Err(e) if !matches!(e, JsonError::NotAnObject { .. }) => {
+                    Err(ToolError::BadArguments(format!("not JSON: {e}")))
+                }
+                _ => match serde_json::from_str::<serde_json::Value>(&call.arguments) {
+                    Err(e) => Err(ToolError::BadArguments(format!("not JSON: {e}"))),
+                    Ok(v) if !v.is_object() => {
+                        Err(ToolError::BadArguments("not a JSON object".into()))
+                    }
+                    Ok(v) => Ok(v),
+                },
             },
         };
         let deadline = now + ms(self.settings.tool_timeout_ms);
