@@ -26,6 +26,13 @@ use std::time::{Duration, Instant, SystemTime};
 use std::collections::BTreeSet;
 
 use loopd::daemon::{Db, DbSettings, Durability};
+use loopd::runner::Seat;
+
+/// The seat of a request on the one server of a plain config.
+const SEAT: Seat<'static> = Seat {
+    host: None,
+    slot: 0,
+};
 
 const WARMUP: usize = 500;
 const SAMPLES: usize = 5_000;
@@ -82,7 +89,7 @@ fn bench_db(durability: Durability) -> Figures {
     let mut t = Vec::with_capacity(SAMPLES);
     for n in 0..WARMUP + SAMPLES {
         let start = Instant::now();
-        let id = db.insert_submitted(&s, now).expect("insert");
+        let id = db.insert_submitted(&s, SEAT, now).expect("insert");
         let took = start.elapsed();
         if n >= WARMUP {
             t.push(took);
@@ -115,7 +122,7 @@ fn bench_idle_inserts(compact: bool) -> Figures {
     for _ in 0..200 {
         std::thread::sleep(Duration::from_millis(100));
         let start = Instant::now();
-        let id = db.insert_submitted(&s, now).expect("insert");
+        let id = db.insert_submitted(&s, SEAT, now).expect("insert");
         t.push(start.elapsed());
         for k in 1..=3 {
             db.checkpoint(id, &"o".repeat(300 * k), now)

@@ -629,7 +629,7 @@ fn a_completion_sink_gets_each_result_once_under_the_callers_id_with_the_slot_fr
     assert_eq!(again, Err(loopd::runner::SinkAlreadySet));
     for (given, text) in [(41, "one"), (7, "two")] {
         let id = runner
-            .submit_named::<SubmitError>(ask("x"), || Ok((RequestId(given), None)))
+            .submit_named::<SubmitError>(ask("x"), |_| Ok((RequestId(given), None)))
             .unwrap();
         assert_eq!(id, RequestId(given));
         let (r, busy) = rx.recv_timeout(Duration::from_secs(10)).unwrap();
@@ -662,7 +662,7 @@ fn a_naming_error_refuses_the_submit_and_uses_no_slot() {
     }
     let server = FakeServer::start(vec![(CHAT, vec![answer("one")])]);
     let s = setup(config(&server, None), 1);
-    let refused = s.runner.submit_named(ask("x"), || Err(Refused::Store));
+    let refused = s.runner.submit_named(ask("x"), |_| Err(Refused::Store));
     assert_eq!(refused, Err(Refused::Store));
     assert_released(&s.runner);
     assert_eq!(s.runner.records(), 0);

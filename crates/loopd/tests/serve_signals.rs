@@ -5,6 +5,7 @@
 //! `loopd serve` on a live socket or store refuses to start, before its self-test.
 
 mod support;
+mod worker_fake;
 
 use std::io::Read;
 use std::os::unix::net::{UnixDatagram, UnixStream};
@@ -524,4 +525,57 @@ fn kill_9_loses_nothing_acknowledged_and_running_requests_come_back_daemon_resta
         );
         assert!(stderr.lines().any(|l| l == line), "no `{line}` in {stderr}");
     }
+}
+
+/// With several hosts (`[[host]]`), a request running at a `kill -9` comes back
+/// `daemon_restarted` naming the host it ran on, as every result of such a daemon does: the
+/// seat is stored with the request when it is placed.
+#[test]
+fn a_request_running_at_a_kill_9_comes_back_naming_its_host() {
+    let mut chat = passing_self_test();
+    chat.push(two_pieces_then_silence(Duration::from_millis(50)));
+    chat.extend(passing_self_test());
+    let server = FakeServer::start(vec![("/props", vec![props(), props()]), (CHAT, chat)]);
+    let worker = worker_fake::FakeWorker::start(worker_fake::Script::default());
+    let host = format!(
+        "[[host]]\nname = \"gpu-b\"\ninfer_socket = {:?}\nworker_socket = {:?}\nslots = [1]\n",
+        server.socket().display().to_string(),
+        worker.socket().display().to_string(),
+    );
+    let first = Served::start(&server, 200, &host);
+    assert_eq!(
+        first.notified(Duration::from_secs(60)).as_deref(),
+        Some("READY=1")
+    );
+    let socket = first.socket.clone();
+    let r = call(
+        &socket,
+        json!({"cmd": "submit", "messages": [{"role": "user", "content": "slow"}]}),
+    );
+    let id = r["id"].as_u64().unwrap_or_else(|| panic!("{r}"));
+    // Killed while it runs: the checkpoint may or may not hold its text, the seat is there.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while call(&socket, json!({"cmd": "status"}))["status"]["running"] != json!([id]) {
+        assert!(Instant::now() < deadline, "req-{id} never ran");
+        thread::sleep(Duration::from_millis(20));
+    }
+    first.signal("KILL");
+    let (status, _) = first.exit_within(Duration::from_secs(10));
+    assert_eq!(status.code(), None, "killed by SIGKILL");
+
+    let second = Served::start(&server, 200, &host);
+    assert_eq!(
+        second.notified(Duration::from_secs(60)).as_deref(),
+        Some("READY=1")
+    );
+    let r = call(&second.socket, json!({"cmd": "result", "id": id}));
+    let r = &r["result"];
+    assert_eq!(
+        (&r["fail_reason"], &r["host"]),
+        (&json!("daemon_restarted"), &json!("gpu-b")),
+        "{r}"
+    );
+    second.signal("TERM");
+    let (status, stderr) = second.exit_within(Duration::from_secs(30));
+    assert_eq!(status.code(), Some(0), "{stderr}");
 }

@@ -11,7 +11,13 @@ use loopd::daemon::{
     store_path, Db, DbError, DbSettings, Durability, EvictReason, Evicted, Interrupted,
     NoStorePath, OpenErrorKind, RESTARTED, SCHEMA_VERSION,
 };
-use loopd::runner::ResultError;
+use loopd::runner::{ResultError, Seat};
+
+/// The seat of a request on the one server of a plain config.
+const SEAT: Seat<'static> = Seat {
+    host: None,
+    slot: 0,
+};
 use rusqlite::Connection;
 
 /// Wall time `ms` milliseconds after an arbitrary fixed date.
@@ -42,7 +48,7 @@ fn ev(id: u64, reason: EvictReason) -> Evicted {
 #[test]
 fn a_result_is_pending_then_fetched_once() {
     let mut db = Db::open(&fresh("db-once"), settings(1_000, 10)).unwrap();
-    let id = db.insert_submitted(r#"{"q":1}"#, at(0)).unwrap();
+    let id = db.insert_submitted(r#"{"q":1}"#, SEAT, at(0)).unwrap();
     assert_eq!(id, 1);
     assert_eq!(db.running().unwrap(), vec![1]);
     assert_eq!(db.take_result(1, at(1)).unwrap(), Err(ResultError::Pending));
@@ -76,7 +82,7 @@ fn a_result_is_pending_then_fetched_once() {
 #[test]
 fn checkpoint_and_finish_only_touch_a_running_request() {
     let mut db = Db::open(&fresh("db-running"), settings(1_000, 10)).unwrap();
-    let id = db.insert_submitted("{}", at(0)).unwrap();
+    let id = db.insert_submitted("{}", SEAT, at(0)).unwrap();
     db.checkpoint(id, r#"{"content":"he"}"#, at(1)).unwrap();
     db.checkpoint(id, r#"{"content":"hello"}"#, at(2)).unwrap();
     db.finish(id, "completed", "{}", at(3)).unwrap();
@@ -106,7 +112,7 @@ fn checkpoint_and_finish_only_touch_a_running_request() {
 #[test]
 fn a_result_expires_at_its_ttl_to_the_millisecond_and_is_reported_once() {
     let mut db = Db::open(&fresh("db-ttl"), settings(1_000, 10)).unwrap();
-    let id = db.insert_submitted("{}", at(0)).unwrap();
+    let id = db.insert_submitted("{}", SEAT, at(0)).unwrap();
     db.finish(id, "completed", "{}", at(500)).unwrap();
     assert_eq!(db.poll_timeout().unwrap(), Some(at(1_500)));
     db.expire(at(1_499)).unwrap();
@@ -132,7 +138,7 @@ fn a_result_expires_at_its_ttl_to_the_millisecond_and_is_reported_once() {
 fn past_the_cap_the_oldest_result_goes() {
     let mut db = Db::open(&fresh("db-cap"), settings(1_000, 2)).unwrap();
     for t in [0, 10, 20] {
-        let id = db.insert_submitted("{}", at(t)).unwrap();
+        let id = db.insert_submitted("{}", SEAT, at(t)).unwrap();
         db.finish(id, "completed", &format!("{{\"n\":{id}}}"), at(t))
             .unwrap();
     }
@@ -145,7 +151,7 @@ fn past_the_cap_the_oldest_result_goes() {
     assert_eq!(db.poll_timeout().unwrap(), Some(at(1_010)));
     // The cap counts results only: running requests are the runner's to limit.
     for _ in 0..3 {
-        db.insert_submitted("{}", at(40)).unwrap();
+        db.insert_submitted("{}", SEAT, at(40)).unwrap();
     }
     assert_eq!(db.running().unwrap(), vec![4, 5, 6]);
     assert_eq!(db.kept().unwrap(), 2);
@@ -155,8 +161,8 @@ fn past_the_cap_the_oldest_result_goes() {
 #[test]
 fn finish_expires_first_and_a_cap_of_zero_keeps_one() {
     let mut db = Db::open(&fresh("db-cap0"), settings(100, 0)).unwrap();
-    let a = db.insert_submitted("{}", at(0)).unwrap();
-    let b = db.insert_submitted("{}", at(0)).unwrap();
+    let a = db.insert_submitted("{}", SEAT, at(0)).unwrap();
+    let b = db.insert_submitted("{}", SEAT, at(0)).unwrap();
     db.finish(a, "completed", "{}", at(0)).unwrap();
     db.finish(b, "completed", "{}", at(100)).unwrap();
     assert_eq!(
@@ -170,10 +176,10 @@ fn finish_expires_first_and_a_cap_of_zero_keeps_one() {
 #[test]
 fn a_fetched_result_is_never_reported_as_evicted() {
     let mut db = Db::open(&fresh("db-fetched"), settings(100, 1)).unwrap();
-    let a = db.insert_submitted("{}", at(0)).unwrap();
+    let a = db.insert_submitted("{}", SEAT, at(0)).unwrap();
     db.finish(a, "completed", "\"a\"", at(0)).unwrap();
     assert_eq!(db.take_result(a, at(1)).unwrap(), Ok("\"a\"".into()));
-    let b = db.insert_submitted("{}", at(2)).unwrap();
+    let b = db.insert_submitted("{}", SEAT, at(2)).unwrap();
     db.finish(b, "completed", "\"b\"", at(2)).unwrap();
     assert_eq!(db.poll_timeout().unwrap(), Some(at(102)));
     db.expire(at(500)).unwrap();
@@ -184,7 +190,7 @@ fn a_fetched_result_is_never_reported_as_evicted() {
 fn evictions_are_reported_oldest_first() {
     let mut db = Db::open(&fresh("db-order"), settings(1_000, 10)).unwrap();
     let ids: Vec<u64> = (0..5)
-        .map(|_| db.insert_submitted("{}", at(0)).unwrap())
+        .map(|_| db.insert_submitted("{}", SEAT, at(0)).unwrap())
         .collect();
     // Ended in the order 3, 1, 5, 2, 4.
     for (k, &i) in [2usize, 0, 4, 1, 3].iter().enumerate() {
@@ -203,7 +209,7 @@ fn rows_and_ids_survive_a_reopen_and_ids_are_never_reused() {
     {
         let mut db = Db::open(&path, settings(60_000, 10)).unwrap();
         for _ in 0..3 {
-            db.insert_submitted("{}", at(0)).unwrap();
+            db.insert_submitted("{}", SEAT, at(0)).unwrap();
         }
         db.finish(3, "completed", "\"three\"", at(1)).unwrap();
         assert_eq!(db.take_result(3, at(2)).unwrap(), Ok("\"three\"".into()));
@@ -213,7 +219,7 @@ fn rows_and_ids_survive_a_reopen_and_ids_are_never_reused() {
     assert_eq!(db.running().unwrap(), vec![1]);
     assert_eq!(db.take_result(2, at(3)).unwrap(), Ok("\"two\"".into()));
     assert_eq!(
-        db.insert_submitted("{}", at(4)).unwrap(),
+        db.insert_submitted("{}", SEAT, at(4)).unwrap(),
         4,
         "3 was the highest and was deleted; it is not given again"
     );
@@ -225,7 +231,7 @@ fn recover_ends_every_running_request_with_its_checkpoint() {
     {
         let mut db = Db::open(&path, settings(60_000, 10)).unwrap();
         for s in ["{\"s\":1}", "{\"s\":2}", "{\"s\":3}"] {
-            db.insert_submitted(s, at(10)).unwrap();
+            db.insert_submitted(s, SEAT, at(10)).unwrap();
         }
         db.checkpoint(1, "\"partial one\"", at(20)).unwrap();
         db.finish(2, "completed", "\"two\"", at(30)).unwrap();
@@ -290,7 +296,7 @@ fn recovered_results_count_against_the_cap_and_carry_their_reason() {
     {
         let mut db = Db::open(&path, settings(60_000, 2)).unwrap();
         for _ in 0..3 {
-            db.insert_submitted("{}", at(0)).unwrap();
+            db.insert_submitted("{}", SEAT, at(0)).unwrap();
         }
         db.finish(1, "completed", "\"one\"", at(5)).unwrap();
     }
@@ -370,7 +376,7 @@ fn a_v1_file_written_by_hand_opens_with_its_rows() {
             .unwrap(),
         vec![41]
     );
-    assert_eq!(db.insert_submitted("{}", at(3_000)).unwrap(), 43);
+    assert_eq!(db.insert_submitted("{}", SEAT, at(3_000)).unwrap(), 43);
     drop(db);
     let c = Connection::open(&path).unwrap();
     let version: u32 = c
@@ -379,21 +385,66 @@ fn a_v1_file_written_by_hand_opens_with_its_rows() {
     assert_eq!(version, SCHEMA_VERSION);
 }
 
+/// The v2 schema: v1 and the seat a request was placed on.
+const V2_STEP: &str = "
+    ALTER TABLE requests ADD COLUMN host TEXT;
+    ALTER TABLE requests ADD COLUMN slot INTEGER;
+    PRAGMA user_version = 2;";
+
 #[test]
-fn the_current_schema_is_the_frozen_v1_one() {
+fn a_v1_row_recovers_without_a_seat_and_a_new_one_keeps_its_seat() {
+    let path = fresh("db-v1-seat");
+    {
+        let c = Connection::open(&path).unwrap();
+        c.execute_batch(V1_SCHEMA).unwrap();
+        c.execute_batch(
+            "INSERT INTO requests (id, state, created_ms, updated_ms, submission)
+                 VALUES (7, 'running', 1700000000000, 1700000000000, '{}');",
+        )
+        .unwrap();
+    }
+    let mut db = Db::open(&path, settings(60_000, 10)).unwrap();
+    let b = Seat {
+        host: Some("gpu-b"),
+        slot: 1,
+    };
+    let placed = db.insert_submitted("{}", b, at(1)).unwrap();
+    let moved = db.insert_submitted("{}", SEAT, at(1)).unwrap();
+    db.move_seat(moved, b).unwrap();
+    let mut seen = Vec::new();
+    db.recover(at(2), |r| {
+        seen.push((r.id, r.host.map(str::to_owned), r.slot));
+        String::new()
+    })
+    .unwrap();
+    assert_eq!(
+        seen,
+        [
+            (7, None, None),
+            (placed, Some("gpu-b".into()), Some(1)),
+            (moved, Some("gpu-b".into()), Some(1)),
+        ]
+    );
+}
+
+#[test]
+fn the_current_schema_is_the_frozen_v2_one() {
     // Guards the migration test above: if the schema moves on without a new migration (and a
     // new frozen version here), the two no longer agree.
     let ours = fresh("db-schema-ours");
     drop(Db::open(&ours, settings(1, 1)).unwrap());
     let frozen = fresh("db-schema-frozen");
-    Connection::open(&frozen)
-        .unwrap()
-        .execute_batch(V1_SCHEMA)
-        .unwrap();
+    let c = Connection::open(&frozen).unwrap();
+    c.execute_batch(V1_SCHEMA).unwrap();
+    c.execute_batch(V2_STEP).unwrap();
+    drop(c);
     let schema = |p: &Path| -> Vec<(String, String, i64)> {
         let c = Connection::open(p).unwrap();
         let mut q = c
-            .prepare("SELECT type, name, 0 FROM sqlite_schema ORDER BY name")
+            .prepare(
+                "SELECT 'column', name, 0 FROM pragma_table_info('requests')
+                 UNION ALL SELECT type, name, 0 FROM sqlite_schema ORDER BY 1, 2",
+            )
             .unwrap();
         let mut rows: Vec<(String, String, i64)> = q
             .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
@@ -409,7 +460,7 @@ fn the_current_schema_is_the_frozen_v1_one() {
         rows
     };
     assert_eq!(schema(&ours), schema(&frozen));
-    assert_eq!(SCHEMA_VERSION, 1);
+    assert_eq!(SCHEMA_VERSION, 2);
 }
 
 #[test]
@@ -418,20 +469,20 @@ fn a_newer_schema_is_refused_and_the_file_left_as_it_was() {
     {
         let c = Connection::open(&path).unwrap();
         c.execute_batch(V1_SCHEMA).unwrap();
-        c.execute_batch("PRAGMA user_version = 2").unwrap();
+        c.execute_batch("PRAGMA user_version = 3").unwrap();
     }
     let e = Db::open(&path, settings(1_000, 10)).unwrap_err();
     assert_eq!(
         e.kind,
         OpenErrorKind::NewerSchema {
-            found: 2,
-            supported: 1
+            found: 3,
+            supported: 2
         }
     );
     assert_eq!(
         e.to_string(),
         format!(
-            "store {}: schema version 2 is newer than this loopd's 1 (a newer loopd wrote it): user_version 2",
+            "store {}: schema version 3 is newer than this loopd's 2 (a newer loopd wrote it): user_version 3",
             path.display()
         )
     );
@@ -439,7 +490,7 @@ fn a_newer_schema_is_refused_and_the_file_left_as_it_was() {
     let version: u32 = c
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .unwrap();
-    assert_eq!(version, 2);
+    assert_eq!(version, 3);
 }
 
 #[test]
@@ -473,7 +524,7 @@ fn another_programs_database_is_refused() {
 fn open_makes_the_missing_directories() {
     let path = llama_harness::temp_dir("db-mkdir").join("a/b/loopd.db");
     let mut db = Db::open(&path, settings(1_000, 10)).unwrap();
-    assert_eq!(db.insert_submitted("{}", at(0)).unwrap(), 1);
+    assert_eq!(db.insert_submitted("{}", SEAT, at(0)).unwrap(), 1);
     assert_eq!(db.path(), path);
 }
 
@@ -488,7 +539,7 @@ fn full_durability_opens_and_writes_the_same() {
         },
     )
     .unwrap();
-    let id = db.insert_submitted("{}", at(0)).unwrap();
+    let id = db.insert_submitted("{}", SEAT, at(0)).unwrap();
     db.finish(id, "completed", "1", at(1)).unwrap();
     assert_eq!(db.take_result(id, at(2)).unwrap(), Ok("1".into()));
     assert_eq!(
@@ -509,7 +560,7 @@ fn the_files_stay_bounded_in_a_long_run() {
     let (mut peak, mut after_compact) = (0, 0);
     for n in 0..5_000u64 {
         let t = n * 10;
-        let id = db.insert_submitted(&submission, at(t)).unwrap();
+        let id = db.insert_submitted(&submission, SEAT, at(t)).unwrap();
         db.checkpoint(id, &result[..4096], at(t)).unwrap();
         db.finish(id, "completed", &result, at(t)).unwrap();
         if n % 2 == 0 {
@@ -551,7 +602,7 @@ fn a_compaction_leaves_the_wal_begun_so_the_next_insert_does_not_restart_it() {
     let wal = path.with_extension("db-wal");
     let wal_len = || std::fs::metadata(&wal).map_or(0, |m| m.len());
     for n in 0..3u64 {
-        let id = db.insert_submitted("\"x\"", at(n)).unwrap();
+        let id = db.insert_submitted("\"x\"", SEAT, at(n)).unwrap();
         db.finish(id, "completed", "\"r\"", at(n)).unwrap();
         assert!(db.take_result(id, at(n)).unwrap().is_ok());
     }
@@ -560,7 +611,7 @@ fn a_compaction_leaves_the_wal_begun_so_the_next_insert_does_not_restart_it() {
     let page = 4096;
     assert_eq!(wal_len(), 32 + 24 + page, "the WAL after a compaction");
     let before = wal_len();
-    db.insert_submitted("\"y\"", at(9)).unwrap();
+    db.insert_submitted("\"y\"", SEAT, at(9)).unwrap();
     assert!(
         wal_len() > before,
         "the insert appended to the WAL ({before} -> {} bytes)",

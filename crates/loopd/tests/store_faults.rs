@@ -20,7 +20,13 @@ mod support;
 use std::sync::Arc;
 
 use loopd::daemon::{Db, DbError, DbSettings, Durability, OpenErrorKind};
-use loopd::runner::ResultError;
+use loopd::runner::{ResultError, Seat};
+
+/// The seat of a request on the one server of a plain config.
+const SEAT: Seat<'static> = Seat {
+    host: None,
+    slot: 0,
+};
 use serde_json::{json, Value};
 use support::daemon::{error_of, submit, Running};
 use support::{done, json_chunk, json_content, FakeServer, Reply, CHAT};
@@ -142,7 +148,7 @@ fn a_second_opener_is_refused_while_the_first_holds_the_file() {
     drop(first);
     Db::open(&path, settings())
         .unwrap()
-        .insert_submitted("{}", at(0))
+        .insert_submitted("{}", SEAT, at(0))
         .unwrap();
 
     // In another process, as a second daemon would be.
@@ -197,7 +203,7 @@ fn a_corrupt_file_is_refused_and_left_as_it_was() {
         let mut db = Db::open(&damaged, settings()).unwrap();
         let big = format!("\"{}\"", "x".repeat(20_000));
         for _ in 0..5 {
-            db.insert_submitted(&big, at(0)).unwrap();
+            db.insert_submitted(&big, SEAT, at(0)).unwrap();
         }
         db.compact().unwrap();
     }
@@ -232,7 +238,7 @@ fn a_read_only_directory_is_refused_with_the_file_named() {
         ]);
         {
             let mut db = Db::open(&path, settings()).unwrap();
-            db.insert_submitted("{}", at(0)).unwrap();
+            db.insert_submitted("{}", SEAT, at(0)).unwrap();
         }
         mount(&["-o", "remount,ro", dir.to_str().unwrap()]);
         let cases = [
@@ -284,7 +290,7 @@ fn a_full_disk_refuses_the_submit_and_loses_nothing_acknowledged() {
         let mut acked = Vec::new();
         let refused = loop {
             assert!(acked.len() < 1_000, "the 1 MiB disk never filled");
-            match db.insert_submitted(&payload, at(0)) {
+            match db.insert_submitted(&payload, SEAT, at(0)) {
                 Ok(id) => acked.push(id),
                 Err(e) => break e,
             }
@@ -319,7 +325,7 @@ fn a_full_disk_refuses_the_submit_and_loses_nothing_acknowledged() {
             db.finish(id, "completed", "0", at(2)).unwrap();
             assert_eq!(db.take_result(id, at(2)).unwrap(), Ok("0".into()));
         }
-        let next = db.insert_submitted(&payload, at(3)).unwrap();
+        let next = db.insert_submitted(&payload, SEAT, at(3)).unwrap();
         println!("=> accepted {next} once space was freed");
         assert_eq!(next, acked[acked.len() - 1] + 1);
         return;
@@ -458,7 +464,7 @@ fn a_sigkilled_daemon_loses_nothing_it_acknowledged() {
         let mut out = std::io::stdout().lock();
         for n in 0.. {
             let id = db
-                .insert_submitted(&format!("{{\"n\":{n}}}"), at(n))
+                .insert_submitted(&format!("{{\"n\":{n}}}"), SEAT, at(n))
                 .unwrap();
             db.checkpoint(id, &format!("\"out-{id}\""), at(n)).unwrap();
             if n % 3 == 0 {
@@ -505,7 +511,7 @@ fn a_sigkilled_daemon_loses_nothing_it_acknowledged() {
             "id {id}"
         );
     }
-    let next = db.insert_submitted("{}", at(1_000_002)).unwrap();
+    let next = db.insert_submitted("{}", SEAT, at(1_000_002)).unwrap();
     assert!(next > max_acked, "{next} after {max_acked}");
     assert!(
         recovered.iter().all(|&id| id < next),

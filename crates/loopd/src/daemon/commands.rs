@@ -229,8 +229,8 @@ impl Daemon {
         // The line parsed as JSON, so it is UTF-8.
         let submission = String::from_utf8_lossy(line);
         let mut named = None;
-        let submitted = self.runner.submit_named(request, || {
-            let (id, observer) = self.state.name(&submission, hub)?;
+        let submitted = self.runner.submit_named(request, |seat| {
+            let (id, observer) = self.state.name(&submission, seat, hub)?;
             named = Some(id);
             Ok::<_, Refusal>((id, Some(observer)))
         });

@@ -37,10 +37,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rusqlite::{params, Connection, ErrorCode, OptionalExtension, TransactionBehavior};
 
-use crate::runner::ResultError;
+use crate::runner::{ResultError, Seat};
 
 /// The schema this binary writes (`PRAGMA user_version`). A file with a newer one is refused.
-pub const SCHEMA_VERSION: u32 = 1;
+pub const SCHEMA_VERSION: u32 = 2;
 
 /// `PRAGMA application_id` of a loopd store ("loop" in ASCII), so another program's SQLite
 /// file named as the store is refused rather than written into.
@@ -70,6 +70,11 @@ const MIGRATIONS: [&str; SCHEMA_VERSION as usize] = [
         CHECK ((state = 'ended') = (ended_ms IS NOT NULL AND result IS NOT NULL))
     );
     CREATE INDEX requests_ended ON requests (ended_ms, id) WHERE state = 'ended';",
+    // v1 -> v2: the seat a request was placed on (`host`, the host's name with several
+    // hosts, else NULL; `slot`, the server slot), written with the request, so a result
+    // recovered after the daemon's death names its host as a finished one does.
+    "ALTER TABLE requests ADD COLUMN host TEXT;
+    ALTER TABLE requests ADD COLUMN slot INTEGER;",
 ];
 
 /// How long a commit waits for the disk (`PRAGMA synchronous`); `[daemon] store_sync`.
@@ -258,6 +263,10 @@ pub struct Interrupted<'a> {
     pub submission: &'a str,
     /// Its last checkpointed output (`None`: none was).
     pub output: Option<&'a str>,
+    /// The host it was placed on (`None` without several hosts, or in a v1 file's row).
+    pub host: Option<&'a str>,
+    /// The server slot it was placed on (`None` in a v1 file's row).
+    pub slot: Option<u32>,
 }
 
 /// The durable store: one SQLite table of requests and results. What it promises (written
@@ -421,16 +430,31 @@ impl Db {
         &self.path
     }
 
-    /// Stores a new running request and returns its id, greater than every id this file has
-    /// ever given. Committed when it returns: the caller acknowledges after this.
-    pub fn insert_submitted(&mut self, submission: &str, now: SystemTime) -> Result<u64, DbError> {
+    /// Stores a new running request placed on `seat` and returns its id, greater than every
+    /// id this file has ever given. Committed when it returns: the caller acknowledges after
+    /// this.
+    pub fn insert_submitted(
+        &mut self,
+        submission: &str,
+        seat: Seat<'_>,
+        now: SystemTime,
+    ) -> Result<u64, DbError> {
         let t = ms(now);
         self.conn.execute(
-            "INSERT INTO requests (state, created_ms, updated_ms, submission)
-             VALUES ('running', ?1, ?1, ?2)",
-            params![t, submission],
+            "INSERT INTO requests (state, created_ms, updated_ms, submission, host, slot)
+             VALUES ('running', ?1, ?1, ?2, ?3, ?4)",
+            params![t, submission, seat.host, seat.slot],
         )?;
         Ok(id_of(self.conn.last_insert_rowid()))
+    }
+
+    /// The running request `id` was placed again, on `seat` (rehomed to another host).
+    pub fn move_seat(&mut self, id: u64, seat: Seat<'_>) -> Result<(), DbError> {
+        self.conn.execute(
+            "UPDATE requests SET host = ?2, slot = ?3 WHERE id = ?1 AND state = 'running'",
+            params![id_sql(id), seat.host, seat.slot],
+        )?;
+        Ok(())
     }
 
     /// Deletes the running request `id` that was never acknowledged (the daemon could not
@@ -600,7 +624,7 @@ impl Db {
         let mut ended = Vec::new();
         {
             let mut q = tx.prepare(
-                "SELECT id, created_ms, submission, output FROM requests
+                "SELECT id, created_ms, submission, output, host, slot FROM requests
                  WHERE state = 'running' ORDER BY id",
             )?;
             let mut rows = q.query([])?;
@@ -608,11 +632,14 @@ impl Db {
                 let id: i64 = r.get(0)?;
                 let submission: String = r.get(2)?;
                 let output: Option<String> = r.get(3)?;
+                let host: Option<String> = r.get(4)?;
                 let result = make_result(&Interrupted {
                     id: id_of(id),
                     created: at_ms(r.get(1)?),
                     submission: &submission,
                     output: output.as_deref(),
+                    host: host.as_deref(),
+                    slot: r.get(5)?,
                 });
                 ended.push((id, result));
             }

@@ -207,7 +207,7 @@ pub fn restarted_result(i: &Interrupted<'_>, budget: u32) -> String {
         budget_left: out.budget_left.unwrap_or(budget),
         stalls: Vec::new(),
         retries: Vec::new(),
-        host: None,
+        host: i.host.map(str::to_owned),
     };
     let mut w = WireResult::from(&r);
     w.fail_reason = Some(RESTARTED.to_owned());
@@ -298,6 +298,8 @@ mod tests {
             created: SystemTime::UNIX_EPOCH,
             submission: r#"{"cmd":"submit","budget":2,"messages":[]}"#,
             output: Some(&json),
+            host: None,
+            slot: Some(0),
         };
         assert_eq!(
             restarted_result(&i, 3),
@@ -313,5 +315,12 @@ mod tests {
             (&v["content"], &v["budget"], &v["budget_left"]),
             (&serde_json::Value::Null, &3.into(), &3.into())
         );
+        // With several hosts, the host the request was placed on, as a finished result has it.
+        let placed = Interrupted {
+            host: Some("gpu-b"),
+            ..i
+        };
+        let v: serde_json::Value = serde_json::from_str(&restarted_result(&placed, 3)).unwrap();
+        assert_eq!(v["host"], "gpu-b");
     }
 }

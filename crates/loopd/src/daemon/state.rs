@@ -18,7 +18,7 @@ use super::follower::Follower;
 use super::metrics::Metrics;
 use super::output::{Checkpoints, Output};
 use super::protocol::{to_line, ErrorCode, ProtoError, ResultReply, WireEvent, WireResult};
-use crate::runner::{RequestEvent, RequestId, RequestResult, SubmitError};
+use crate::runner::{RequestEvent, RequestId, RequestResult, Seat, SubmitError};
 
 /// The followers of one running request.
 pub(super) type Hub = Arc<Mutex<Vec<Follower>>>;
@@ -90,11 +90,15 @@ impl State {
     pub fn name(
         self: &Arc<State>,
         submission: &str,
+        seat: Seat<'_>,
         hub: Hub,
     ) -> Result<(RequestId, crate::runner::Observer), Refusal> {
         let submitted = self.clock.now();
         let mut inner = lock(&self.inner);
-        let id = match inner.db.insert_submitted(submission, self.clock.wall()) {
+        let id = match inner
+            .db
+            .insert_submitted(submission, seat, self.clock.wall())
+        {
             Ok(id) => id,
             Err(e) => {
                 inner.freed |= e == DbError::DiskFull;
@@ -126,6 +130,11 @@ impl State {
                     *t = Some(now.saturating_sub(submitted));
                 }
             }
+            if let RequestEvent::Placed { host, slot, by } = e {
+                if *by == "rehomed" {
+                    me.move_seat(id, host, *slot);
+                }
+            }
             // Written before a follower sees it: what a client saw, a restart keeps.
             if checkpoints.due(output.handle(e), now) {
                 me.checkpoint(id, &output);
@@ -154,6 +163,22 @@ impl State {
             inner.freed |= e == DbError::DiskFull;
             eprintln!(
                 "loopd serve: {}: checkpoint not written: {e}",
+                RequestId(id)
+            );
+        }
+    }
+
+    /// Records that the running request `id` now runs on `slot` of `host` (rehomed).
+    fn move_seat(&self, id: u64, host: &str, slot: u32) {
+        let seat = Seat {
+            host: Some(host),
+            slot,
+        };
+        let mut inner = lock(&self.inner);
+        if let Err(e) = inner.db.move_seat(id, seat) {
+            inner.freed |= e == DbError::DiskFull;
+            eprintln!(
+                "loopd serve: {}: its new seat not written: {e}",
                 RequestId(id)
             );
         }

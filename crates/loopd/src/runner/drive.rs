@@ -27,7 +27,7 @@ use crate::fleet::PlacedBy;
 
 /// Where a request runs: its host (index), the server slot there, and why there.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct Seat {
+pub(super) struct Place {
     pub host: usize,
     pub slot: u32,
     pub by: PlacedBy,
@@ -88,7 +88,7 @@ pub(super) fn done_after(host: &Host, id: RequestId, driven_done: Option<u64>) {
 pub(super) fn drive(
     shared: &Shared,
     id: RequestId,
-    seat: Seat,
+    seat: Place,
     req: Submission,
     spawns: Option<u64>,
     cancel: &Cancel,

@@ -65,6 +65,17 @@ pub use result::{
 pub use tools::{RegistryError, Tool, ToolError, ToolRegistry};
 pub use worker::{StallAnswer, WorkerState, WorkerStatus};
 
+/// Where a request was placed, as [`Runner::submit_named`] hands it to the caller to record
+/// with the request: a result recovered after the daemon's death names it as a finished one does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Seat<'a> {
+    /// The host's name, with several hosts (`[[host]]`); `None` for the one server of a plain
+    /// config, whose results name no host.
+    pub host: Option<&'a str>,
+    /// The server slot (`id_slot`).
+    pub slot: u32,
+}
+
 /// A request's id, unique within one runner.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RequestId(pub u64);
@@ -450,21 +461,22 @@ impl Runner {
         observer: Option<Observer>,
     ) -> Result<RequestId, SubmitError> {
         let next = &self.shared.next_id;
-        self.submit_named(req, || {
+        self.submit_named(req, |_| {
             Ok((RequestId(next.fetch_add(1, Ordering::Relaxed)), observer))
         })
     }
 
     /// Starts `req` on a free slot under the id (and with the observer) that `name` gives,
     /// or refuses at once. `name` is called only once a slot is sure (llama-worker asked, a
-    /// slot free), with the runner's table locked, so the caller can record the request
-    /// (write it to its store) before it runs; its error is returned as it is. After `name`
+    /// slot free), with the runner's table locked and the [`Seat`] it will run on, so the
+    /// caller can record the request (write it to its store) before it runs; its error is
+    /// returned as it is. A request rehomed later says so in a `Placed` event. After `name`
     /// the only refusal left is [`SubmitError::NoThread`]: the caller then forgets the id.
     /// The caller keeps the ids unique.
     pub fn submit_named<E: From<SubmitError>>(
         &self,
         req: Submission,
-        name: impl FnOnce() -> Result<(RequestId, Option<Observer>), E>,
+        name: impl FnOnce(Seat<'_>) -> Result<(RequestId, Option<Observer>), E>,
     ) -> Result<RequestId, E> {
         let s = &self.shared;
         let clock = s.client.clock();
@@ -533,7 +545,11 @@ impl Runner {
             }
         };
         let mut t = lock(&s.table);
-        let (id, observer) = match name() {
+        let seat = Seat {
+            host: s.named.then_some(s.hosts[placed.at.host.0].name.as_str()),
+            slot: placed.at.slot,
+        };
+        let (id, observer) = match name(seat) {
             Ok(named) => named,
             Err(e) => {
                 t.placement.release(clock.now(), provisional);
@@ -546,7 +562,7 @@ impl Runner {
         let budget = req.budget.unwrap_or(s.settings.budget);
         let (ends_to, ends) = std::sync::mpsc::channel();
         lock(&s.ends).insert(id, ends_to);
-        let seat = drive::Seat {
+        let seat = drive::Place {
             host: placed.at.host.0,
             slot: placed.at.slot,
             by: placed.by,
