@@ -8,7 +8,9 @@
 //! worker is started again. `watch` keeps the connection open on a thread of its own and writes
 //! one event line per state change and failed generation, and a ping each
 //! [`WATCH_KEEPALIVE`] of silence; a write that fails or takes longer than [`CLIENT_TIMEOUT`]
-//! ends it.
+//! ends it. `start` and `stop` are answered only once every open watch has written the state
+//! they set (or after [`FLUSH_WITHIN`]), so a client that heard the answer has the new state
+//! in its watch socket already.
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -23,12 +25,16 @@ use worker_proto::{
 
 use crate::clock::SharedClock;
 use crate::policy::{Refusal, StallVerdict, State};
-use crate::worker::WorkerHandle;
+use crate::worker::{Push, WorkerHandle};
 
 pub use worker_proto::MAX_COMMAND_BYTES;
 
 /// How long a socket client may take to send its command or read the answer.
 pub const CLIENT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How long the answer to `start` or `stop` waits for the open watches to have written the
+/// new state (a watch client that does not read is not waited for longer).
+pub const FLUSH_WITHIN: Duration = Duration::from_millis(500);
 
 fn stall_answer(v: StallVerdict) -> String {
     match v {
@@ -54,10 +60,12 @@ pub fn answer<C: SharedClock>(handle: &WorkerHandle<C>, command: &str) -> String
         Ok(Request::Command(Command::Status)) => handle.status().to_json(),
         Ok(Request::Command(Command::Start)) => {
             handle.start();
+            handle.flush_watches(FLUSH_WITHIN);
             handle.status().to_json()
         }
         Ok(Request::Command(Command::Stop)) => {
             handle.stop();
+            handle.flush_watches(FLUSH_WITHIN);
             handle.status().to_json()
         }
         Ok(Request::Command(Command::Stall)) => stall_answer(handle.report_stall()),
@@ -95,7 +103,12 @@ fn serve_watch<C: SharedClock>(handle: &WorkerHandle<C>, stream: &UnixStream) ->
     };
     let result = (|| loop {
         let event = match rx.recv_timeout(WATCH_KEEPALIVE) {
-            Ok(e) => e,
+            Ok(Push::Event(e)) => e,
+            // Everything queued before it is written.
+            Ok(Push::Flushed(done)) => {
+                let _ = done.send(());
+                continue;
+            }
             Err(RecvTimeoutError::Timeout) => WatchEvent::Ping,
             Err(RecvTimeoutError::Disconnected) => return Ok(()),
         };

@@ -37,6 +37,16 @@ pub const MAX_IDLE: Duration = Duration::from_millis(100);
 /// router may take a moment to notice the exit and say so in `/models`.
 pub const INSTANCE_RECHECK: Duration = Duration::from_secs(3);
 
+/// What goes down one watch connection's queue.
+#[derive(Debug)]
+pub enum Push {
+    /// A line to write.
+    Event(WatchEvent),
+    /// Answer on this channel once everything before it is written
+    /// ([`WorkerHandle::flush_watches`]).
+    Flushed(Sender<()>),
+}
+
 #[derive(Debug)]
 struct Inner {
     policy: Policy,
@@ -57,7 +67,7 @@ struct Inner {
     /// The latest RPC endpoint the unit lost.
     rpc_lost: Option<RpcLoss>,
     /// The `watch` connections' queues.
-    watchers: Vec<Sender<WatchEvent>>,
+    watchers: Vec<Sender<Push>>,
     /// Open `watch` connections; when the last one closes, registered generations are
     /// forgotten (their clients are gone and can report neither progress nor their end).
     watching: usize,
@@ -70,7 +80,17 @@ struct Inner {
 impl Inner {
     /// Pushes `event` to every watcher, dropping those whose connection is gone.
     fn push(&mut self, event: WatchEvent) {
-        self.watchers.retain(|w| w.send(event).is_ok());
+        self.watchers.retain(|w| w.send(Push::Event(event)).is_ok());
+    }
+
+    /// Pushes the state to the watchers if it changed since the last push.
+    fn push_state(&mut self) {
+        let state = self.policy.state();
+        if state != self.pushed_state {
+            self.pushed_state = state;
+            let spawns = self.spawns;
+            self.push(WatchEvent::State { state, spawns });
+        }
     }
 
     /// Requests in flight: in-process registrations and registered generations.
@@ -275,7 +295,11 @@ impl<C: SharedClock> WorkerHandle<C> {
     pub fn start(&self) {
         let now = self.clock.now();
         self.shared.skip_grace.store(false, Ordering::SeqCst);
-        self.shared.lock().policy.start(now);
+        let mut g = self.shared.lock();
+        g.policy.start(now);
+        // On the watches before the command is answered (see `flush_watches`).
+        g.push_state();
+        drop(g);
         self.shared.wake.notify_all();
     }
 
@@ -284,9 +308,34 @@ impl<C: SharedClock> WorkerHandle<C> {
     /// up within [`probe::CANCEL_CHECK`].
     pub fn stop(&self) {
         let now = self.clock.now();
-        self.shared.lock().policy.stop(now);
+        let mut g = self.shared.lock();
+        g.policy.stop(now);
+        // On the watches before the command is answered (see `flush_watches`).
+        g.push_state();
+        drop(g);
         self.shared.interrupt.store(true, Ordering::SeqCst);
         self.shared.wake.notify_all();
+    }
+
+    /// Waits, at most `within`, until every open watch connection has written what was
+    /// pushed to it before this call. A command that changes the state (`start`, `stop`) is
+    /// answered after it, so a client that heard the answer finds the new state already in
+    /// its watch socket: what it admits next cannot go by the state before.
+    pub fn flush_watches(&self, within: Duration) {
+        let (tx, rx) = mpsc::channel();
+        let mut g = self.shared.lock();
+        g.watchers
+            .retain(|w| w.send(Push::Flushed(tx.clone())).is_ok());
+        let n = g.watchers.len();
+        drop(g);
+        drop(tx);
+        let deadline = self.clock.now() + within;
+        for _ in 0..n {
+            let left = deadline.saturating_sub(self.clock.now());
+            if rx.recv_timeout(left).is_err() {
+                return;
+            }
+        }
     }
 
     /// Stops like [`WorkerHandle::stop`], and a kill in progress or to come sends SIGKILL to
@@ -350,7 +399,7 @@ impl<C: SharedClock> WorkerHandle<C> {
     /// Opens a watch: its id and the queue its events arrive on, its `hello` (the id) and the
     /// current state first; `None` when [`MAX_WATCHERS`] are open. Call
     /// [`WorkerHandle::unwatch`] with the id when the connection ends.
-    pub fn watch(&self) -> Option<(u64, Receiver<WatchEvent>)> {
+    pub fn watch(&self) -> Option<(u64, Receiver<Push>)> {
         let mut g = self.shared.lock();
         // A closed watcher is found by a failed send; a ping is harmless to the live ones.
         g.push(WatchEvent::Ping);
@@ -360,12 +409,12 @@ impl<C: SharedClock> WorkerHandle<C> {
         g.next_watch += 1;
         let id = g.next_watch;
         let (tx, rx) = mpsc::channel();
-        let _ = tx.send(WatchEvent::Hello { watch: id });
+        let _ = tx.send(Push::Event(WatchEvent::Hello { watch: id }));
         let first = WatchEvent::State {
             state: g.policy.state(),
             spawns: g.spawns,
         };
-        let _ = tx.send(first);
+        let _ = tx.send(Push::Event(first));
         g.watchers.push(tx);
         g.watching += 1;
         Some((id, rx))
@@ -669,7 +718,7 @@ impl<C: SharedClock> Worker<C> {
                     for (id, reason) in g.policy.take_failed_generations() {
                         g.push(WatchEvent::Failed { id, reason });
                     }
-                    Self::push_state(&mut g);
+                    g.push_state();
                 }
                 Some(Action::KillGroup) => {
                     self.kill_unit();
@@ -1056,19 +1105,9 @@ impl<C: SharedClock> Worker<C> {
         }
     }
 
-    /// Pushes the state to the watchers if it changed since the last push.
-    fn push_state(g: &mut Inner) {
-        let state = g.policy.state();
-        if state != g.pushed_state {
-            g.pushed_state = state;
-            let spawns = g.spawns;
-            g.push(WatchEvent::State { state, spawns });
-        }
-    }
-
     fn log_state(&mut self) {
         let mut g = self.shared.lock();
-        Self::push_state(&mut g);
+        g.push_state();
         g.observe(self.clock.now());
         let total = g.policy.total_restarts();
         if total != self.logged_restarts {

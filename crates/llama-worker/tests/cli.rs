@@ -1238,3 +1238,80 @@ fn registered_generations_and_the_watch_channel_end_to_end() {
     drop(child);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `stop` and `start` are answered only once every open watch has written the state they set:
+/// a client that heard the answer reads that state from its watch without waiting, so what it
+/// admits next cannot go by the state before (loopd's admission trusts its watch on that).
+#[test]
+fn the_state_a_command_set_is_on_every_watch_before_its_answer() {
+    use worker_proto::{call, watch, Command, State, WatchEvent};
+    let t = Duration::from_secs(2);
+    let ep = Endpoint::start(Mode::Ok);
+    let dir = temp_dir("state-before-answer");
+    let socket = dir.join("worker.sock");
+    let config = write_config(
+        &dir,
+        &socket,
+        "sleep 300",
+        "probe_interval_s = 0.05\nrestart_backoff_s = 0.05\nstop_grace_s = 0.2\n",
+    );
+    let child = spawn_run(&config, &ep);
+    wait_status(&socket, "ready");
+    let mut watches: Vec<_> = (0..2).map(|_| watch(&socket, t).unwrap()).collect();
+    for w in &mut watches {
+        assert!(matches!(next_event(w), WatchEvent::Hello { .. }));
+        assert!(matches!(
+            next_event(w),
+            WatchEvent::State {
+                state: State::Ready,
+                ..
+            }
+        ));
+    }
+    // The state lines each watch holds right now, read without waiting.
+    let held = |w: &mut worker_proto::Watcher| -> Vec<State> {
+        w.get_ref().set_nonblocking(true).unwrap();
+        let mut states = Vec::new();
+        while let Ok(e) = w.next_event() {
+            if let WatchEvent::State { state, .. } = e {
+                states.push(state);
+            }
+        }
+        w.get_ref().set_nonblocking(false).unwrap();
+        states
+    };
+    for round in 0..20 {
+        for (command, after) in [
+            (Command::Stop, State::Stopped),
+            (Command::Start, State::Starting),
+        ] {
+            let answer = call(&socket, command, t).unwrap();
+            assert!(
+                answer.contains(&format!("\"state\":\"{}\"", after.as_str())),
+                "{answer}"
+            );
+            for (k, w) in watches.iter_mut().enumerate() {
+                let states = held(w);
+                assert_eq!(
+                    states.first(),
+                    Some(&after),
+                    "round {round}, watch {k}: after `{}` answered, it held {states:?}",
+                    command.as_str()
+                );
+            }
+            if command == Command::Start {
+                wait_status(&socket, "ready");
+                for w in &mut watches {
+                    // `ready` pushed in its time; drained for the next round.
+                    let deadline = Instant::now() + Duration::from_secs(5);
+                    while !held(w).contains(&State::Ready) {
+                        assert!(Instant::now() < deadline, "round {round}: no ready line");
+                        thread::sleep(Duration::from_millis(5));
+                    }
+                }
+            }
+        }
+    }
+    drop(child);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1215,6 +1215,36 @@ fn a_pushed_failure_keeps_every_piece_already_received() {
     );
 }
 
+/// The worker writes the state `stop` or `start` set on every watch before it answers, so the
+/// next submit goes by it: refused `WORKER_STOPPED` right after a `stop` was answered, and
+/// accepted right after a `start` was (admission looks at no state with a line still unread
+/// behind it).
+#[test]
+fn a_submit_right_after_the_worker_answered_stop_is_refused_worker_stopped() {
+    use worker_proto::{call, Command};
+    let server = FakeServer::start(vec![(CHAT, vec![answer("ok")])]);
+    let worker = FakeWorker::start(Script::default());
+    let s = setup(config(&server, Some(&worker)), 1);
+    support_wait(|| worker.watching() == 1);
+    let t = Duration::from_secs(2);
+    for round in 0..200 {
+        let stopped = call(worker.socket(), Command::Stop, t).unwrap();
+        assert!(stopped.contains("\"state\":\"stopped\""), "{stopped}");
+        assert_eq!(
+            s.runner.submit(ask("x")).err(),
+            Some(SubmitError::WorkerStopped),
+            "round {round}"
+        );
+        call(worker.socket(), Command::Start, t).unwrap();
+        let id = s
+            .runner
+            .submit(ask("x"))
+            .unwrap_or_else(|e| panic!("round {round}: refused after start: {e:?}"));
+        let r = wait(&s.runner, id);
+        assert!(matches!(r.outcome, Outcome::Completed { .. }), "{r:?}");
+    }
+}
+
 #[test]
 fn wait_result_waits_on_the_clients_clock() {
     let server = FakeServer::start(vec![(CHAT, vec![answer("late")])]);

@@ -878,6 +878,17 @@ impl Watcher {
         }
         WatchEvent::parse(line.trim_end())
     }
+
+    /// The connection's socket (to wait for its next bytes, or to see whether any are
+    /// waiting, without reading them).
+    pub fn get_ref(&self) -> &UnixStream {
+        self.reader.get_ref()
+    }
+
+    /// Whether bytes read from the socket wait in the buffer, unparsed.
+    pub fn has_buffered(&self) -> bool {
+        !self.reader.buffer().is_empty()
+    }
 }
 
 #[cfg(test)]

@@ -29,8 +29,10 @@
 //!   worker's `failed <id> <reason>` to the request holding that generation: it ends at once
 //!   (within 100 ms) with its partial output. The status poll stays as the
 //!   fallback for a failure the watch missed. Admission takes the worker's state from the
-//!   watch's last `state` line (asking `status` only while the watch has none), so a submit
-//!   makes no worker round trip before its POST.
+//!   watch's last `state` line, so a submit makes no worker round trip before its POST;
+//!   it asks `status` instead while the watch has none, or while a line of it waits unread
+//!   (the worker writes the state `start` and `stop` set on every watch before it answers
+//!   them, so a submit after such an answer goes by the new state).
 
 mod agent;
 mod answer;
@@ -517,8 +519,9 @@ impl Runner {
                 break (placed, None);
             };
             // The open watch's last pushed state is the worker's word without a round trip
-            // on the request's path (issue 31); with none, ask.
-            let answer = match host.watch.as_ref().and_then(|w| w.state()) {
+            // on the request's path, when no line of it waits unread; else, and with none,
+            // ask.
+            let answer = match host.watch.as_ref().and_then(|w| w.current_state()) {
                 Some(pushed) => Ok(pushed),
                 None => worker::status(socket, timeout).map(|st| (st.state, st.spawns)),
             };

@@ -11,11 +11,15 @@
 //! and open a new one, whose `ready` alone makes the host ready again.
 
 use std::collections::HashMap;
+use std::mem::MaybeUninit;
+use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use socket2::SockRef;
 
 use super::hosts::Input;
 use super::lock;
@@ -52,6 +56,11 @@ pub(super) struct Watch {
     /// worker writes a `state` line after its hello and at every change); `None` before that
     /// line and once the connection is lost or renewed.
     state: Mutex<Option<(WorkerState, u64)>>,
+    /// The open connection's socket, for [`Watch::current_state`] to see whether bytes wait
+    /// in it unread.
+    socket: Mutex<Option<UnixStream>>,
+    /// The thread is reading or applying a line: the state may be about to change.
+    reading: AtomicBool,
     stop: AtomicBool,
     /// Drop the open connection at its next line and open a new one.
     renew: AtomicBool,
@@ -73,6 +82,8 @@ impl Watch {
             routes: Mutex::new(HashMap::new()),
             id: Mutex::new(None),
             state: Mutex::new(None),
+            socket: Mutex::new(None),
+            reading: AtomicBool::new(false),
             stop: AtomicBool::new(false),
             renew: AtomicBool::new(false),
             feed: feed.map(Mutex::new),
@@ -103,6 +114,27 @@ impl Watch {
         *lock(&self.state)
     }
 
+    /// The worker's state and spawn count as its open watch last pushed them, when nothing
+    /// it wrote before this call is still unread or being applied: then this is the state of
+    /// every command the worker answered before (it writes a changed state on each watch
+    /// before it answers `start` or `stop`). `None` when a line may be on its way in, or no
+    /// watch has said a state: then ask.
+    pub(super) fn current_state(&self) -> Option<(WorkerState, u64)> {
+        let socket = lock(&self.socket);
+        let mut byte = [MaybeUninit::<u8>::uninit()];
+        // First whether bytes wait in the socket, then whether the thread took some out and
+        // is still on them: in that order, no line can slip between the two looks.
+        let flags = libc::MSG_PEEK | libc::MSG_DONTWAIT;
+        match SockRef::from(socket.as_ref()?).recv_with_flags(&mut byte, flags) {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            _ => return None,
+        }
+        if self.reading.load(Ordering::SeqCst) {
+            return None;
+        }
+        self.state()
+    }
+
     /// Forgets generation `id` (it ended).
     pub(super) fn unroute(&self, id: u64) {
         lock(&self.routes).remove(&id);
@@ -121,8 +153,10 @@ impl Watch {
 
     /// What the lost or dropped connection said: its hello's id and the worker's state.
     fn forget_connection(&self) {
+        *lock(&self.socket) = None;
         *lock(&self.id) = None;
         *lock(&self.state) = None;
+        self.reading.store(false, Ordering::SeqCst);
     }
 
     fn stopped(&self) -> bool {
@@ -150,8 +184,16 @@ impl Watch {
                     }
                     lost = false;
                     self.renew.store(false, Ordering::SeqCst);
+                    *lock(&self.socket) = w.get_ref().try_clone().ok();
                     self.tell(Input::Connected);
                     while !self.stopped() {
+                        if !w.has_buffered() {
+                            // Waits for the next bytes without taking them (within the
+                            // socket's read timeout; a failure is the read's to report).
+                            let mut byte = [MaybeUninit::<u8>::uninit()];
+                            let _ = SockRef::from(w.get_ref()).peek(&mut byte);
+                        }
+                        self.reading.store(true, Ordering::SeqCst);
                         let event = w.next_event();
                         // Set before the health thread hears the line, so a host its placement
                         // shows in a state has that state on its watch too.
@@ -182,6 +224,9 @@ impl Watch {
                                 lost = true;
                                 break;
                             }
+                        }
+                        if !w.has_buffered() {
+                            self.reading.store(false, Ordering::SeqCst);
                         }
                         if self.renew.swap(false, Ordering::SeqCst) {
                             self.forget_connection();

@@ -4,8 +4,9 @@
 //! 2, ... while the scripted state is `ready` (else refused with it), `progress` and `done`
 //! answer `{"ok":true}`, and `watch` stays open: its `hello` (ids 1, 2, ...), the state line,
 //! then a state line at each change ([`FakeWorker::set`], a `restarting` stall verdict), the
-//! failures pushed with [`FakeWorker::push_failed`], and a ping every second. Every command
-//! is recorded.
+//! failures pushed with [`FakeWorker::push_failed`], and a ping every second. `stop` and
+//! `start` (straight to `ready`) answer the status once every open watch has written the new
+//! state, as the real worker does. Every command is recorded.
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader, Write};
@@ -44,7 +45,7 @@ struct Shared {
     stop: AtomicBool,
     next_id: AtomicU64,
     next_watch: AtomicU64,
-    watchers: Mutex<Vec<Sender<String>>>,
+    watchers: Mutex<Vec<Sender<Push>>>,
     /// The open watches write nothing, pings included (a black hole).
     muted: AtomicBool,
 }
@@ -125,7 +126,7 @@ impl FakeWorker {
     /// How many `watch` connections are open.
     pub fn watching(&self) -> usize {
         let mut w = self.shared.watchers.lock().unwrap();
-        w.retain(|tx| tx.send(String::new()).is_ok());
+        w.retain(|tx| tx.send(Push::Probe).is_ok());
         w.len()
     }
 
@@ -146,14 +147,51 @@ impl FakeWorker {
     }
 }
 
+/// What goes down one watch's queue.
+enum Push {
+    Line(String),
+    /// From [`FakeWorker::watching`]: nothing to write.
+    Probe,
+    /// Answer once everything before it is written.
+    Flush(Sender<()>),
+}
+
 impl Shared {
     /// Writes `line` to every open watch.
     fn push(&self, line: String) {
         self.watchers
             .lock()
             .unwrap()
-            .retain(|tx| tx.send(line.clone()).is_ok());
+            .retain(|tx| tx.send(Push::Line(line.clone())).is_ok());
     }
+
+    /// Waits until every open watch has written what was pushed before, as the real worker
+    /// does before it answers `start` or `stop`.
+    fn flush(&self) {
+        let (tx, rx) = mpsc::channel();
+        let n = {
+            let mut w = self.watchers.lock().unwrap();
+            w.retain(|w| w.send(Push::Flush(tx.clone())).is_ok());
+            w.len()
+        };
+        for _ in 0..n {
+            let _ = rx.recv_timeout(Duration::from_secs(2));
+        }
+    }
+}
+
+/// The `status` answer for what `script` says.
+fn status_line(script: &Script) -> String {
+    format!(
+        "{{\"state\":\"{}\",\"pid\":42,\"port\":8080,\"restarts_in_window\":0,\
+         \"total_restarts\":0,\"spawns\":{},\"last_cause\":{},\"cpu_ticks\":7,\
+         \"cpu_progress_age_s\":0.100,\"last_readiness\":null,\"inflight\":0}}",
+        script.state,
+        script.spawns,
+        script
+            .last_cause
+            .map_or("null".to_owned(), |c| format!("\"{c}\""))
+    )
 }
 
 /// The watch's `state` line for what `script` says.
@@ -177,13 +215,16 @@ impl Drop for FakeWorker {
     }
 }
 
-/// Writes the watch's lines until the client goes or the fake stops; an empty line from
-/// [`FakeWorker::watching`] is only a probe.
-fn watch(conn: UnixStream, rx: Receiver<String>, stop: Arc<Shared>) {
+/// Writes the watch's lines until the client goes or the fake stops.
+fn watch(conn: UnixStream, rx: Receiver<Push>, stop: Arc<Shared>) {
     while !stop.stop.load(Ordering::SeqCst) {
         let line = match rx.recv_timeout(Duration::from_secs(1)) {
-            Ok(l) if l.is_empty() => continue,
-            Ok(l) => l,
+            Ok(Push::Probe) => continue,
+            Ok(Push::Flush(done)) => {
+                let _ = done.send(());
+                continue;
+            }
+            Ok(Push::Line(l)) => l,
             Err(RecvTimeoutError::Timeout) => "{\"event\":\"ping\"}".to_owned(),
             Err(RecvTimeoutError::Disconnected) => return,
         };
@@ -211,8 +252,10 @@ fn serve(conn: UnixStream, s: &Arc<Shared>) {
             let first = state_line(&script);
             let (tx, rx) = mpsc::channel();
             let hello = s.next_watch.fetch_add(1, Ordering::SeqCst);
-            let _ = tx.send(format!("{{\"event\":\"hello\",\"watch\":{hello}}}"));
-            let _ = tx.send(first);
+            let _ = tx.send(Push::Line(format!(
+                "{{\"event\":\"hello\",\"watch\":{hello}}}"
+            )));
+            let _ = tx.send(Push::Line(first));
             s.watchers.lock().unwrap().push(tx);
             let _ = conn.set_write_timeout(Some(Duration::from_secs(2)));
             let stop = s.clone();
@@ -225,16 +268,18 @@ fn serve(conn: UnixStream, s: &Arc<Shared>) {
         }
         "register" => format!("{{\"refused\":\"{}\"}}", script.state),
         "progress" | "done" => "{\"ok\":true}".to_owned(),
-        "status" => format!(
-            "{{\"state\":\"{}\",\"pid\":42,\"port\":8080,\"restarts_in_window\":0,\
-             \"total_restarts\":0,\"spawns\":{},\"last_cause\":{},\"cpu_ticks\":7,\
-             \"cpu_progress_age_s\":0.100,\"last_readiness\":null,\"inflight\":0}}",
-            script.state,
-            script.spawns,
-            script
-                .last_cause
-                .map_or("null".to_owned(), |c| format!("\"{c}\""))
-        ),
+        // As the real worker: the state set is on every watch before the answer (which is
+        // the status line; `start` goes straight to ready here).
+        "stop" | "start" => {
+            let to = if word == "stop" { "stopped" } else { "ready" };
+            if script.state != to {
+                script.state = to;
+                s.push(state_line(&script));
+                s.flush();
+            }
+            status_line(&script)
+        }
+        "status" => status_line(&script),
         "stall" => match script.stall {
             "restarting" if script.state == "ready" => {
                 script.state = "restarting";
