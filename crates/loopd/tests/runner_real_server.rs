@@ -14,11 +14,11 @@ use std::time::Duration;
 use llama_harness::{LocalServer, Proxy};
 use loopd::config::Config;
 use loopd::llama::{
-    AssistantMessage, CacheOutcome, Cancel, ChatMessage, ChatOptions, Client, ToolCall,
+    AssistantMessage, CacheOutcome, Cancel, ChatEvent, ChatMessage, ChatOptions, Client, ToolCall,
 };
 use loopd::runner::{
-    BiosProvider, Outcome, RequestResult, Runner, StandardBios, Submission, Tool, ToolError,
-    ToolRegistry,
+    BiosProvider, Outcome, RequestEvent, RequestResult, Runner, StandardBios, Submission, Tool,
+    ToolError, ToolRegistry,
 };
 use loopd::selftest::SAMPLING;
 use serde_json::{json, Value};
@@ -187,6 +187,89 @@ fn a_two_iteration_get_weather_conversation_with_the_budget_going_down_by_one() 
             "generation {} kept the prompt cache: {}",
             i + 1,
             cache_line("standard BIOS", &r)
+        );
+    }
+}
+
+/// The model instance is SIGKILLed from the request's own thread right after its n-th
+/// content token: the request ends with the worker's reason (`server_died`, or
+/// `worker_restarted` when the restart is seen first) and its output holds every token that
+/// was streamed, in order; the worker heals and the next round runs on the new instance.
+#[test]
+fn a_model_instance_killed_right_after_the_nth_token_keeps_every_token_streamed() {
+    let server = LocalServer::start();
+    let proxy = Proxy::start(server.addr());
+    let mut c = Config::new(proxy.socket(), server.model());
+    c.limits.poll_ms = 500;
+    c.limits.liveness_ms = 300_000;
+    c.runner.worker_socket = Some(server.status_socket().to_owned());
+    c.runner.stall_ms = 300_000;
+    let runner = Runner::new(
+        Arc::new(Client::new(c)),
+        ToolRegistry::new(),
+        Arc::new(StandardBios),
+        1,
+    );
+    for n in [1usize, 8, 24] {
+        server.wait_worker("the worker ready", Duration::from_secs(120), |s| {
+            s["state"] == "ready"
+        });
+        let streamed = Arc::new(Mutex::new((0usize, String::new())));
+        let seen = streamed.clone();
+        let router = server.server_pid().expect("the router's pid");
+        let observer = Box::new(move |e: &RequestEvent| {
+            // A retry starts over: its output is the request's.
+            if let RequestEvent::Chat(ChatEvent::Retrying { .. }) = e {
+                seen.lock().unwrap().1.clear();
+            }
+            if let RequestEvent::Chat(ChatEvent::Content(t)) = e {
+                let mut s = seen.lock().unwrap();
+                s.0 += 1;
+                s.1.push_str(t);
+                if s.0 == n {
+                    if let Some(instance) = llama_harness::children_of(router).first() {
+                        let _ = std::process::Command::new("kill")
+                            .args(["-KILL", &instance.to_string()])
+                            .status();
+                    }
+                }
+            }
+        });
+        let req = Submission {
+            messages: vec![ChatMessage::User {
+                content: "Count from 1 to 100, one number per line.".into(),
+            }],
+            budget: Some(0),
+            options: ChatOptions {
+                thinking: false,
+                max_tokens: Some(200),
+                sampling: Some(SAMPLING),
+            },
+            ..Submission::default()
+        };
+        let id = runner
+            .submit_observed(req, Some(observer))
+            .expect("the worker is ready and the slot free");
+        let r = runner
+            .wait_result(id, Duration::from_secs(300))
+            .expect("the request ends");
+        let (count, text) = streamed.lock().unwrap().clone();
+        eprintln!("n = {n}: {count} tokens streamed, ended {:?}", r.outcome);
+        assert!(count >= n, "n = {n}: only {count} tokens came");
+        match &r.outcome {
+            Outcome::Failed { reason, .. } => assert!(
+                matches!(reason.as_str(), "server_died" | "worker_restarted"),
+                "n = {n}: {r:?}"
+            ),
+            // The router may start a new instance before the worker sees the death (the
+            // race docs/chaos.md names): the cut stream is retried and completes.
+            Outcome::Completed { .. } => assert!(!r.retries.is_empty(), "n = {n}: {r:?}"),
+            other => panic!("n = {n}: {other:?}"),
+        }
+        assert_eq!(
+            r.content.as_deref(),
+            Some(text.as_str()),
+            "n = {n}: the output is every token streamed"
         );
     }
 }
