@@ -19,6 +19,10 @@ use crate::rpc::{RpcConfig, WORKER_ARGS};
 /// The placeholder in `args` and `env` values that is replaced by the assigned port.
 pub const PORT_PLACEHOLDER: &str = "{port}";
 
+/// How much of `command --version`'s stderr [`Config::check_runs`] reads for the loader's
+/// message; the rest is drained unread.
+const STDERR_KEPT: u64 = 16 * 1024;
+
 /// Longest accepted duration, in seconds (a week): longer is surely a typo.
 pub const MAX_SECONDS: f64 = 7.0 * 24.0 * 3600.0;
 
@@ -140,6 +144,12 @@ pub enum ConfigError {
     CommandNotExecutable(PathBuf),
     /// The folder `log_file` would be created in does not exist.
     NoLogFolder(PathBuf),
+    /// `command --version` could not start: the dynamic loader named this missing library
+    /// (`libgomp.so.1`).
+    CommandMissingLibrary(String, String),
+    /// `command --version` did not run: how it ended (exit 127 and its stderr's last line,
+    /// a signal, no answer in time, or the exec's error).
+    CommandDoesNotRun(String, String),
     /// `[rpc]` is there but names no local server and no remote endpoint.
     RpcNoEndpoints,
     /// `[rpc]` names more endpoints than [`crate::rpc::MAX_ENDPOINTS`] (this many).
@@ -191,6 +201,14 @@ impl fmt::Display for ConfigError {
             ),
             Self::CommandNotExecutable(p) => {
                 write!(f, "config: `command` {} is not executable", p.display())
+            }
+            Self::CommandMissingLibrary(c, lib) => write!(
+                f,
+                "config: `command` {c} cannot start: the library {lib} is missing (`ldd {c}` \
+                 lists what it needs; docs/production.md's apt-get line installs llama-server's)"
+            ),
+            Self::CommandDoesNotRun(c, how) => {
+                write!(f, "config: `command` {c} does not run: `{c} --version` {how}")
             }
             Self::NoLogFolder(d) => write!(
                 f,
@@ -340,6 +358,81 @@ impl Config {
             }
         }
         Ok(())
+    }
+
+    /// Whether a missing `log_file` folder is one a service manager makes at start: its
+    /// parent exists (`/var/log` for systemd's `LogsDirectory=`). `check-config` then says
+    /// so in a note instead of refusing; `run` still needs the folder.
+    pub fn log_folder_made_at_start(&self, e: &ConfigError) -> bool {
+        match e {
+            ConfigError::NoLogFolder(d) => d.parent().is_some_and(Path::is_dir),
+            _ => false,
+        }
+    }
+
+    /// Runs `command --version` (with the config's `env`, as the spawn does) and waits at most
+    /// `timeout`: a binary whose libraries are missing (exit 127 from the dynamic loader, the
+    /// library named), that dies on a signal (an instruction the CPU lacks), or that does not
+    /// answer in time is refused. Any other exit status is the program's own answer: it ran.
+    /// Only `check-config` calls it; `run` finds out from the server's first exit.
+    pub fn check_runs(&self, timeout: Duration) -> Result<(), ConfigError> {
+        use std::io::Read;
+        use std::os::unix::process::ExitStatusExt;
+        use std::process::{Command, Stdio};
+        let c = self.command.trim();
+        let refuse = |how: String| ConfigError::CommandDoesNotRun(c.to_string(), how);
+        let mut child = Command::new(c)
+            .arg("--version")
+            .envs(&self.env)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| refuse(format!("could not be started: {e}")))?;
+        // Read on a thread of its own so a chatty child never blocks on a full pipe; the
+        // pipe ends when the child (or a kill) closes it.
+        let mut err = child.stderr.take().expect("piped");
+        let reader = std::thread::spawn(move || {
+            let mut text = Vec::new();
+            let _ = err.by_ref().take(STDERR_KEPT).read_to_end(&mut text);
+            std::io::copy(&mut err, &mut std::io::sink()).ok();
+            String::from_utf8_lossy(&text).into_owned()
+        });
+        let deadline = std::time::Instant::now() + timeout;
+        let status = loop {
+            match child.try_wait() {
+                Ok(Some(status)) => break status,
+                Ok(None) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Ok(None) | Err(_) => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err(refuse(format!(
+                        "did not exit within {} s (killed)",
+                        timeout.as_secs_f64()
+                    )));
+                }
+            }
+        };
+        let stderr = reader.join().unwrap_or_default();
+        const LOADER: &str = "error while loading shared libraries: ";
+        if let Some(rest) = stderr.split_once(LOADER).map(|(_, r)| r) {
+            let lib = rest.split(':').next().unwrap_or(rest).trim();
+            return Err(ConfigError::CommandMissingLibrary(
+                c.to_string(),
+                lib.to_string(),
+            ));
+        }
+        let last = stderr.lines().rev().find(|l| !l.trim().is_empty());
+        match (status.code(), status.signal()) {
+            (Some(127), _) => Err(refuse(format!(
+                "exited 127: {}",
+                last.unwrap_or("(nothing on stderr)")
+            ))),
+            (_, Some(sig)) => Err(refuse(format!("was killed by signal {sig}"))),
+            _ => Ok(()),
+        }
     }
 
     /// The durations, validated.

@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread;
+use std::time::Duration;
 
 use clap::error::{ContextKind, ContextValue, ErrorKind};
 use clap::{Parser, Subcommand};
@@ -96,11 +97,14 @@ enum Cmd {
     Stall(SocketArgs),
     /// Print the counters in the Prometheus text format (ending with "# EOF")
     Metrics(SocketArgs),
-    /// Validate the config and print the command line it would run
+    /// Validate the config, run `command --version`, print the command line it would run
     ///
-    /// Validates FILE, checks that its command is an executable file and that log_file's folder
+    /// Validates FILE, checks that its command is an executable file that runs (`command
+    /// --version` within 10 s: a missing shared library is named) and that log_file's folder
     /// exists, and prints the command line it would run. Refuses what `run --port PORT` would
-    /// refuse before starting anything, with the same message.
+    /// refuse before starting anything, with the same message; a log_file folder that does
+    /// not exist yet but whose parent does (systemd's LogsDirectory= makes it at start) is a
+    /// note on stderr, not an error.
     #[command(verbatim_doc_comment)]
     CheckConfig(CheckArgs),
 }
@@ -213,6 +217,29 @@ fn load_to_run(a: &Args, port: u16) -> Result<Config, String> {
     Ok(cfg)
 }
 
+/// How long `check-config` waits for `command --version`.
+const VERSION_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// [`load_to_run`] for `check-config`, before the first start: a missing `log_file` folder
+/// that systemd's `LogsDirectory=` makes at start is a note on stderr, and the command must
+/// run (`--version`).
+fn load_to_check(a: &Args, port: u16) -> Result<Config, String> {
+    let cfg = load(a)?;
+    let path = a.config.as_deref().unwrap_or(std::path::Path::new(""));
+    let named = |e: llama_worker::ConfigError| format!("{}: {e}", path.display());
+    cfg.validate_for_port(port).map_err(named)?;
+    match cfg.check_files() {
+        Err(e) if cfg.log_folder_made_at_start(&e) => eprintln!(
+            "llama-worker: note: {}: {e} (yet: a unit's LogsDirectory= makes it at start; \
+             make it first for `run` outside systemd)",
+            path.display()
+        ),
+        r => r.map_err(named)?,
+    }
+    cfg.check_runs(VERSION_TIMEOUT).map_err(named)?;
+    Ok(cfg)
+}
+
 fn socket_path(a: &Args) -> Result<PathBuf, String> {
     if let Some(s) = &a.socket {
         return Ok(s.clone());
@@ -318,7 +345,7 @@ fn main_inner() -> Result<ExitCode, String> {
                 ..Args::default()
             };
             let port = a.port.unwrap_or(0);
-            let cfg = load_to_run(&a, port)?;
+            let cfg = load_to_check(&a, port)?;
             let mut spec = cfg.command_spec(port);
             if let Some(rpc) = &cfg.rpc {
                 // The local RPC servers first, as the worker starts them; a port chosen at each

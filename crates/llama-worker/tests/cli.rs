@@ -532,7 +532,8 @@ fn check_config_names_a_missing_command_and_a_missing_log_folder() {
     let plain = dir.join("not-executable");
     std::fs::write(&plain, "#!/bin/sh\n").unwrap();
     std::fs::set_permissions(&plain, std::fs::Permissions::from_mode(0o644)).unwrap();
-    let missing_log = dir.join("no-such-folder/server.log");
+    // Two folders missing: not one a unit's LogsDirectory= makes in an existing parent.
+    let missing_log = dir.join("no-such-parent/no-such-folder/server.log");
     let cases = [
         (
             "command = \"/nonexistent/llama-server\"".to_string(),
@@ -572,6 +573,116 @@ fn check_config_names_a_missing_command_and_a_missing_log_folder() {
             );
         }
     }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Before the first start (issue 38): the log folder systemd's `LogsDirectory=` will make is
+/// missing but its parent exists. `check-config` passes with a note naming it; `run`, which
+/// needs the folder, still refuses.
+#[test]
+fn check_config_notes_a_log_folder_that_logs_directory_makes_at_start() {
+    let dir = temp_dir("checklogsdir");
+    let config = dir.join("worker.toml");
+    let folder = dir.join("llama-worker");
+    std::fs::write(
+        &config,
+        format!(
+            "command = \"/bin/sh\"\nlog_file = {:?}\n",
+            folder.join("server.log")
+        ),
+    )
+    .unwrap();
+    let out = Command::new(BIN)
+        .args(["check-config", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        String::from_utf8(out.stderr).unwrap(),
+        format!(
+            "llama-worker: note: {}: config: the folder of `log_file` does not exist: {} (yet: \
+             a unit's LogsDirectory= makes it at start; make it first for `run` outside systemd)\n",
+            config.display(),
+            folder.display()
+        )
+    );
+    let (code, stderr) = run_bounded(
+        &["run", "--port", "1", "--config", config.to_str().unwrap()],
+        Duration::from_secs(10),
+    );
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("does not exist"), "{stderr}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `check-config` runs `command --version` (issue 38): a binary whose shared library is
+/// missing is refused with the library named, one killed by a signal or exiting 127 too; a
+/// command that answers `--version` with an error of its own (`/bin/sh`) ran, and passes.
+#[test]
+fn check_config_runs_the_command_and_names_a_missing_library() {
+    let dir = temp_dir("checkruns");
+    let config = dir.join("worker.toml");
+    let script = |name: &str, body: &str| {
+        let p = dir.join(name);
+        std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        p
+    };
+    // What ld.so prints and how it exits when libgomp1 is not installed.
+    let no_lib = script(
+        "no-lib",
+        "echo \"$0: error while loading shared libraries: libgomp.so.1: cannot open shared \
+         object file: No such file or directory\" >&2; exit 127",
+    );
+    let not_found = script("not-found", "echo 'something: not found' >&2; exit 127");
+    let killed = script("killed", "kill -ILL $$");
+    let cases = [
+        (
+            &no_lib,
+            format!(
+                "config: `command` {c} cannot start: the library libgomp.so.1 is missing (`ldd \
+                 {c}` lists what it needs; docs/production.md's apt-get line installs \
+                 llama-server's)",
+                c = no_lib.display()
+            ),
+        ),
+        (
+            &not_found,
+            format!(
+                "config: `command` {c} does not run: `{c} --version` exited 127: something: not \
+                 found",
+                c = not_found.display()
+            ),
+        ),
+        (
+            &killed,
+            format!(
+                "config: `command` {c} does not run: `{c} --version` was killed by signal 4",
+                c = killed.display()
+            ),
+        ),
+    ];
+    for (command, reason) in cases {
+        std::fs::write(&config, format!("command = {command:?}\n")).unwrap();
+        let out = Command::new(BIN)
+            .args(["check-config", "--config"])
+            .arg(&config)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{out:?}");
+        assert_eq!(
+            String::from_utf8(out.stderr).unwrap(),
+            format!("llama-worker: {}: {reason}\n", config.display())
+        );
+    }
+    std::fs::write(&config, "command = \"/bin/sh\"\n").unwrap();
+    let out = Command::new(BIN)
+        .args(["check-config", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
