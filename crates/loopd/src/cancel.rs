@@ -5,7 +5,7 @@
 //! connect) wakes for it, so a cancelled request ends within one poll interval and closes its
 //! connection, which makes the server stop generating.
 
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use crate::clock::Clock;
@@ -14,6 +14,8 @@ use crate::clock::Clock;
 struct Flag {
     cancelled: Mutex<bool>,
     woken: Condvar,
+    /// Who cancelled, when not the caller (the daemon's shutdown): the result's detail.
+    why: OnceLock<&'static str>,
 }
 
 /// A cancellation token; clones share one flag.
@@ -35,6 +37,18 @@ impl Cancel {
     pub fn cancel(&self) {
         *self.lock() = true;
         self.0.woken.notify_all();
+    }
+
+    /// [`cancel`](Self::cancel), with the detail the request's result gives instead of the
+    /// caller's ("cancelled: loopd serve was stopped"); the first reason given is kept.
+    pub fn cancel_because(&self, why: &'static str) {
+        let _ = self.0.why.set(why);
+        self.cancel();
+    }
+
+    /// The reason [`cancel_because`](Self::cancel_because) gave, if any.
+    pub fn why(&self) -> Option<&'static str> {
+        self.0.why.get().copied()
     }
 
     /// Whether [`cancel`](Self::cancel) was called.

@@ -661,3 +661,64 @@ fn the_default_path_follows_systemd_then_xdg_then_home() {
         "no place for the store: set [daemon] store, or STATE_DIRECTORY, XDG_STATE_HOME or HOME"
     );
 }
+
+/// An operator reads the live store (`sqlite3 -readonly /var/lib/loopd/loopd.db`, issue 38)
+/// while the daemon holds it: the reader sees what was committed, the daemon's writes go on
+/// while a read is open, a compaction waits for no reader's permission, and a second `Db` is
+/// still refused while the first holds the owner lock beside the file.
+#[test]
+fn a_reader_reads_the_live_store_read_only_while_a_db_holds_it() {
+    let path = fresh("db-live-reader");
+    let mut db = Db::open(&path, settings(60_000, 10)).unwrap();
+    let first = db.insert_submitted(r#"{"q":1}"#, SEAT, at(0)).unwrap();
+    db.finish(first, "completed", r#"{"r":1}"#, at(5)).unwrap();
+    let second = db.insert_submitted(r#"{"q":2}"#, SEAT, at(10)).unwrap();
+
+    let reader = Connection::open_with_flags(
+        &path,
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .unwrap();
+    let rows = |c: &Connection| -> Vec<(i64, String, Option<String>)> {
+        c.prepare("SELECT id, state, reason FROM requests ORDER BY id")
+            .unwrap()
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap()
+    };
+    assert_eq!(
+        rows(&reader),
+        vec![
+            (1, "ended".into(), Some("completed".into())),
+            (2, "running".into(), None)
+        ]
+    );
+    assert_eq!(
+        reader
+            .query_row("SELECT result FROM requests WHERE id = 1", [], |r| r
+                .get::<_, String>(0))
+            .unwrap(),
+        r#"{"r":1}"#
+    );
+
+    // A read left open: the daemon still writes and compacts, and the reader then sees it.
+    reader.execute_batch("BEGIN").unwrap();
+    assert_eq!(rows(&reader).len(), 2);
+    db.finish(second, "cancelled", r#"{"r":2}"#, at(20))
+        .unwrap();
+    db.compact().unwrap();
+    assert_eq!(rows(&reader)[1].1, "running", "a read sees one snapshot");
+    reader.execute_batch("COMMIT").unwrap();
+    assert_eq!(
+        rows(&reader)[1],
+        (2, "ended".into(), Some("cancelled".into()))
+    );
+
+    let e = Db::open(&path, settings(60_000, 10)).unwrap_err();
+    assert_eq!(e.kind, OpenErrorKind::Locked, "{e}");
+    assert!(path.with_extension("db.lock").exists());
+    drop(reader);
+    drop(db);
+    assert!(Db::open(&path, settings(60_000, 10)).is_ok());
+}

@@ -15,11 +15,13 @@
 //!   once by [`Db::poll_evicted`], and [`Db::poll_timeout`] says when the next one is due;
 //! - the file stays bounded in a long run: rows are deleted when fetched or evicted, and
 //!   [`Db::compact`] gives freed pages back (incremental vacuum) and truncates the WAL;
-//! - one process owns the file: SQLite's `locking_mode=EXCLUSIVE` holds the lock from
-//!   [`Db::open`] until the [`Db`] is dropped, so a second daemon (or any other reader) on the
-//!   same file is refused with [`OpenErrorKind::Locked`], and the WAL index lives in the
-//!   process's memory rather than in a mapped `-shm` file (which a full disk would turn into a
-//!   SIGBUS);
+//! - one process owns the file: an exclusive `flock` on [`lock_path`] (`loopd.db.lock`
+//!   beside it) is held from [`Db::open`] until the [`Db`] is dropped, so a second daemon on
+//!   the same file is refused with [`OpenErrorKind::Locked`]; SQLite itself runs WAL with
+//!   normal locking, so a reader (`sqlite3 -readonly loopd.db`, an operator's query) reads
+//!   the live store while the daemon writes, and sees what was committed. The WAL index is
+//!   the mapped `-shm` file beside it; SQLite writes each of its pages when it grows it, so a
+//!   full disk is an error there, not a SIGBUS;
 //! - a full disk is [`DbError::DiskFull`] on the write that met it, which is rolled back:
 //!   nothing written before is lost.
 //!
@@ -275,10 +277,63 @@ pub struct Interrupted<'a> {
 #[derive(Debug)]
 pub struct Db {
     conn: Connection,
+    /// Dropped after `conn` (fields drop in order): the file is closed before another daemon
+    /// may take it.
+    _lock: OwnerLock,
     path: PathBuf,
     ttl_ms: i64,
     cap: i64,
     evicted: VecDeque<Evicted>,
+}
+
+/// How long a write of the daemon waits for a reader in SQLite's way (a checkpoint that
+/// truncates the WAL waits for readers of it to finish their read).
+const READER_WAIT: Duration = Duration::from_millis(200);
+
+/// The lock file of the store at `path`: its name with `.lock` appended
+/// (`/var/lib/loopd/loopd.db.lock`). It holds nothing; its `flock` says who owns the store.
+pub fn lock_path(path: &Path) -> PathBuf {
+    let mut p = path.as_os_str().to_owned();
+    p.push(".lock");
+    PathBuf::from(p)
+}
+
+/// The exclusive `flock` on the store's lock file, held while the value lives. The kernel
+/// drops it when the process dies however it dies, so a SIGKILLed daemon leaves no stale
+/// lock; the file itself is left in place (removing it would race with the next opener).
+#[derive(Debug)]
+struct OwnerLock(fs::File);
+
+impl OwnerLock {
+    fn take(path: &Path) -> Result<OwnerLock, (OpenErrorKind, String)> {
+        let lock = lock_path(path);
+        let file = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&lock)
+            .map_err(|e| {
+                let kind = match e.kind() {
+                    std::io::ErrorKind::PermissionDenied
+                    | std::io::ErrorKind::ReadOnlyFilesystem => OpenErrorKind::Unwritable,
+                    std::io::ErrorKind::StorageFull => OpenErrorKind::DiskFull,
+                    _ => OpenErrorKind::Failed,
+                };
+                (kind, format!("opening {}: {e}", lock.display()))
+            })?;
+        match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => Ok(OwnerLock(file)),
+            // The words SQLite used when its own exclusive lock refused a second daemon.
+            Err(rustix::io::Errno::WOULDBLOCK) => {
+                Err((OpenErrorKind::Locked, "database is locked".into()))
+            }
+            Err(e) => Err((
+                OpenErrorKind::Failed,
+                format!("flock {}: {e}", lock.display()),
+            )),
+        }
+    }
 }
 
 /// Milliseconds since the Unix epoch (0 before it, saturating far after it).
@@ -338,17 +393,17 @@ impl Db {
             })?;
         }
         let mut conn = Connection::open(path).map_err(sql)?;
-        // A second daemon is refused at once rather than after rusqlite's 5 s default.
-        conn.busy_timeout(Duration::ZERO).map_err(sql)?;
-        // Before the first read, so the lock is held from here on and no -shm file is made.
-        conn.query_row("PRAGMA locking_mode = EXCLUSIVE", [], |_| Ok(()))
-            .map_err(sql)?;
+        // A reader holds SQLite's locks for a moment only (WAL readers never block the
+        // writer); a short wait rather than an error when one is in the way of a checkpoint.
+        conn.busy_timeout(READER_WAIT).map_err(sql)?;
         if conn.is_readonly("main").map_err(sql)? {
             return Err(fail(
                 OpenErrorKind::Unwritable,
                 "SQLite could open it for reading only".into(),
             ));
         }
+        // Before the first read (opening reads nothing): a second daemon goes no further.
+        let lock = OwnerLock::take(path).map_err(|(kind, detail)| fail(kind, detail))?;
         let app: i32 = conn
             .query_row("PRAGMA application_id", [], |r| r.get(0))
             .map_err(sql)?;
@@ -418,6 +473,7 @@ impl Db {
         }
         Ok(Db {
             conn,
+            _lock: lock,
             path: path.to_path_buf(),
             ttl_ms: i64::try_from(settings.ttl.as_millis()).unwrap_or(i64::MAX),
             cap: i64::try_from(settings.cap.max(1)).unwrap_or(i64::MAX),

@@ -30,6 +30,10 @@ pub const READ_DEADLINE: Duration = Duration::from_secs(5);
 pub const WRITE_DEADLINE: Duration = Duration::from_secs(5);
 /// Connections served at once; one more is answered `TOO_MANY_CONNECTIONS` and closed.
 pub const MAX_CONNECTIONS: usize = 64;
+
+/// The detail of a request cancelled because `loopd serve` was stopped (SIGTERM, SIGINT):
+/// its reason is `cancelled`, as a caller's cancel, and these words say it was not a caller.
+pub const STOPPED: &str = "cancelled: loopd serve was stopped";
 /// Event lines queued for one follower; a follower that falls this far behind is dropped.
 pub const EVENT_QUEUE: usize = 4096;
 /// How often the accept loop looks at the stop flag, the store's expiry and the metrics file.
@@ -279,7 +283,7 @@ impl Daemon {
             );
         }
         for id in &running {
-            let _ = self.runner.cancel(RequestId(*id));
+            let _ = self.runner.cancel_because(RequestId(*id), STOPPED);
         }
         let deadline = s.clock.now() + self.settings.shutdown_wait;
         let mut inner = lock(&s.inner);

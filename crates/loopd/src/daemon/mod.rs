@@ -30,7 +30,7 @@ pub use db::{
 };
 pub use listener::{
     write_atomically, Daemon, Settings, StartError, COMPACT_BUSY_EVERY, COMPACT_EVERY, EVENT_QUEUE,
-    MAX_CONNECTIONS, READ_DEADLINE, TICK, WRITE_DEADLINE,
+    MAX_CONNECTIONS, READ_DEADLINE, STOPPED, TICK, WRITE_DEADLINE,
 };
 pub use metrics::Metrics;
 pub use output::CHECKPOINT_EVERY;

@@ -682,7 +682,13 @@ impl<'b> AgentRequest<'b> {
 
     /// The caller cancelled the request: it ends as `cancelled` with its output so far.
     pub fn cancel(&mut self, now: Duration) {
-        self.set_fail(FailReason::Cancelled, "cancelled by the caller".into());
+        self.cancel_because(now, "cancelled by the caller");
+    }
+
+    /// [`cancel`](Self::cancel) by someone else than the caller, `detail` saying who (the
+    /// daemon's shutdown): the same `cancelled` reason, the detail in its words.
+    pub fn cancel_because(&mut self, now: Duration, detail: &str) {
+        self.set_fail(FailReason::Cancelled, detail.into());
         self.abort(now);
     }
 

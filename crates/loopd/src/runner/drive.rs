@@ -309,7 +309,10 @@ pub(super) fn drive(
         if cancel.is_cancelled() && !cancelled {
             cancelled = true;
             io.drain(clock, &mut m);
-            m.cancel(clock.now());
+            match cancel.why() {
+                Some(why) => m.cancel_because(clock.now(), why),
+                None => m.cancel(clock.now()),
+            }
             continue;
         }
         let now = clock.now();

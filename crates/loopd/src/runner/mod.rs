@@ -673,12 +673,25 @@ impl Runner {
     /// Cancels `id`: it ends within one poll interval as `cancelled`, with its partial output.
     /// A request already ended is left as it is.
     pub fn cancel(&self, id: RequestId) -> Result<(), ResultError> {
+        self.cancel_with(id, None)
+    }
+
+    /// [`cancel`](Self::cancel) on behalf of someone else than its caller: the result's
+    /// detail is `why` ("cancelled: loopd serve was stopped") instead of the caller's words.
+    pub fn cancel_because(&self, id: RequestId, why: &'static str) -> Result<(), ResultError> {
+        self.cancel_with(id, Some(why))
+    }
+
+    fn cancel_with(&self, id: RequestId, why: Option<&'static str>) -> Result<(), ResultError> {
         let t = lock(&self.shared.table);
         match t.records.get(&id) {
             None => Err(ResultError::NotFound),
             Some(Record::Done { .. }) => Ok(()),
             Some(Record::Running { cancel, .. }) => {
-                cancel.cancel();
+                match why {
+                    Some(why) => cancel.cancel_because(why),
+                    None => cancel.cancel(),
+                }
                 Ok(())
             }
         }
