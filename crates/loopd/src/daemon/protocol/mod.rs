@@ -136,10 +136,12 @@ impl fmt::Display for ProtoError {
 
 impl std::error::Error for ProtoError {}
 
-/// Parses one command line (without its newline). A `submit`'s messages are checked when
-/// it applies itself ([`SubmitCmd::to_submission`]).
+/// Parses one command line (without its newline): [`ProtoError::LineTooLong`] when it has
+/// [`MAX_LINE_BYTES`] bytes or more, which its newline would take past the cap. A key given
+/// twice is refused (`BAD_REQUEST`), never read as its last value. A `submit`'s messages are
+/// checked when it applies itself ([`SubmitCmd::to_submission`]).
 pub fn parse(line: &[u8]) -> Result<Command, ProtoError> {
-    if line.len() > MAX_LINE_BYTES {
+    if line.len() >= MAX_LINE_BYTES {
         return Err(ProtoError::LineTooLong);
     }
     let v: Value = serde_json::from_slice(line).map_err(|e| ProtoError::BadJson(e.to_string()))?;
@@ -154,7 +156,9 @@ pub fn parse(line: &[u8]) -> Result<Command, ProtoError> {
             ))
         }
     }
-    serde_json::from_value(v).map_err(|e| ProtoError::BadRequest(e.to_string()))
+    // From the bytes, not from `v`: a `Value` keeps the last of a key given twice, where
+    // serde's structs refuse it.
+    serde_json::from_slice(line).map_err(|e| ProtoError::BadRequest(e.to_string()))
 }
 
 #[cfg(test)]
@@ -325,11 +329,38 @@ mod tests {
                 "unknown field `timeout_ms`, expected `id`".into()
             ))
         );
-        let long = vec![b' '; MAX_LINE_BYTES + 1];
-        assert_eq!(parse(&long), Err(ProtoError::LineTooLong));
+    }
+
+    /// The cap counts the newline (docs/loopd.md): a line of `MAX_LINE_BYTES - 1` bytes is
+    /// the longest read; one of `MAX_LINE_BYTES` is refused, as the socket reader refuses it.
+    #[test]
+    fn the_line_cap_counts_the_newline() {
         let mut at_cap = br#"{"cmd":"status"}"#.to_vec();
-        at_cap.resize(MAX_LINE_BYTES, b' ');
+        at_cap.resize(MAX_LINE_BYTES - 1, b' ');
         assert_eq!(parse(&at_cap), Ok(Command::Status(StatusCmd {})));
+        at_cap.push(b' ');
+        assert_eq!(parse(&at_cap), Err(ProtoError::LineTooLong));
+    }
+
+    /// A key given twice has no one reading (a `serde_json::Value` kept the last): refused,
+    /// at the top level, in a message and for `cmd` itself.
+    #[test]
+    fn a_key_given_twice_is_refused() {
+        for (line, detail) in [
+            (r#"{"cmd":"result","id":1,"id":2}"#, "duplicate field `id`"),
+            (
+                r#"{"cmd":"submit","messages":[{"role":"user","role":"system","content":"x"}]}"#,
+                "duplicate field `role`",
+            ),
+            (
+                r#"{"cmd":"explode","cmd":"status"}"#,
+                "unknown variant `explode`",
+            ),
+        ] {
+            let e = parse(line.as_bytes()).unwrap_err();
+            assert_eq!(e.code(), ErrorCode::BadRequest, "{line}");
+            assert!(e.to_string().contains(detail), "{line}: {e}");
+        }
     }
 
     #[test]
