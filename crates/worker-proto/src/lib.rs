@@ -29,6 +29,7 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+use std::borrow::Cow;
 use std::fmt;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
@@ -360,12 +361,13 @@ pub enum RegisterAnswer {
     SlotTaken,
 }
 
+// Text as `Cow`: borrowed as written, owned when the line escapes a character (`\u0061`).
 #[derive(Serialize, Deserialize)]
 struct RegisterJson<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     registered: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none", borrow)]
-    refused: Option<&'a str>,
+    refused: Option<Cow<'a, str>>,
 }
 
 impl RegisterAnswer {
@@ -378,25 +380,24 @@ impl RegisterAnswer {
             },
             Self::Refused(s) => RegisterJson {
                 registered: None,
-                refused: Some(s.as_str()),
+                refused: Some(s.as_str().into()),
             },
             Self::SlotTaken => RegisterJson {
                 registered: None,
-                refused: Some(SLOT_TAKEN),
+                refused: Some(SLOT_TAKEN.into()),
             },
         };
         serde_json::to_string(&j).unwrap_or_default()
     }
 
-    /// Parses an answer line.
+    /// Parses an answer line: `registered` or `refused`, never both (a `refused` that names
+    /// no state is refused, not read past).
     pub fn parse(line: &str) -> Result<RegisterAnswer, WorkerError> {
         let raw: RegisterJson<'_> = serde_json::from_str(line).map_err(|_| bad(line))?;
-        if raw.registered.is_none() && raw.refused == Some(SLOT_TAKEN) {
-            return Ok(Self::SlotTaken);
-        }
-        match (raw.registered, raw.refused.and_then(State::parse)) {
+        match (raw.registered, raw.refused.as_deref()) {
             (Some(id), None) => Ok(Self::Registered(id)),
-            (None, Some(s)) => Ok(Self::Refused(s)),
+            (None, Some(SLOT_TAKEN)) => Ok(Self::SlotTaken),
+            (None, Some(s)) => State::parse(s).map(Self::Refused).ok_or_else(|| bad(line)),
             _ => Err(bad(line)),
         }
     }
@@ -463,15 +464,16 @@ pub enum WatchEvent {
 
 #[derive(Serialize, Deserialize)]
 struct WatchJson<'a> {
-    event: &'a str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    state: Option<&'a str>,
+    #[serde(borrow)]
+    event: Cow<'a, str>,
+    #[serde(skip_serializing_if = "Option::is_none", borrow)]
+    state: Option<Cow<'a, str>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     spawns: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     id: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    reason: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none", borrow)]
+    reason: Option<Cow<'a, str>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     watch: Option<u64>,
 }
@@ -480,7 +482,7 @@ impl WatchEvent {
     /// The event line (without its newline).
     pub fn to_json(self) -> String {
         let mut j = WatchJson {
-            event: "ping",
+            event: "ping".into(),
             state: None,
             spawns: None,
             id: None,
@@ -489,44 +491,48 @@ impl WatchEvent {
         };
         match self {
             Self::Hello { watch } => {
-                j.event = "hello";
+                j.event = "hello".into();
                 j.watch = Some(watch);
             }
             Self::State { state, spawns } => {
-                j.event = "state";
-                j.state = Some(state.as_str());
+                j.event = "state".into();
+                j.state = Some(state.as_str().into());
                 j.spawns = Some(spawns);
             }
             Self::Failed { id, reason } => {
-                j.event = "failed";
+                j.event = "failed".into();
                 j.id = Some(id);
-                j.reason = Some(reason.as_str());
+                j.reason = Some(reason.as_str().into());
             }
             Self::Ping => {}
         }
         serde_json::to_string(&j).unwrap_or_default()
     }
 
-    /// Parses an event line.
+    /// Parses an event line: each event with exactly its own fields of `state`, `spawns`,
+    /// `id`, `reason` and `watch` (one of another event's, even with a value that names
+    /// nothing, is refused, not read past); other keys are read past.
     pub fn parse(line: &str) -> Result<WatchEvent, WorkerError> {
         let j: WatchJson<'_> = serde_json::from_str(line).map_err(|_| bad(line))?;
-        if let ("hello", Some(watch), None, None, None) =
-            (j.event, j.watch, j.state, j.spawns, j.id)
-        {
-            return Ok(Self::Hello { watch });
-        }
-        if j.watch.is_some() {
-            return Err(bad(line));
-        }
-        match (j.event, j.state.and_then(State::parse), j.spawns, j.id) {
-            ("state", Some(state), Some(spawns), None) => Ok(Self::State { state, spawns }),
-            ("failed", None, None, Some(id)) => match j.reason.and_then(FailReason::parse) {
-                Some(reason) => Ok(Self::Failed { id, reason }),
-                None => Err(bad(line)),
-            },
-            ("ping", None, None, None) => Ok(Self::Ping),
-            _ => Err(bad(line)),
-        }
+        let fields = (
+            j.state.as_deref(),
+            j.spawns,
+            j.id,
+            j.reason.as_deref(),
+            j.watch,
+        );
+        let event = match (j.event.as_ref(), fields) {
+            ("hello", (None, None, None, None, Some(watch))) => Some(Self::Hello { watch }),
+            ("state", (Some(state), Some(spawns), None, None, None)) => {
+                State::parse(state).map(|state| Self::State { state, spawns })
+            }
+            ("failed", (None, None, Some(id), Some(reason), None)) => {
+                FailReason::parse(reason).map(|reason| Self::Failed { id, reason })
+            }
+            ("ping", (None, None, None, None, None)) => Some(Self::Ping),
+            _ => None,
+        };
+        event.ok_or_else(|| bad(line))
     }
 }
 
@@ -598,7 +604,8 @@ pub fn secs(d: Duration) -> f64 {
 
 #[derive(Serialize, Deserialize)]
 struct StallJson<'a> {
-    stall: &'a str,
+    #[serde(borrow)]
+    stall: Cow<'a, str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     since_progress_s: Option<f64>,
 }
@@ -622,21 +629,21 @@ impl StallAnswer {
             _ => None,
         };
         let json = StallJson {
-            stall: self.as_str(),
+            stall: self.as_str().into(),
             since_progress_s,
         };
         // A string and a number: serializing cannot fail.
         serde_json::to_string(&json).unwrap_or_default()
     }
 
-    /// Parses an answer line.
+    /// Parses an answer line (`since_progress_s` only with `not_stalled`; left out there, 0).
     pub fn parse(line: &str) -> Result<StallAnswer, WorkerError> {
         let raw: StallJson<'_> = serde_json::from_str(line).map_err(|_| bad(line))?;
-        match raw.stall {
-            "restarting" => Ok(StallAnswer::Restarting),
-            "not_ready" => Ok(StallAnswer::NotReady),
-            "not_stalled" => {
-                let s = raw.since_progress_s.unwrap_or(0.0);
+        match (raw.stall.as_ref(), raw.since_progress_s) {
+            ("restarting", None) => Ok(StallAnswer::Restarting),
+            ("not_ready", None) => Ok(StallAnswer::NotReady),
+            ("not_stalled", since) => {
+                let s = since.unwrap_or(0.0);
                 let ms = if s.is_finite() && s > 0.0 {
                     (s * 1000.0).round().min(u64::MAX as f64) as u64
                 } else {
@@ -1100,6 +1107,75 @@ mod tests {
         ] {
             assert!(WatchEvent::parse(bad).is_err(), "{bad}");
         }
+    }
+
+    /// A known field an answer or event does not carry is refused whatever its value: a
+    /// value that names nothing was read past before, where a valid one was refused.
+    #[test]
+    fn a_field_of_another_answer_or_event_is_refused_not_read_past() {
+        for line in [
+            "{\"registered\":5,\"refused\":\"bogus\"}",
+            "{\"registered\":5,\"refused\":\"ready\"}",
+            "{\"refused\":\"bogus\"}",
+        ] {
+            assert!(RegisterAnswer::parse(line).is_err(), "{line}");
+        }
+        for line in [
+            "{\"event\":\"ping\",\"state\":\"dancing\"}",
+            "{\"event\":\"ping\",\"state\":\"ready\"}",
+            "{\"event\":\"ping\",\"reason\":\"x\"}",
+            "{\"event\":\"hello\",\"watch\":4,\"reason\":\"server_died\"}",
+            "{\"event\":\"state\",\"state\":\"ready\",\"spawns\":3,\"reason\":\"x\"}",
+            "{\"event\":\"failed\",\"id\":7,\"reason\":\"server_died\",\"state\":\"x\"}",
+        ] {
+            assert!(WatchEvent::parse(line).is_err(), "{line}");
+        }
+        for line in [
+            "{\"stall\":\"restarting\",\"since_progress_s\":1}",
+            "{\"stall\":\"not_ready\",\"since_progress_s\":0}",
+        ] {
+            assert!(StallAnswer::parse(line).is_err(), "{line}");
+        }
+        // Other keys are still read past, and a null is a field left out.
+        assert_eq!(
+            WatchEvent::parse("{\"event\":\"ping\",\"state\":null,\"later\":1}").unwrap(),
+            WatchEvent::Ping
+        );
+        assert_eq!(
+            StallAnswer::parse("{\"stall\":\"not_stalled\"}").unwrap(),
+            StallAnswer::NotStalled {
+                since_progress_ms: 0
+            }
+        );
+    }
+
+    /// JSON may escape any character of a name; the line reads as the one written plain.
+    #[test]
+    fn an_escaped_name_reads_as_written_plain() {
+        assert_eq!(
+            WatchEvent::parse("{\"event\":\"st\\u0061te\",\"state\":\"r\\u0065ady\",\"spawns\":3}")
+                .unwrap(),
+            WatchEvent::State {
+                state: State::Ready,
+                spawns: 3
+            }
+        );
+        assert_eq!(
+            WatchEvent::parse("{\"event\":\"failed\",\"id\":7,\"reason\":\"server\\u005fdied\"}")
+                .unwrap(),
+            WatchEvent::Failed {
+                id: 7,
+                reason: FailReason::ServerDied
+            }
+        );
+        assert_eq!(
+            RegisterAnswer::parse("{\"refused\":\"slot\\u005ftaken\"}").unwrap(),
+            RegisterAnswer::SlotTaken
+        );
+        assert_eq!(
+            StallAnswer::parse("{\"stall\":\"not\\u005fready\"}").unwrap(),
+            StallAnswer::NotReady
+        );
     }
 
     #[test]
