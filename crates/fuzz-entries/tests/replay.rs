@@ -88,11 +88,14 @@ macro_rules! replay_tests {
 
 replay_tests!(
     chat_stream,
+    config_toml,
+    daemon_command,
     http_response,
     loop_detect,
     proto_assemble,
     sse_parse,
     text_calls,
+    worker_lines,
 );
 
 /// Every fuzz target has an entry here and a replay test, its file calls that entry, and every
@@ -110,7 +113,7 @@ fn every_fuzz_target_is_replayed_through_its_entry() {
         .collect();
     let entries: BTreeSet<String> = TARGETS.iter().map(|(n, _)| n.to_string()).collect();
     let replayed: BTreeSet<String> = REPLAYED.iter().map(|n| n.to_string()).collect();
-    assert_eq!(targets.len(), 6, "{targets:?}");
+    assert_eq!(targets.len(), 9, "{targets:?}");
     assert_eq!(entries, targets);
     assert_eq!(replayed, targets);
     for t in &targets {
