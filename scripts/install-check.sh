@@ -1,161 +1,340 @@
 #!/usr/bin/env bash
-# The production install, run without systemd (make install-check): the files of
-# docs/production.md installed under a temporary root, the three daemons started with exactly
-# the ExecStart= command lines of docs/{llama-worker,inferproxy,loopd}.service (every absolute
-# path under /etc, /usr, /var and /run moved into the root, and the router's port 11434 replaced
-# by a free one so the check never meets a server of this host), then one agent request
-# submitted to loopd and its result read. A unit, its example config, the preset and the
-# template cannot drift apart: a path, a socket, a hash or a flag that disagree stop a daemon or
-# the request, and the step is named.
-#
-# Also: `llama-worker check-config` passes on both example worker configs as installed, and
-# both daemons write their metrics into the one shared folder.
-# Needs the cached llama-server and model (scripts/llama-server.sh all). Exit 0 only when all
-# of it passed; on failure the daemons' logs are printed and kept in the root.
+# docs/production.md performed on a real systemd (make install-check, part of make test): a
+# minimal Debian 12 root filesystem (debootstrap minbase, systemd, dbus, and only the packages
+# of the page's `install-check:packages` apt line), booted with systemd-nspawn as PID 1, on
+# which the page's own `install-check:install` block runs as written (the checkout and the
+# cached llama-server and model bound read-only at /src/boxmaker and their cache paths), then
+# what an operator does to it, each step against a deadline that names what it last saw:
+#   - the three units active; loopd's self-test lines in its journal before systemd's
+#     "Started" line (READY=1 only after the self-test);
+#   - a request completed as root and as the user loopd; refused for another user (nobody);
+#   - the sockets' and folders' owners and modes as the page's table says;
+#   - `systemd-analyze security` (online, on the booted units) as the page's table says;
+#   - the page's `install-check:queries` against the live store (sqlite3 -readonly);
+#   - each row of "What survives what": `systemctl restart inferproxy` under a streaming
+#     request (it completes, loopd keeps its pid); `systemctl restart loopd` (an unfetched
+#     result kept, the running request cancelled with the stop named); SIGKILL of the model
+#     instance (server_died, then a request completes); `systemctl restart llama-worker`
+#     (worker_stopped); a reboot of the container (the unfetched result kept).
+# The root filesystem is cached under $BOXMAKER_CACHE keyed by its package list (built in a
+# temporary folder, renamed when complete); each run boots a copy of it, removed at the end.
+# The container is torn down on every exit (trap). Needs root, debootstrap and
+# systemd-container (installed with apt when missing), and the cached llama-server and model.
+# The tunnel unit is not part of it (make tunnel-check).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 cd "$repo"
-docs=$repo/docs
+guide=docs/production.md
+cache=${BOXMAKER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/boxmaker}
+suite=bookworm
+mirror=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
+start_time=$SECONDS
 
+say() { echo "install-check: $*"; }
+die() { echo "install-check: FAIL: $*" >&2; exit 1; }
+[ "$(id -u)" -eq 0 ] || die "needs root (debootstrap, systemd-nspawn)"
+
+missing=()
+command -v debootstrap >/dev/null || missing+=(debootstrap)
+command -v systemd-nspawn >/dev/null || missing+=(systemd-container)
+if [ ${#missing[@]} -gt 0 ]; then
+  say "installing ${missing[*]} with apt"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+# A fenced block of the guide marked ```sh install-check:NAME, without its fences.
+block() {
+  awk -v want="install-check:$1" '
+    /^```/ && inside { exit }
+    inside { print }
+    /^```sh / && $2 == want { inside = 1 }' "$guide"
+}
+for b in build packages install queries; do
+  [ -n "$(block "$b")" ] || die "$guide has no \`\`\`sh install-check:$b block"
+done
+
+# 1. The build, on this machine, as the page says.
+say "build: $(block build | grep -v '^#' | head -n 1 | sed 's/ *#.*//')"
+bash -euo pipefail -c "$(block build)" >/dev/null
 server=$(scripts/llama-server.sh build)
-rpc_server=$(dirname "$server")/ggml-rpc-server
 model_dir=$(scripts/llama-server.sh model)
-cargo build -p loopd -p inferproxy -p llama-worker
-bin=${CARGO_TARGET_DIR:-$repo/target}/debug
+target=${CARGO_TARGET_DIR:-$repo/target}
 
-root=$(mktemp -d "${TMPDIR:-/tmp}/boxmaker-install-XXXXXX")
-pids=()
-names=()
+# 2. The root filesystem: minbase, systemd, dbus, and the guide's packages; nothing else.
+packages=$(block packages | sed -n 's/^apt-get install //p' | tr ' ' '\n' | grep -v '^-' | grep . | sort | tr '\n' ' ')
+[ -n "$packages" ] || die "no package names in the install-check:packages block"
+base="systemd dbus"
+key=$(printf '%s\n' "$suite minbase" "$base" "$packages" | sha256sum | cut -c1-12)
+rootfs=$cache/rootfs-$suite-$key
+if [ ! -d "$rootfs" ]; then
+  say "making the root filesystem ($suite minbase + $base + $packages) with debootstrap"
+  mkdir -p "$cache"
+  work=$(mktemp -d "$cache/.rootfs-XXXXXX")
+  # shellcheck disable=SC2086 # the names are words
+  if ! debootstrap --variant=minbase --include="$(echo $base $packages | tr ' ' ',')" \
+    "$suite" "$work/root" "$mirror" >"$work/debootstrap.log" 2>&1; then
+    tail -n 20 "$work/debootstrap.log" >&2
+    rm -rf "$work"
+    die "debootstrap failed"
+  fi
+  printf '%s\n' "$suite minbase" "$base" "$packages" >"$work/KEY"
+  rm -f "$work/debootstrap.log"
+  mv "$work" "$rootfs"
+  say "cached $rootfs"
+fi
+
+# 3. A copy to boot, and the container around it.
+run=$(mktemp -d "$cache/.install-check-XXXXXX")
+root=$run/root
+nspawn_pid=
+leader=
 ok=0
+log=$run/nspawn.log
+stop_box() {
+  [ -n "$nspawn_pid" ] || return 0
+  if kill -0 "$nspawn_pid" 2>/dev/null; then
+    kill -TERM "$nspawn_pid" 2>/dev/null || true # nspawn halts the container's systemd
+    local end=$((SECONDS + 30))
+    while kill -0 "$nspawn_pid" 2>/dev/null && [ $SECONDS -lt $end ]; do sleep 0.2; done
+    kill -KILL "$nspawn_pid" 2>/dev/null || true
+  fi
+  wait "$nspawn_pid" 2>/dev/null || true
+  nspawn_pid=
+}
 cleanup() {
   local status=$?
-  for ((i = ${#pids[@]} - 1; i >= 0; i--)); do kill -TERM "${pids[$i]}" 2>/dev/null || true; done
-  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
-  if [ $ok -eq 1 ]; then
-    rm -rf "$root"
-  else
-    for log in "$root"/logs/*.log "$root"/var/log/llama-worker/server.log; do
-      [ -s "$log" ] || continue
-      echo "install-check: last lines of $log:" >&2
-      tail -n 20 "$log" | sed 's/^/  | /' >&2
-    done
-    echo "install-check: FAILED; the root is kept: $root" >&2
-    [ $status -ne 0 ] || status=1
+  trap - EXIT INT TERM
+  if [ $ok -ne 1 ] && [ -n "$leader" ] && kill -0 "$leader" 2>/dev/null; then
+    echo "install-check: the units' journal, last lines:" >&2
+    in_box journalctl -b --no-pager -n 60 -u llama-worker -u inferproxy -u loopd 2>/dev/null |
+      sed 's/^/  | /' >&2 || true
+    echo "install-check: loopd status:" >&2
+    in_box loopd status --socket /run/loopd/loopd.sock 2>&1 | sed 's/^/  | /' >&2 || true
   fi
+  stop_box
+  rm -rf "$run"
+  [ $ok -eq 1 ] || { [ $status -ne 0 ] || status=1; echo "install-check: FAILED" >&2; }
   exit $status
 }
 trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
-die() { echo "install-check: FAIL: $*" >&2; exit 1; }
-step() { echo "install-check: $*"; }
+say "copying the root filesystem"
+cp -a --reflink=auto "$rootfs/root" "$root"
 
-# Absolute paths under /etc /usr /var /run, moved into the root (in any text: configs, args).
-remap() { sed -E "s#(^|[^A-Za-z0-9_./-])/(etc|usr|var|run)/#\1$root/\2/#g"; }
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-
-# The install, as docs/production.md lists it.
-install -d "$root/usr/local/bin" "$root/usr/local/lib/boxmaker" "$root/var/lib/llama/models" \
-  "$root/etc/llama-worker" "$root/etc/loopd" "$root/logs"
-for b in loopd inferproxy llama-worker; do ln -s "$bin/$b" "$root/usr/local/bin/$b"; done
-ln -s "$server" "$root/usr/local/lib/boxmaker/llama-server"
-ln -s "$rpc_server" "$root/usr/local/lib/boxmaker/ggml-rpc-server"
-ln -s "$model_dir/SmolLM2-135M-Instruct.Q4_1.gguf" "$root/var/lib/llama/models/"
-remap <crates/llama-worker/llama-worker.example.toml >"$root/etc/llama-worker/llama-worker.toml"
-remap <crates/llama-worker/llama-worker.rpc.example.toml >"$root/etc/llama-worker/llama-worker.rpc.toml"
-remap <"$docs/llama-server.preset.ini" >"$root/etc/llama-worker/preset.ini"
-cp fixtures/templates/smollm2-tools-thinking.jinja "$root/etc/llama-worker/chat-template.jinja"
-remap <"$docs/loopd.example.toml" >"$root/etc/loopd/loopd.toml"
-# What systemd makes before the start: RuntimeDirectory=, LogsDirectory=, StateDirectory=, and
-# docs/boxmaker.tmpfiles.conf's metrics folder.
-install -d -m 0750 "$root/run/llama-worker" "$root/run/inferproxy" "$root/run/loopd" \
-  "$root/var/log/llama-worker"
-install -d -m 0700 "$root/var/lib/loopd"
-metrics_dir=$(awk '$1 == "d" { print $2 }' "$docs/boxmaker.tmpfiles.conf")
-install -d -m 2775 "$root$metrics_dir"
-
-# The examples pass their checks as installed.
-for c in llama-worker.toml llama-worker.rpc.toml; do
-  out=$("$bin/llama-worker" check-config --config "$root/etc/llama-worker/$c" 2>&1) ||
-    die "llama-worker check-config --config /etc/llama-worker/$c: $out"
-  step "llama-worker check-config /etc/llama-worker/$c: ok"
-done
-want=$(sed -n 's/^chat_template_sha256 = "\([0-9a-f]*\)".*/\1/p' "$docs/loopd.example.toml")
-got=$(sha256sum "$root/etc/llama-worker/chat-template.jinja" | cut -d' ' -f1)
-[ "$want" = "$got" ] || die "docs/loopd.example.toml expects template $want, the installed one is $got"
-
-# A unit's ExecStart=, remapped, the port replaced; one word per array item (the units quote
-# nothing).
-exec_start() {
-  local line
-  line=$(sed -n 's/^ExecStart=//p' "$docs/$1" | remap | sed "s/\b11434\b/$port/g")
-  [ -n "$line" ] || die "no ExecStart= in docs/$1"
-  read -r -a cmd <<<"$line"
+in_box() {
+  nsenter -t "$leader" -a env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    HOME=/root LANG=C.UTF-8 "$@"
 }
-start() { # unit name
-  exec_start "$1"
-  step "starting $2: ${cmd[*]}"
-  # As systemd sets them for the unit's directories.
-  RUNTIME_DIRECTORY=$root/run/$2 STATE_DIRECTORY=$root/var/lib/$2 LOGS_DIRECTORY=$root/var/log/$2 \
-    "${cmd[@]}" </dev/null >"$root/logs/$2.log" 2>&1 &
-  pids+=($!)
-  names+=("$2")
-}
-wait_socket() { # path name pid seconds
-  local end=$((SECONDS + $4))
-  while [ ! -S "$1" ]; do
-    kill -0 "$3" 2>/dev/null || die "$2 exited before it opened $1"
-    [ $SECONDS -lt $end ] || die "$2 did not open $1 within $4 s"
-    sleep 0.1
+
+boot() {
+  local binds=(--bind-ro="$repo:/src/boxmaker" --bind-ro="$(dirname "$server")" --bind-ro="$model_dir")
+  [ "$target" = "$repo/target" ] || binds+=(--bind-ro="$target:/src/boxmaker/target")
+  systemd-nspawn --quiet --register=no --keep-unit --private-network --system-call-filter=bpf \
+    --console=passive -M boxmaker-check "${binds[@]}" -D "$root" -b >>"$log" 2>&1 &
+  nspawn_pid=$!
+  local end=$((SECONDS + 60)) state=""
+  leader=
+  while :; do
+    [ -n "$leader" ] || leader=$(ps -o pid= --ppid "$nspawn_pid" 2>/dev/null | head -n 1 | tr -d " " || true)
+    if [ -n "$leader" ]; then
+      state=$(in_box systemctl is-system-running 2>/dev/null || true)
+      case $state in running | degraded) break ;; esac
+    fi
+    kill -0 "$nspawn_pid" 2>/dev/null || { tail -n 20 "$log" >&2; die "systemd-nspawn exited while booting"; }
+    [ $SECONDS -lt $end ] || die "the container did not finish booting within 60 s (last state: ${state:-no init yet})"
+    sleep 0.2
   done
+  say "booted: systemd is $state (container init pid $leader)"
 }
+boot_started=$SECONDS
+boot
 
-start llama-worker.service llama-worker
-wait_socket "$root/run/llama-worker/status.sock" llama-worker "${pids[-1]}" 30
-[ "$(stat -c %a "$root/run/llama-worker/status.sock")" = 660 ] || die "the worker's status socket is not 0660"
-start inferproxy.service inferproxy
-wait_socket "$root/run/inferproxy/infer.sock" inferproxy "${pids[-1]}" 30
-[ "$(stat -c %a "$root/run/inferproxy/infer.sock")" = 660 ] || die "inferproxy's socket is not 0660"
-start loopd.service loopd
-# loopd opens its socket after the model loaded and its self-test passed (READY=1).
-wait_socket "$root/run/loopd/loopd.sock" loopd "${pids[-1]}" 300
-step "all three up; loopd's self-test passed against the installed template and preset"
+# 4. The install, the guide's block as written, as root in the checkout.
+say "running the guide's install block"
+out=$(in_box env BOXMAKER_CACHE="$cache" bash -euo pipefail -c "cd /src/boxmaker; $(block install)" 2>&1) || {
+  echo "$out" | tail -n 30 | sed 's/^/  | /' >&2
+  die "the install block of $guide exited non-zero"
+}
+echo "$out" | sed 's/^/  | /'
 
-loopd=$root/usr/local/bin/loopd
-sock=$root/run/loopd/loopd.sock
-# A question with a one-word answer: this checks the path, not the model, and a slow box
-# generating a long answer would only make the check slow.
-submitted=$("$loopd" submit --socket "$sock" --budget 1 "Answer with one word: is 7 greater than 3?") ||
-  die "loopd submit exited $?: $submitted"
-id=$(echo "$submitted" | grep -o 'req-[0-9]*' | head -n 1)
-[ -n "$id" ] || die "loopd submit printed no request id: $submitted"
-result=$("$loopd" result --socket "$sock" --wait 600 --json "$id") || die "loopd result $id exited $?: $result"
-echo "$result" | python3 -c '
+say "install block ran in $((SECONDS - boot_started)) s (enable --now returns when loopd is ready)"
+
+# 5. Under systemd.
+for u in llama-worker inferproxy loopd; do
+  s=$(in_box systemctl is-active "$u" || true)
+  [ "$s" = active ] || die "$u.service is $s, not active"
+done
+say "llama-worker, inferproxy, loopd: active"
+journal=$(in_box journalctl -b -u loopd -o cat --no-pager)
+passed=$(echo "$journal" | grep -n '^ok   cache' | head -n 1 | cut -d: -f1)
+started=$(echo "$journal" | grep -n '^Started loopd' | head -n 1 | cut -d: -f1)
+[ -n "$passed" ] || die "no self-test line 'ok   cache' in loopd's journal: $(echo "$journal" | tail -n 5)"
+[ -n "$started" ] || die "no 'Started loopd' in loopd's journal: $(echo "$journal" | tail -n 5)"
+[ "$passed" -lt "$started" ] || die "loopd was started (line $started) before its self-test passed (line $passed)"
+say "loopd's journal: the self-test passed (line $passed) before systemd's Started (line $started)"
+
+sock=/run/loopd/loopd.sock
+# A short answer: this checks the path, not the model.
+short="Answer with one word: is 7 greater than 3?"
+# One that streams for a while (about 300 tokens) without repeating a line (loop detection).
+long="List the numbers from 1 to 120 in digits, separated by commas, on one line."
+submit() { # [as user] prompt max-tokens -> the id
+  local who=() out
+  [ "$1" = as ] && { who=(runuser -u "$2" --); shift 2; }
+  out=$(in_box "${who[@]}" loopd submit --socket "$sock" --budget 1 --max-tokens "${2:-32}" "$1" 2>&1) || die "loopd submit ${who[*]} exited non-zero: $out"
+  echo "$out" | grep -o 'req-[0-9]*' | head -n 1
+}
+# The result's outcome, fail_reason and detail on one line (fetches it: once).
+result() { # id [runuser user]
+  local who=()
+  [ $# -gt 1 ] && who=(runuser -u "$2" --)
+  in_box "${who[@]}" loopd result --socket "$sock" --wait 300 --json "$1" | python3 -c '
 import json, sys
 r = json.load(sys.stdin)["result"]
-outcome = r.get("outcome")
-if outcome != "completed":
-    sys.exit(f"request outcome {outcome!r}, not completed: {r}")
-' || die "the request did not complete"
-step "request $id completed through loopd serve, inferproxy, llama-worker's llama-server"
+print(r.get("outcome"), r.get("fail_reason"), r.get("detail"), sep="\t")'
+}
+expect_result() { # id want-outcome want-reason [user]
+  local got
+  got=$(result "$1" ${4:+"$4"}) || die "loopd result $1 failed: $got"
+  [ "$(echo "$got" | cut -f1,2)" = "$2	$3" ] || die "request $1: expected $2/$3, got: $got"
+  echo "$got"
+}
+id=$(submit "$short")
+expect_result "$id" completed None >/dev/null
+say "request $id completed as root"
+id=$(submit as loopd "$short")
+expect_result "$id" completed None loopd >/dev/null
+say "request $id completed as the user loopd"
+if out=$(in_box runuser -u nobody -- loopd status --socket "$sock" 2>&1); then
+  die "the user nobody reached loopd's socket: $out"
+fi
+say "refused for the user nobody: $(echo "$out" | tail -n 1)"
 
-# Both daemons write into the one metrics folder (their first write comes at start).
-for f in llama-worker.prom loopd.prom; do
-  end=$((SECONDS + 30))
-  while [ ! -s "$root$metrics_dir/$f" ]; do
-    [ $SECONDS -lt $end ] || die "no $metrics_dir/$f within 30 s"
+# The table "What the daemons make themselves": the sockets' modes and owners, the folders'.
+while IFS='|' read -r _ path what how _; do
+  path=$(echo "$path" | sed -n 's/^ *`\([^`{]*\)`.*/\1/p')
+  case $path in /run/*.sock) ;; *) continue ;; esac
+  unit=$(echo "$path" | cut -d/ -f3)
+  user=$(sed -n 's/^User=//p' "docs/$unit.service")
+  mode=$(echo "$what" | grep -o '0[0-7][0-7][0-7]' | head -n 1)
+  dir_mode=$(echo "$how" | grep -o '0[0-7][0-7][0-7]' | head -n 1 || true)
+  got=$(in_box stat -c '%U:%G %a' "$path") || die "no $path"
+  [ "$got" = "$user:boxmaker ${mode#0}" ] || die "$path is $got, the guide says $user:boxmaker $mode"
+  dir=$(in_box stat -c '%U:%G %a' "$(dirname "$path")")
+  [ -z "$dir_mode" ] || [ "${dir#* }" = "${dir_mode#0}" ] || die "$(dirname "$path") is $dir, the guide says $dir_mode"
+  say "$path: $got, in $(dirname "$path") $dir"
+done < <(grep '^| `/run/' "$guide")
+for d in /var/lib/loopd:700 /var/log/llama-worker:750; do
+  got=$(in_box stat -c %a "${d%:*}")
+  [ "$got" = "${d#*:}" ] || die "${d%:*} is $got, not ${d#*:}"
+done
+
+# systemd-analyze security on the running system, against the guide's table.
+for u in inferproxy llama-worker loopd; do
+  figure=$(in_box systemd-analyze security "$u.service" 2>&1 | sed -n 's/.*Overall exposure level.*: \([0-9]*\.[0-9]\) .*/\1/p')
+  row=$(grep "^| \`$u.service\` |" "$guide" | cut -d'|' -f4 | tr -d ' ')
+  [ -n "$figure" ] || die "no exposure level for $u from systemd-analyze security"
+  [ "$figure" = "$row" ] || die "$u.service: systemd-analyze security (online) says $figure, the guide's table $row"
+  say "systemd-analyze security $u.service: $figure, as the guide says"
+done
+
+# 6. What survives what. A request that streams for a while, followed from its start.
+follow_long() { # -> the id; its events go to $run/follow.$id
+  local id
+  id=$(submit "$long" 400)
+  in_box loopd follow --socket "$sock" "$id" >"$run/follow.$id" 2>&1 &
+  follower=$!
+  local end=$((SECONDS + 60))
+  # Its first bytes: the answer is streaming.
+  until [ -s "$run/follow.$id" ]; do
+    [ $SECONDS -lt $end ] || die "request $id streamed nothing within 60 s (follow: $(tail -n 2 "$run/follow.$id"))"
+    sleep 0.1
+  done
+  echo "$id"
+}
+main_pid() { in_box systemctl show -p MainPID --value "$1"; }
+wait_ready() { # deadline in s: the worker ready and loopd answering a status
+  local end=$((SECONDS + $1)) st=""
+  while :; do
+    st=$(in_box llama-worker status --socket /run/llama-worker/status.sock 2>&1 | grep -o '"state":"[a-z_]*"' || true)
+    [ "$st" = '"state":"ready"' ] && in_box loopd status --socket "$sock" >/dev/null 2>&1 && break
+    [ $SECONDS -lt $end ] || die "not ready within $1 s (worker: ${st:-no answer}; loopd: $(in_box systemctl is-active loopd))"
     sleep 0.5
   done
-done
-step "metrics: $metrics_dir/llama-worker.prom and loopd.prom written"
+}
 
-# Stop as systemd does (loopd first: it depends on the other two); each must exit 0.
-for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
-  kill -TERM "${pids[$i]}"
-  rc=0
-  wait "${pids[$i]}" || rc=$?
-  [ $rc -eq 0 ] || die "${names[$i]} exited $rc on SIGTERM"
-  unset 'pids[i]'
+pid=$(main_pid loopd)
+id=$(follow_long)
+in_box systemctl restart inferproxy
+wait "$follower" || true
+expect_result "$id" completed None >/dev/null
+[ "$(main_pid loopd)" = "$pid" ] || die "loopd's pid changed from $pid to $(main_pid loopd) on systemctl restart inferproxy"
+say "systemctl restart inferproxy under a streaming request: it completed, loopd kept pid $pid"
+
+kept=$(submit "$short")
+end=$((SECONDS + 120))
+until [ "$(in_box sqlite3 -readonly /var/lib/loopd/loopd.db "SELECT state FROM requests WHERE id = ${kept#req-}")" = ended ]; do
+  [ $SECONDS -lt $end ] || die "request $kept did not end within 120 s"
+  sleep 0.2
 done
-step "all three stopped on SIGTERM with status 0"
+out=$(in_box bash -c "$(block queries | sed "s/WHERE id = 1/WHERE id = ${kept#req-}/")" 2>&1) ||
+  die "the guide's queries failed on the live store: $out"
+say "the guide's queries on the live store (sqlite3 -readonly): $(echo "$out" | tr '\n' ' ' | cut -c1-100)"
+id=$(follow_long)
+in_box systemctl restart loopd
+wait "$follower" || true
+got=$(expect_result "$id" failed cancelled)
+echo "$got" | grep -q 'loopd serve was stopped' || die "request $id's detail does not name the stop: $got"
+expect_result "$kept" completed None >/dev/null
+say "systemctl restart loopd: $id cancelled ($(echo "$got" | cut -f3)), $kept's result kept"
+
+id=$(follow_long)
+instance=$(in_box pgrep -u llama -f -- '--alias|-m |--model' | grep -v "^$(in_box pgrep -u llama -o llama-server)\$" | head -n 1 || true)
+[ -n "$instance" ] || die "no model instance process of the user llama: $(in_box pgrep -a -u llama)"
+in_box kill -KILL "$instance"
+expect_result "$id" failed server_died >/dev/null
+wait "$follower" || true
+wait_ready 120
+id=$(submit "$short")
+expect_result "$id" completed None >/dev/null
+say "SIGKILL of the model instance ($instance): server_died, then healed ($id completed)"
+
+id=$(follow_long)
+in_box systemctl restart llama-worker
+got=$(result "$id")
+wait "$follower" || true
+case $(echo "$got" | cut -f2) in worker_stopped | host_lost | worker_restarted) ;; *) die "request $id on systemctl restart llama-worker: $got" ;; esac
+wait_ready 120
+say "systemctl restart llama-worker: request $id ended $(echo "$got" | cut -f2), the model back"
+
+kept=$(submit "$short")
+end=$((SECONDS + 120))
+until [ "$(in_box sqlite3 -readonly /var/lib/loopd/loopd.db "SELECT state FROM requests WHERE id = ${kept#req-}")" = ended ]; do
+  [ $SECONDS -lt $end ] || die "request $kept did not end within 120 s"
+  sleep 0.2
+done
+say "rebooting the container"
+in_box systemctl reboot || true
+end=$((SECONDS + 60))
+while kill -0 "$nspawn_pid" 2>/dev/null; do
+  [ $SECONDS -lt $end ] || die "the container did not go down within 60 s of systemctl reboot"
+  sleep 0.2
+done
+rc=0
+wait "$nspawn_pid" || rc=$?
+[ $rc -eq 133 ] || die "systemd-nspawn exited $rc on the container's reboot, not 133"
+nspawn_pid=
+boot
+end=$((SECONDS + 300))
+until [ "$(in_box systemctl is-active loopd || true)" = active ]; do
+  [ $SECONDS -lt $end ] || die "loopd not active within 300 s of the reboot ($(in_box systemctl is-active loopd || true))"
+  sleep 0.5
+done
+expect_result "$kept" completed None >/dev/null
+id=$(submit "$short")
+expect_result "$id" completed None >/dev/null
+say "reboot: the three units came back, $kept's result kept, $id completed"
+
 ok=1
+say "passed in $((SECONDS - start_time)) s"

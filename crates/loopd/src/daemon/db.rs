@@ -302,7 +302,9 @@ pub fn lock_path(path: &Path) -> PathBuf {
 /// drops it when the process dies however it dies, so a SIGKILLed daemon leaves no stale
 /// lock; the file itself is left in place (removing it would race with the next opener).
 #[derive(Debug)]
-struct OwnerLock(fs::File);
+struct OwnerLock {
+    _file: fs::File,
+}
 
 impl OwnerLock {
     fn take(path: &Path) -> Result<OwnerLock, (OpenErrorKind, String)> {
@@ -323,7 +325,7 @@ impl OwnerLock {
                 (kind, format!("opening {}: {e}", lock.display()))
             })?;
         match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
-            Ok(()) => Ok(OwnerLock(file)),
+            Ok(()) => Ok(OwnerLock { _file: file }),
             // The words SQLite used when its own exclusive lock refused a second daemon.
             Err(rustix::io::Errno::WOULDBLOCK) => {
                 Err((OpenErrorKind::Locked, "database is locked".into()))
