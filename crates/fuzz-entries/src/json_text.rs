@@ -1,6 +1,6 @@
 //! What the JSON targets' checks ask of a JSON text besides its value: where serde_json says an
-//! error is, and whether an object gives a key twice (which `serde_json::Value` hides: there
-//! the last one wins).
+//! error is, and every key it gives, a key given twice included (which `serde_json::Value`
+//! hides: there the last one wins).
 
 use std::collections::HashSet;
 use std::fmt;
@@ -15,69 +15,85 @@ pub fn position_in(message: &str) -> Option<(usize, usize)> {
     Some((line.parse().ok()?, column.parse().ok()?))
 }
 
-/// Whether `text` is JSON with an object that gives a key twice; `None` when it is not JSON.
-pub fn has_duplicate_keys(text: &str) -> Option<bool> {
-    serde_json::from_str::<Duplicates>(text).ok().map(|d| d.0)
+/// Every object key of a JSON text, at any depth, a key given twice included (a
+/// `serde_json::Value` keeps only the last of them).
+#[derive(Debug, Default)]
+pub struct Keys {
+    /// Each key, once.
+    pub all: HashSet<String>,
+    /// Whether an object gives a key twice.
+    pub twice: bool,
 }
 
-/// A JSON value read for one fact: whether an object in it gives a key twice.
-struct Duplicates(bool);
+/// The keys of `text`; `None` when it is not JSON.
+pub fn keys(text: &[u8]) -> Option<Keys> {
+    serde_json::from_slice(text).ok()
+}
 
-impl<'de> Deserialize<'de> for Duplicates {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_any(DuplicatesVisitor)
+impl Keys {
+    fn add(mut self, other: Keys) -> Keys {
+        self.all.extend(other.all);
+        self.twice |= other.twice;
+        self
     }
 }
 
-struct DuplicatesVisitor;
+impl<'de> Deserialize<'de> for Keys {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(KeysVisitor)
+    }
+}
 
-impl<'de> Visitor<'de> for DuplicatesVisitor {
-    type Value = Duplicates;
+struct KeysVisitor;
+
+impl<'de> Visitor<'de> for KeysVisitor {
+    type Value = Keys;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("any JSON value")
     }
 
-    fn visit_bool<E>(self, _: bool) -> Result<Duplicates, E> {
-        Ok(Duplicates(false))
+    fn visit_bool<E>(self, _: bool) -> Result<Keys, E> {
+        Ok(Keys::default())
     }
 
-    fn visit_i64<E>(self, _: i64) -> Result<Duplicates, E> {
-        Ok(Duplicates(false))
+    fn visit_i64<E>(self, _: i64) -> Result<Keys, E> {
+        Ok(Keys::default())
     }
 
-    fn visit_u64<E>(self, _: u64) -> Result<Duplicates, E> {
-        Ok(Duplicates(false))
+    fn visit_u64<E>(self, _: u64) -> Result<Keys, E> {
+        Ok(Keys::default())
     }
 
-    fn visit_f64<E>(self, _: f64) -> Result<Duplicates, E> {
-        Ok(Duplicates(false))
+    fn visit_f64<E>(self, _: f64) -> Result<Keys, E> {
+        Ok(Keys::default())
     }
 
-    fn visit_str<E>(self, _: &str) -> Result<Duplicates, E> {
-        Ok(Duplicates(false))
+    fn visit_str<E>(self, _: &str) -> Result<Keys, E> {
+        Ok(Keys::default())
     }
 
-    fn visit_unit<E>(self) -> Result<Duplicates, E> {
-        Ok(Duplicates(false))
+    fn visit_unit<E>(self) -> Result<Keys, E> {
+        Ok(Keys::default())
     }
 
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Duplicates, A::Error> {
-        let mut twice = false;
-        while let Some(Duplicates(d)) = seq.next_element()? {
-            twice |= d;
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Keys, A::Error> {
+        let mut keys = Keys::default();
+        while let Some(inner) = seq.next_element()? {
+            keys = keys.add(inner);
         }
-        Ok(Duplicates(twice))
+        Ok(keys)
     }
 
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Duplicates, A::Error> {
-        let mut seen = HashSet::new();
-        let mut twice = false;
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Keys, A::Error> {
+        let mut keys = Keys::default();
+        let mut here = HashSet::new();
         while let Some(key) = map.next_key::<String>()? {
-            twice |= !seen.insert(key);
-            twice |= map.next_value::<Duplicates>()?.0;
+            keys.twice |= !here.insert(key.clone());
+            keys.all.insert(key);
+            keys = keys.add(map.next_value()?);
         }
-        Ok(Duplicates(twice))
+        Ok(keys)
     }
 }
 
@@ -86,14 +102,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_key_twice_is_seen_at_any_depth() {
-        assert_eq!(has_duplicate_keys(r#"{"a":1,"b":[{"c":2}]}"#), Some(false));
-        assert_eq!(has_duplicate_keys(r#"{"a":1,"a":2}"#), Some(true));
-        assert_eq!(
-            has_duplicate_keys(r#"[{"x":{"a":1,"\u0061":2}}]"#),
-            Some(true)
-        );
-        assert_eq!(has_duplicate_keys("{"), None);
+    fn every_key_at_any_depth_and_a_key_twice() {
+        let k = keys(br#"{"a":1,"b":[{"c":2}]}"#).unwrap();
+        assert!(!k.twice);
+        assert_eq!(k.all, ["a", "b", "c"].map(String::from).into());
+        let k = keys(br#"[{"x":{"a":[{"d":1}],"\u0061":2}}]"#).unwrap();
+        assert!(k.twice);
+        assert_eq!(k.all, ["x", "a", "d"].map(String::from).into());
+        assert!(!keys(br#"[{"a":1},{"a":2}]"#).unwrap().twice);
+        assert!(keys(b"{").is_none());
     }
 
     #[test]
