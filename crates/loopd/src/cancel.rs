@@ -40,7 +40,7 @@ impl Cancel {
     }
 
     /// [`cancel`](Self::cancel), with the detail the request's result gives instead of the
-    /// caller's ("cancelled: loopd serve was stopped"); the first reason given is kept.
+    /// caller's ("loopd serve was stopped"); the first reason given is kept.
     pub fn cancel_because(&self, why: &'static str) {
         let _ = self.0.why.set(why);
         self.cancel();

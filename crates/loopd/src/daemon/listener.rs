@@ -33,7 +33,7 @@ pub const MAX_CONNECTIONS: usize = 64;
 
 /// The detail of a request cancelled because `loopd serve` was stopped (SIGTERM, SIGINT):
 /// its reason is `cancelled`, as a caller's cancel, and these words say it was not a caller.
-pub const STOPPED: &str = "cancelled: loopd serve was stopped";
+pub const STOPPED: &str = "loopd serve was stopped";
 /// Event lines queued for one follower; a follower that falls this far behind is dropped.
 pub const EVENT_QUEUE: usize = 4096;
 /// How often the accept loop looks at the stop flag, the store's expiry and the metrics file.

@@ -677,7 +677,7 @@ impl Runner {
     }
 
     /// [`cancel`](Self::cancel) on behalf of someone else than its caller: the result's
-    /// detail is `why` ("cancelled: loopd serve was stopped") instead of the caller's words.
+    /// detail is `why` ("loopd serve was stopped") instead of the caller's words.
     pub fn cancel_because(&self, id: RequestId, why: &'static str) -> Result<(), ResultError> {
         self.cancel_with(id, Some(why))
     }
