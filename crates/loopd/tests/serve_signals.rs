@@ -124,6 +124,20 @@ impl Served {
         Some(String::from_utf8_lossy(&buf[..n]).trim_end().to_owned())
     }
 
+    /// `READY=1` within `within`, or a panic with what the daemon said (killed first, so its
+    /// stderr ends).
+    fn expect_ready(&mut self, within: Duration) {
+        let got = self.notified(within);
+        if got.as_deref() != Some("READY=1") {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+            panic!(
+                "loopd serve not ready within {within:?} (notified: {got:?}); it said:\n{}",
+                self.said()
+            );
+        }
+    }
+
     /// Sends `sig` (`TERM`, `INT`) with kill(1).
     fn signal(&self, sig: &str) {
         let ok = Command::new("kill")
@@ -294,11 +308,8 @@ fn a_second_signal_during_a_slow_shutdown_exits_at_once() {
     // the next worker status): its cancel is seen only then, so the shutdown is slow.
     chat.push(Reply::silence());
     let server = FakeServer::start(vec![("/props", vec![props()]), (CHAT, chat)]);
-    let served = Served::start(&server, 20_000, "[runner]\nworker_poll_ms = 60000\n");
-    assert_eq!(
-        served.notified(Duration::from_secs(60)).as_deref(),
-        Some("READY=1")
-    );
+    let mut served = Served::start(&server, 20_000, "[runner]\nworker_poll_ms = 60000\n");
+    served.expect_ready(Duration::from_secs(60));
     let id = call_raw(
         &served.socket,
         &json!({"cmd": "submit", "messages": [{"role": "user", "content": "go"}]}),
@@ -334,11 +345,8 @@ fn a_second_loopd_serve_on_a_live_store_or_socket_refuses_to_start() {
     let mut chat = passing_self_test();
     chat.extend(passing_self_test());
     let server = FakeServer::start(vec![("/props", vec![props()]), (CHAT, chat)]);
-    let first = Served::start(&server, 200, "");
-    assert_eq!(
-        first.notified(Duration::from_secs(60)).as_deref(),
-        Some("READY=1")
-    );
+    let mut first = Served::start(&server, 200, "");
+    first.expect_ready(Duration::from_secs(60));
     let dir = server.socket().parent().unwrap().to_owned();
     let (config, socket) = write_config(&server, &dir, 200, "");
     let asked = server.requests().len();
@@ -411,11 +419,8 @@ fn kill_9_loses_nothing_acknowledged_and_running_requests_come_back_daemon_resta
     chat.extend(passing_self_test());
     chat.push(json_answer("after"));
     let server = FakeServer::start(vec![("/props", vec![props(), props()]), (CHAT, chat)]);
-    let first = Served::start(&server, 200, "");
-    assert_eq!(
-        first.notified(Duration::from_secs(60)).as_deref(),
-        Some("READY=1")
-    );
+    let mut first = Served::start(&server, 200, "");
+    first.expect_ready(Duration::from_secs(60));
     let socket = first.socket.clone();
     let submit = |text: &str| {
         let r = call(
@@ -465,11 +470,8 @@ fn kill_9_loses_nothing_acknowledged_and_running_requests_come_back_daemon_resta
     let (status, _) = first.exit_within(Duration::from_secs(10));
     assert_eq!(status.code(), None, "killed by SIGKILL");
 
-    let second = Served::start(&server, 200, "");
-    assert_eq!(
-        second.notified(Duration::from_secs(60)).as_deref(),
-        Some("READY=1")
-    );
+    let mut second = Served::start(&server, 200, "");
+    second.expect_ready(Duration::from_secs(60));
     for (id, text) in done.iter().zip(["one", "two", "three"]) {
         let r = call(&socket, json!({"cmd": "result", "id": id}));
         let r = &r["result"];
@@ -544,11 +546,8 @@ fn a_request_running_at_a_kill_9_comes_back_naming_its_host() {
         server.socket().display().to_string(),
         worker.socket().display().to_string(),
     );
-    let first = Served::start(&server, 200, &host);
-    assert_eq!(
-        first.notified(Duration::from_secs(60)).as_deref(),
-        Some("READY=1")
-    );
+    let mut first = Served::start(&server, 200, &host);
+    first.expect_ready(Duration::from_secs(60));
     let socket = first.socket.clone();
     let r = call(
         &socket,
@@ -556,20 +555,28 @@ fn a_request_running_at_a_kill_9_comes_back_naming_its_host() {
     );
     let id = r["id"].as_u64().unwrap_or_else(|| panic!("{r}"));
     // Killed while it runs: the checkpoint may or may not hold its text, the seat is there.
+    // Not before its request reached the server: "running" is said when it is placed, and a
+    // request killed before its POST would leave its reply to the next daemon's self-test.
     let deadline = Instant::now() + Duration::from_secs(30);
-    while call(&socket, json!({"cmd": "status"}))["status"]["running"] != json!([id]) {
-        assert!(Instant::now() < deadline, "req-{id} never ran");
+    let asked = passing_self_test().len() + 1;
+    loop {
+        let status = call(&socket, json!({"cmd": "status"}));
+        let seen = server.requests_to(CHAT).len();
+        if status["status"]["running"] == json!([id]) && seen == asked {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "req-{id} never ran: {status}, the server saw {seen} chat requests of {asked}"
+        );
         thread::sleep(Duration::from_millis(20));
     }
     first.signal("KILL");
     let (status, _) = first.exit_within(Duration::from_secs(10));
     assert_eq!(status.code(), None, "killed by SIGKILL");
 
-    let second = Served::start(&server, 200, &host);
-    assert_eq!(
-        second.notified(Duration::from_secs(60)).as_deref(),
-        Some("READY=1")
-    );
+    let mut second = Served::start(&server, 200, &host);
+    second.expect_ready(Duration::from_secs(60));
     let r = call(&second.socket, json!({"cmd": "result", "id": id}));
     let r = &r["result"];
     assert_eq!(
