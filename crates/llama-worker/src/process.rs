@@ -14,6 +14,12 @@
 //! it). `PR_SET_PDEATHSIG` alone reaches only the worker's direct child; it stays on the server
 //! for a server that moves itself out of the group. A process deeper down that starts its own
 //! session or group escapes both; under systemd `KillMode=control-group` still catches it.
+//!
+//! The worker is also a child subreaper: a member whose parent exits first (a model instance
+//! whose router was killed, or did not wait for it) becomes the worker's child, not init's, and
+//! the kill reaps it before it calls the group gone. Otherwise such a zombie waits for init,
+//! and systemd, finding it in the unit's cgroup when the worker has exited, logs that it had to
+//! kill what the worker left.
 
 use std::fs::OpenOptions;
 use std::io;
@@ -66,6 +72,23 @@ fn send(target: i32, sig: i32) -> io::Result<()> {
     } else {
         Err(e)
     }
+}
+
+/// Makes this process the child subreaper of its descendants (Linux 3.4): an orphan below it
+/// is reparented to it. Idempotent.
+fn become_subreaper() -> io::Result<()> {
+    // SAFETY: prctl(2) with PR_SET_CHILD_SUBREAPER takes plain integers and touches no memory.
+    if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Reaps `pid` if it is an exited child of ours, without blocking; true when it was reaped.
+fn reap_pid(pid: i32) -> bool {
+    let mut status = 0;
+    // SAFETY: waitpid(2) writes only into `status`, a live local; WNOHANG never blocks.
+    unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) == pid }
 }
 
 /// How a group kill went.
@@ -129,6 +152,7 @@ impl ServerProcess {
     /// *thread* exits, so spawn from the thread that drives the worker for its whole life, as
     /// [`crate::Worker`] does).
     pub fn spawn(spec: &CommandSpec) -> io::Result<Self> {
+        become_subreaper()?;
         let log = match &spec.log_file {
             Some(path) => {
                 let f = OpenOptions::new().create(true).append(true).open(path)?;
@@ -219,11 +243,22 @@ impl ServerProcess {
         }
     }
 
+    /// Whether nothing of the group is left, not even a zombie: the server and the guard are
+    /// reaped, and so is every member the worker adopted as their subreaper.
     fn gone(&mut self, proc_root: &Path) -> bool {
         self.reap();
-        self.server_status.is_some()
-            && self.guard_status.is_some()
-            && cpu::live_members(proc_root, self.pgid).is_ok_and(|m| m.is_empty())
+        let Ok(members) = cpu::group_members(proc_root, self.pgid) else {
+            return false;
+        };
+        let own = [self.server.id(), self.guard.id()].map(|p| i32::try_from(p).unwrap_or(-1));
+        let mut left = false;
+        for m in members {
+            // The server and the guard are reaped through their `Child`, which keeps their
+            // status; another member that is not our child (its parent is a live member, or
+            // init) answers ECHILD and stays.
+            left |= own.contains(&m.pid) || !(m.is_zombie() && reap_pid(m.pid));
+        }
+        self.server_status.is_some() && self.guard_status.is_some() && !left
     }
 
     fn signal_all(&self, sig: i32) {

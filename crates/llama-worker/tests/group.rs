@@ -44,6 +44,35 @@ fn stop_kills_the_whole_group_even_a_child_ignoring_sigterm() {
     assert_eq!(h.admit().err(), Some(Refusal::Stopped));
 }
 
+/// A server that does not wait for its child: the child, ignoring SIGTERM, outlives it for a
+/// moment, orphaned, and then exits on its own.
+const ORPHAN: &str = "(trap '' TERM; sleep 0.3) & exec sleep 300";
+
+/// An orphaned member is the worker's to reap (it is their subreaper): when stop returns not
+/// even a zombie of the group is left, which systemd would otherwise find in the unit's
+/// cgroup once the worker exits and kill itself.
+#[test]
+fn stop_leaves_not_even_a_zombie_of_an_orphaned_member() {
+    let ep = Endpoint::start(Mode::Ok);
+    let mut w = Worker::new(config(ORPHAN), ep.port, SystemClock::new()).unwrap();
+    let h = w.handle();
+    h.start();
+    assert!(tick_until(&mut w, T, |w| state(w) == State::Ready));
+    let pgid = w.pgid().unwrap();
+    // guard, sleep 300, the subshell's sleep 0.3
+    let members = wait_members(pgid, 3);
+    assert_eq!(members.len(), 3, "{members:?}");
+    h.stop();
+    w.tick();
+    assert_eq!(state(&w), State::Stopped);
+    let left: Vec<_> = llama_worker::cpu::group_members(Path::new("/proc"), pgid)
+        .unwrap()
+        .into_iter()
+        .map(|m| (m.pid, m.state as char))
+        .collect();
+    assert_eq!(left, vec![], "members of group {pgid} (pid, state) after stop");
+}
+
 #[test]
 fn reported_stall_restarts_tells_work_why_and_leaves_no_process() {
     let ep = Endpoint::start(Mode::Ok);
