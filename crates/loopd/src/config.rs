@@ -259,7 +259,12 @@ impl Config {
         let mut config: Config = toml::from_str(text).map_err(|e| {
             let offset = e.span().map_or(0, |s| s.start);
             let (line, mut key) = key_at(text, offset);
-            let message = e.message().to_owned();
+            // The toml crate gives some refusals no words (a control character in a
+            // comment): the character and its column say what is wrong.
+            let message = match e.message() {
+                "" => unexpected_at(text, offset),
+                m => m.to_owned(),
+            };
             // serde names the key in the message when the span covers a whole table: an
             // unknown table sits in the one before it, a missing key in the one spanned.
             if let Some(named) = backticked_after(&message, "unknown field ") {
@@ -483,7 +488,9 @@ fn key_at(text: &str, offset: usize) -> (usize, String) {
     let line = text[..offset].matches('\n').count() + 1;
     let line_text = text.lines().nth(line - 1).unwrap_or("");
     let trimmed = line_text.trim();
-    let key = if let Some(header) = trimmed.strip_prefix('[') {
+    let key = if trimmed.starts_with('#') {
+        String::new() // a comment sets no key
+    } else if let Some(header) = trimmed.strip_prefix('[') {
         header.trim_end_matches(']').trim().to_owned()
     } else {
         let name = trimmed
@@ -495,6 +502,15 @@ fn key_at(text: &str, offset: usize) -> (usize, String) {
         join(&table_before(text, offset), name)
     };
     (line, key)
+}
+
+/// What is at `offset` of `text`, for a refusal that came without words.
+fn unexpected_at(text: &str, offset: usize) -> String {
+    let column = text.get(line_start(text, offset)..offset).map_or(1, |l| l.chars().count() + 1);
+    match text.get(offset..).and_then(|rest| rest.chars().next()) {
+        Some(c) => format!("unexpected character {c:?} at column {column}"),
+        None => "unexpected end of the file".to_owned(),
+    }
 }
 
 /// Byte offset where the line holding `offset` starts.
@@ -697,6 +713,13 @@ mod tests {
             .starts_with("/etc/loopd/config.toml:5: key `limits.poll_msec`: "));
         let e = parse(&format!("{MINIMAL}sockets = \"x\"\n")).unwrap_err();
         assert_eq!((e.line, e.key.as_str()), (3, "sockets"));
+    }
+
+    #[test]
+    fn a_control_character_in_a_comment_is_named_with_its_line_and_no_key() {
+        let e = parse(&format!("{MINIMAL}[daemon]\n# store = \"a\u{1}b\"\n")).unwrap_err();
+        assert_eq!((e.line, e.key.as_str()), (4, ""));
+        assert_eq!(e.message, "unexpected character '\\u{1}' at column 13");
     }
 
     #[test]
