@@ -70,7 +70,11 @@ fn stop_leaves_not_even_a_zombie_of_an_orphaned_member() {
         .into_iter()
         .map(|m| (m.pid, m.state as char))
         .collect();
-    assert_eq!(left, vec![], "members of group {pgid} (pid, state) after stop");
+    assert_eq!(
+        left,
+        vec![],
+        "members of group {pgid} (pid, state) after stop"
+    );
 }
 
 #[test]
