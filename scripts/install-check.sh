@@ -15,7 +15,10 @@
 #     request (it completes, loopd keeps its pid); `systemctl restart loopd` (an unfetched
 #     result kept, the running request cancelled with the stop named); SIGKILL of the model
 #     instance (server_died, then a request completes); `systemctl restart llama-worker`
-#     (worker_stopped); a reboot of the container (the unfetched result kept).
+#     (worker_stopped, and nothing left for systemd to kill); a reboot of the container (the
+#     unfetched result kept);
+#   - a failed start (libgomp hidden): the worker failed, check-config names the library, loopd
+#     refuses to start; the page's `install-check:recover` block, and loopd follows by itself.
 # The root filesystem is cached under $BOXMAKER_CACHE keyed by its package list (built in a
 # temporary folder, renamed when complete); each run boots a copy of it, removed at the end.
 # The container is torn down on every exit (trap). Needs root, debootstrap and
@@ -49,7 +52,7 @@ block() {
     inside { print }
     /^```sh / && $2 == want { inside = 1 }' "$guide"
 }
-for b in build packages install queries; do
+for b in build packages install queries recover; do
   [ -n "$(block "$b")" ] || die "$guide has no \`\`\`sh install-check:$b block"
 done
 
@@ -112,6 +115,13 @@ cleanup() {
     in_box loopd status --socket /run/loopd/loopd.sock 2>&1 | sed 's/^/  | /' >&2 || true
   fi
   stop_box
+  if [ $ok -ne 1 ]; then
+    for f in "$run"/follow.*; do
+      [ -s "$f" ] || continue
+      echo "install-check: $(basename "$f"):" >&2
+      tail -n 5 "$f" | sed 's/^/  | /' >&2
+    done
+  fi
   rm -rf "$run"
   [ $ok -eq 1 ] || { [ $status -ne 0 ] || status=1; echo "install-check: FAILED" >&2; }
   exit $status
@@ -131,18 +141,19 @@ boot() {
   local binds=(--bind-ro="$repo:/src/boxmaker" --bind-ro="$(dirname "$server")" --bind-ro="$model_dir")
   [ "$target" = "$repo/target" ] || binds+=(--bind-ro="$target:/src/boxmaker/target")
   systemd-nspawn --quiet --register=no --keep-unit --private-network --system-call-filter=bpf \
-    --console=passive -M boxmaker-check "${binds[@]}" -D "$root" -b >>"$log" 2>&1 &
+    --console=passive "${binds[@]}" -D "$root" -b >>"$log" 2>&1 &
   nspawn_pid=$!
   local end=$((SECONDS + 60)) state=""
   leader=
   while :; do
-    [ -n "$leader" ] || leader=$(ps -o pid= --ppid "$nspawn_pid" 2>/dev/null | head -n 1 | tr -d " " || true)
+    # The container's systemd: nspawn's child is briefly another process of its own first.
+    leader=$(ps -o pid=,comm= --ppid "$nspawn_pid" 2>/dev/null | awk '$2 == "systemd" { print $1; exit }' || true)
     if [ -n "$leader" ]; then
       state=$(in_box systemctl is-system-running 2>/dev/null || true)
       case $state in running | degraded) break ;; esac
     fi
     kill -0 "$nspawn_pid" 2>/dev/null || { tail -n 20 "$log" >&2; die "systemd-nspawn exited while booting"; }
-    [ $SECONDS -lt $end ] || die "the container did not finish booting within 60 s (last state: ${state:-no init yet})"
+    [ $SECONDS -lt $end ] || { tail -n 20 "$log" >&2; ps -o pid,ppid,stat,wchan:20,args --ppid "$nspawn_pid" -p "$nspawn_pid" >&2; die "the container did not finish booting within 60 s (last state: ${state:-no init yet})"; }
     sleep 0.2
   done
   say "booted: systemd is $state (container init pid $leader)"
@@ -240,8 +251,7 @@ for u in inferproxy llama-worker loopd; do
 done
 
 # 6. What survives what. A request that streams for a while, followed from its start.
-follow_long() { # -> the id; its events go to $run/follow.$id
-  local id
+follow_long() { # sets id and follower (its events go to $run/follow.$id)
   id=$(submit "$long" 400)
   in_box loopd follow --socket "$sock" "$id" >"$run/follow.$id" 2>&1 &
   follower=$!
@@ -251,24 +261,50 @@ follow_long() { # -> the id; its events go to $run/follow.$id
     [ $SECONDS -lt $end ] || die "request $id streamed nothing within 60 s (follow: $(tail -n 2 "$run/follow.$id"))"
     sleep 0.1
   done
-  echo "$id"
+}
+# The end of the followed request $id: the follower's end line (`req-N: completed (stop) ...`,
+# `req-N: failed: REASON: detail`), or when the follower lost loopd (its restart) `loopd
+# result`. As result's three fields.
+followed() {
+  local end=$((SECONDS + 300)) line
+  while kill -0 "$follower" 2>/dev/null; do
+    [ $SECONDS -lt $end ] || die "request $id: its follower did not end within 300 s ($(tail -n 1 "$run/follow.$id"))"
+    sleep 0.2
+  done
+  line=$(grep "^$id: \(completed\|failed: \)" "$run/follow.$id" | tail -n 1 || true)
+  line=${line#"$id: "}
+  case $line in
+    completed*) printf 'completed\tNone\tNone\n' ;;
+    failed:*)
+      line=${line#failed: }
+      printf 'failed\t%s\t%s\n' "${line%%: *}" "${line#*: }"
+      ;;
+    *) result "$id" ;;
+  esac
+}
+expect_followed() { # want-outcome want-reason
+  local got
+  got=$(followed)
+  [ "$(echo "$got" | cut -f1,2)" = "$1	$2" ] || die "request $id: expected $1/$2, got: $got (follow: $(tail -n 2 "$run/follow.$id"))"
+  echo "$got"
 }
 main_pid() { in_box systemctl show -p MainPID --value "$1"; }
-wait_ready() { # deadline in s: the worker ready and loopd answering a status
+# loopd's "host local is ready" lines this boot: loopd admits again once its watch has said so.
+ready_lines() { in_box journalctl -b -u loopd -o cat --no-pager | grep -c 'host local is ready' || true; }
+wait_ready() { # deadline in s, ready_lines before the event: the worker ready and loopd seeing it
   local end=$((SECONDS + $1)) st=""
   while :; do
     st=$(in_box llama-worker status --socket /run/llama-worker/status.sock 2>&1 | grep -o '"state":"[a-z_]*"' || true)
-    [ "$st" = '"state":"ready"' ] && in_box loopd status --socket "$sock" >/dev/null 2>&1 && break
-    [ $SECONDS -lt $end ] || die "not ready within $1 s (worker: ${st:-no answer}; loopd: $(in_box systemctl is-active loopd))"
+    [ "$st" = '"state":"ready"' ] && [ "$(ready_lines)" -gt "$2" ] && break
+    [ $SECONDS -lt $end ] || die "not ready within $1 s (worker: ${st:-no answer}; loopd: $(in_box systemctl is-active loopd), its ready lines $(ready_lines), $2 before)"
     sleep 0.5
   done
 }
 
 pid=$(main_pid loopd)
-id=$(follow_long)
+follow_long
 in_box systemctl restart inferproxy
-wait "$follower" || true
-expect_result "$id" completed None >/dev/null
+expect_followed completed None >/dev/null
 [ "$(main_pid loopd)" = "$pid" ] || die "loopd's pid changed from $pid to $(main_pid loopd) on systemctl restart inferproxy"
 say "systemctl restart inferproxy under a streaming request: it completed, loopd kept pid $pid"
 
@@ -281,31 +317,41 @@ done
 out=$(in_box bash -c "$(block queries | sed "s/WHERE id = 1/WHERE id = ${kept#req-}/")" 2>&1) ||
   die "the guide's queries failed on the live store: $out"
 say "the guide's queries on the live store (sqlite3 -readonly): $(echo "$out" | tr '\n' ' ' | cut -c1-100)"
-id=$(follow_long)
+follow_long
 in_box systemctl restart loopd
-wait "$follower" || true
-got=$(expect_result "$id" failed cancelled)
+got=$(expect_followed failed cancelled)
 echo "$got" | grep -q 'loopd serve was stopped' || die "request $id's detail does not name the stop: $got"
 expect_result "$kept" completed None >/dev/null
 say "systemctl restart loopd: $id cancelled ($(echo "$got" | cut -f3)), $kept's result kept"
 
-id=$(follow_long)
-instance=$(in_box pgrep -u llama -f -- '--alias|-m |--model' | grep -v "^$(in_box pgrep -u llama -o llama-server)\$" | head -n 1 || true)
-[ -n "$instance" ] || die "no model instance process of the user llama: $(in_box pgrep -a -u llama)"
-in_box kill -KILL "$instance"
-expect_result "$id" failed server_died >/dev/null
-wait "$follower" || true
-wait_ready 120
+follow_long
+# The model instance: a llama-server whose parent is the router (a llama-server too). Read from
+# /proc, as the minimal system has no procps (no pgrep, ps or /bin/kill).
+llama_servers='for d in /proc/[0-9]*; do
+  [ "$(cat "$d/comm" 2>/dev/null)" = llama-server ] || continue
+  echo "${d#/proc/} $(sed -n "s/^PPid:\t//p" "$d/status")"
+done'
+instance=$(in_box bash -c "$llama_servers" | while read -r p pp; do
+  in_box bash -c "[ \"\$(cat /proc/$pp/comm 2>/dev/null)\" = llama-server ]" && echo "$p"
+done | head -n 1)
+[ -n "$instance" ] || die "no model instance (a llama-server child of the router): $(in_box bash -c "$llama_servers" | tr '\n' ' ')"
+before=$(ready_lines)
+in_box bash -c "kill -KILL $instance"
+expect_followed failed server_died >/dev/null
+wait_ready 120 "$before"
 id=$(submit "$short")
 expect_result "$id" completed None >/dev/null
 say "SIGKILL of the model instance ($instance): server_died, then healed ($id completed)"
 
-id=$(follow_long)
+follow_long
+before=$(ready_lines)
 in_box systemctl restart llama-worker
-got=$(result "$id")
-wait "$follower" || true
+got=$(followed)
 case $(echo "$got" | cut -f2) in worker_stopped | host_lost | worker_restarted) ;; *) die "request $id on systemctl restart llama-worker: $got" ;; esac
-wait_ready 120
+wait_ready 120 "$before"
+# The worker stopped its server itself: systemd found nothing of it left to kill.
+left=$(in_box journalctl -b -u llama-worker -o cat --no-pager | grep -E 'left-over process|Killing process' || true)
+[ -z "$left" ] || die "systemd killed what llama-worker left behind at its restart: $left"
 say "systemctl restart llama-worker: request $id ended $(echo "$got" | cut -f2), the model back"
 
 kept=$(submit "$short")
@@ -331,10 +377,49 @@ until [ "$(in_box systemctl is-active loopd || true)" = active ]; do
   [ $SECONDS -lt $end ] || die "loopd not active within 300 s of the reboot ($(in_box systemctl is-active loopd || true))"
   sleep 0.5
 done
+wait_ready 120 0
 expect_result "$kept" completed None >/dev/null
 id=$(submit "$short")
 expect_result "$id" completed None >/dev/null
 say "reboot: the three units came back, $kept's result kept, $id completed"
+
+# A failed start, as on a system without llama-server's libraries: the worker gives up after
+# its restarts, check-config names the library, loopd refuses to start; the guide's one
+# command after the fix brings the model back and loopd follows by itself.
+gomp=$(in_box bash -c 'ls /usr/lib/*/libgomp.so.1' | head -n 1)
+[ -n "$gomp" ] || die "no libgomp.so.1 in the container"
+in_box mv "$gomp" "$gomp.away"
+in_box systemctl restart llama-worker
+end=$((SECONDS + 120))
+st=""
+until [ "$st" = '"state":"failed"' ]; do
+  [ $SECONDS -lt $end ] || die "llama-worker not failed within 120 s without libgomp (state: ${st:-no answer})"
+  sleep 0.5
+  st=$(in_box llama-worker status --socket /run/llama-worker/status.sock 2>&1 | grep -o '"state":"[a-z_]*"' || true)
+done
+out=$(in_box llama-worker check-config --config /etc/llama-worker/llama-worker.toml 2>&1) &&
+  die "check-config passed without libgomp: $out"
+echo "$out" | grep -q 'libgomp.so.1' || die "check-config does not name libgomp.so.1: $out"
+in_box systemctl restart loopd || true
+end=$((SECONDS + 60))
+until in_box journalctl -b -u loopd -o cat --no-pager --since "-60s" | grep -q 'refusing to start'; do
+  [ $SECONDS -lt $end ] || die "loopd did not refuse to start within 60 s (is-active: $(in_box systemctl is-active loopd || true))"
+  sleep 0.5
+done
+[ "$(in_box systemctl is-active loopd || true)" != active ] || die "loopd is active beside a failed worker"
+say "without libgomp: llama-worker failed, check-config named the library, loopd refused to start"
+in_box mv "$gomp.away" "$gomp"
+before=$(ready_lines)
+in_box bash -euo pipefail -c "$(block recover)"
+end=$((SECONDS + 180))
+until [ "$(in_box systemctl is-active loopd || true)" = active ]; do
+  [ $SECONDS -lt $end ] || die "loopd not active within 180 s of the guide's recovery ($(in_box systemctl is-active loopd || true))"
+  sleep 0.5
+done
+wait_ready 120 "$before"
+id=$(submit "$short")
+expect_result "$id" completed None >/dev/null
+say "the guide's recovery ($(block recover)): loopd followed by itself, $id completed"
 
 ok=1
 say "passed in $((SECONDS - start_time)) s"
