@@ -108,7 +108,7 @@ fixtures: llama
 ## soak: every test that runs real processes, and make selftest, N times each (N=5; the wedged
 ## server on unscaled timers once); prints
 ## the pass count of each (ONLY=<suite> runs one; see scripts/soak.sh)
-soak: llama
+soak: llama socat
 	scripts/soak.sh
 
 ## chaos: N agent requests (N=50) of mixed tool use through the real stack while faults are
