@@ -376,46 +376,18 @@ impl Config {
     /// answer in time is refused. Any other exit status is the program's own answer: it ran.
     /// Only `check-config` calls it; `run` finds out from the server's first exit.
     pub fn check_runs(&self, timeout: Duration) -> Result<(), ConfigError> {
-        use std::io::Read;
         use std::os::unix::process::ExitStatusExt;
-        use std::process::{Command, Stdio};
         let c = self.command.trim();
         let refuse = |how: String| ConfigError::CommandDoesNotRun(c.to_string(), how);
-        let mut child = Command::new(c)
-            .arg("--version")
-            .envs(&self.env)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
+        let ran = crate::process::run_briefly(c, &["--version"], &self.env, timeout, STDERR_KEPT)
             .map_err(|e| refuse(format!("could not be started: {e}")))?;
-        // Read on a thread of its own so a chatty child never blocks on a full pipe; the
-        // pipe ends when the child (or a kill) closes it.
-        let mut err = child.stderr.take().expect("piped");
-        let reader = std::thread::spawn(move || {
-            let mut text = Vec::new();
-            let _ = err.by_ref().take(STDERR_KEPT).read_to_end(&mut text);
-            std::io::copy(&mut err, &mut std::io::sink()).ok();
-            String::from_utf8_lossy(&text).into_owned()
-        });
-        let deadline = std::time::Instant::now() + timeout;
-        let status = loop {
-            match child.try_wait() {
-                Ok(Some(status)) => break status,
-                Ok(None) if std::time::Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(10));
-                }
-                Ok(None) | Err(_) => {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    return Err(refuse(format!(
-                        "did not exit within {} s (killed)",
-                        timeout.as_secs_f64()
-                    )));
-                }
-            }
+        let Some(status) = ran.status else {
+            return Err(refuse(format!(
+                "did not exit within {} s (killed)",
+                timeout.as_secs_f64()
+            )));
         };
-        let stderr = reader.join().unwrap_or_default();
+        let stderr = ran.stderr;
         const LOADER: &str = "error while loading shared libraries: ";
         if let Some(rest) = stderr.split_once(LOADER).map(|(_, r)| r) {
             let lib = rest.split(':').next().unwrap_or(rest).trim();

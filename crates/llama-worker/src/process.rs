@@ -91,6 +91,57 @@ fn reap_pid(pid: i32) -> bool {
     unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) == pid }
 }
 
+/// How a [`run_briefly`] went.
+#[derive(Debug)]
+pub struct Ran {
+    /// The exit status; `None` when it did not exit within the timeout and was killed.
+    pub status: Option<ExitStatus>,
+    /// The first bytes of what it wrote on stderr (lossy UTF-8).
+    pub stderr: String,
+}
+
+/// Runs `program args` (stdin from /dev/null, stdout discarded, `env` added) and waits at most
+/// `timeout` for it, killing it then. Of its stderr the first `kept` bytes are kept and the
+/// rest drained, on a thread of its own so a chatty child never blocks on a full pipe.
+pub fn run_briefly<K: AsRef<std::ffi::OsStr>, V: AsRef<std::ffi::OsStr>>(
+    program: &str,
+    args: &[&str],
+    env: impl IntoIterator<Item = (K, V)>,
+    timeout: Duration,
+    kept: u64,
+) -> io::Result<Ran> {
+    use std::io::Read;
+    let mut child = Command::new(program)
+        .args(args)
+        .envs(env)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let mut err = child.stderr.take().expect("stderr is piped");
+    let reader = thread::spawn(move || {
+        let mut text = Vec::new();
+        let _ = err.by_ref().take(kept).read_to_end(&mut text);
+        io::copy(&mut err, &mut io::sink()).ok();
+        String::from_utf8_lossy(&text).into_owned()
+    });
+    let deadline = Instant::now() + timeout;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break Some(status),
+            Ok(None) if Instant::now() < deadline => thread::sleep(KILL_POLL / 2),
+            Ok(None) | Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+        }
+    };
+    // The pipe ends when the child (or the kill) closed it.
+    let stderr = reader.join().unwrap_or_default();
+    Ok(Ran { status, stderr })
+}
+
 /// How a group kill went.
 #[derive(Debug)]
 pub struct KillReport {

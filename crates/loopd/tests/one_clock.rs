@@ -20,7 +20,7 @@ const DRIVERS: &[(&str, &str)] = &[
     ),
     (
         "llama-worker/src/process.rs",
-        "waiting for a killed process group",
+        "waiting for a killed process group, and for a command run briefly (check-config)",
     ),
     (
         "llama-worker/src/probe.rs",
