@@ -27,6 +27,8 @@ const STOP_GRACE: Duration = Duration::from_secs(5);
 const WATCHDOG_EXIT: Duration = Duration::from_secs(1);
 
 mod alloc;
+pub mod fake;
+pub mod fake_worker;
 
 pub use alloc::{allocations, counted, CountingAlloc};
 

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant, SystemTime};
 use std::collections::BTreeSet;
 
 use loopd::daemon::{Db, DbSettings, Durability};
-use loopd::runner::Seat;
+use loopd_agent::runner::Seat;
 
 /// The seat of a request on the one server of a plain config.
 const SEAT: Seat<'static> = Seat {

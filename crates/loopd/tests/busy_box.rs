@@ -31,11 +31,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use llama_harness::{load_average, CpuLoad, LocalServer, Proxy};
 use loopd::config::Config;
 use loopd::daemon::protocol::{SubmitCmd, WireMessage};
-use loopd::llama::{ChatEvent, ChatMessage, Client};
-use loopd::runner::{
+use loopd_agent::runner::{
     builtin_tools, Outcome, RequestEvent, RequestId, RequestResult, Runner, StallAnswer,
     StandardBios, Submission, ToolRegistry,
 };
+use loopd_client::llama::{ChatEvent, ChatMessage, Client};
 
 /// One test at a time: each starts a stack of its own and sets the load it needs (two
 /// CPU-bound loops in one, a throttled instance in the other), and the other's beside it is
@@ -110,9 +110,9 @@ impl Stack {
         let proxy = Proxy::start(server.addr());
         let mut c = loopd_config(factor, &server, &proxy);
         c.sampling.seed = Some(42);
-        let client = Client::new(c);
+        let client = Client::new(c.client());
         let tools = tools(&client);
-        let runner = Runner::new(Arc::new(client), tools, Arc::new(StandardBios), 2);
+        let runner = Runner::new(Arc::new(client), c.runner, tools, Arc::new(StandardBios), 2);
         Stack {
             factor,
             server,

@@ -61,8 +61,9 @@ use std::time::{Duration, Instant};
 
 use llama_harness::{wait_for, Forwarder, LocalServer, Proxy};
 use loopd::config::Config;
-use loopd::llama::Client;
-use loopd::selftest::SAMPLING;
+use loopd_client::llama::Client;
+use loopd_client::selftest::SAMPLING;
+use loopd_client::ClientConfig;
 use real_serve::{start_serve, Serve};
 use serde_json::{json, Value};
 
@@ -1122,7 +1123,7 @@ fn write_loopd_config(
     path: &Path,
     hosts: &str,
 ) {
-    let props = Client::new(Config::new(proxy, server.model()))
+    let props = Client::new(ClientConfig::new(proxy, server.model()))
         .props()
         .expect("GET /props through inferproxy");
     let c = &timers.loopd;
@@ -1791,7 +1792,7 @@ fn chaos_every_request_ends_named_and_the_stack_heals() {
     );
     // Through a proxy of its own: the shared one's accept bucket is the daemon's.
     let poll_proxy = Proxy::start(server.addr());
-    let poller = Client::new(Config::new(poll_proxy.socket(), server.model()));
+    let poller = Client::new(ClientConfig::new(poll_proxy.socket(), server.model()));
     wait_for(
         "no server slot processing (GET /slots)",
         Duration::from_secs(30),

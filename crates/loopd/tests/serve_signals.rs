@@ -5,7 +5,7 @@
 //! `loopd serve` on a live socket or store refuses to start, before its self-test.
 
 mod support;
-mod worker_fake;
+use llama_harness::fake_worker as worker_fake;
 
 use std::io::Read;
 use std::os::unix::net::{UnixDatagram, UnixStream};

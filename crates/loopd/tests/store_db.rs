@@ -11,7 +11,7 @@ use loopd::daemon::{
     store_path, Db, DbError, DbSettings, Durability, EvictReason, Evicted, Interrupted,
     NoStorePath, OpenErrorKind, RESTARTED, SCHEMA_VERSION,
 };
-use loopd::runner::{ResultError, Seat};
+use loopd_agent::runner::{ResultError, Seat};
 
 /// The seat of a request on the one server of a plain config.
 const SEAT: Seat<'static> = Seat {

@@ -20,7 +20,7 @@ mod support;
 use std::sync::Arc;
 
 use loopd::daemon::{Db, DbError, DbSettings, Durability, OpenErrorKind};
-use loopd::runner::{ResultError, Seat};
+use loopd_agent::runner::{ResultError, Seat};
 
 /// The seat of a request on the one server of a plain config.
 const SEAT: Seat<'static> = Seat {

@@ -39,7 +39,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rusqlite::{params, Connection, ErrorCode, OptionalExtension, TransactionBehavior};
 
-use crate::runner::{ResultError, Seat};
+use loopd_agent::runner::{ResultError, Seat};
 
 /// The schema this binary writes (`PRAGMA user_version`). A file with a newer one is refused.
 pub const SCHEMA_VERSION: u32 = 2;

@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use socket2::SockRef;
 
-use super::connection::send;
+use super::line::send;
 use super::protocol::ProtoError;
 
 /// What the connection's thread writes for its follower: an event line's bytes (or what the
