@@ -1,5 +1,5 @@
 //! `make bench-e2e`: what the whole local path costs over the bare server, and what it holds
-//! back, measured in one run (issue 31 item 1; docs/benchmarks/e2e.md).
+//! back, measured in one run (docs/benchmarks/e2e.md).
 //!
 //! One request (the system message `loopd serve` writes for a budget of 0 and no tools, one
 //! user message, greedy with the self-test's seed, 64 `max_tokens`, no thinking) goes three

@@ -828,7 +828,7 @@ fn the_clients_stall_is_reported_as_stall_of_the_generation_before_it_is_unregis
     );
 }
 
-/// Issue 29, shape b: a tool call's opening is generated but not streamed (the server's parser
+/// A slow box, shape b: a tool call's opening is generated but not streamed (the server's parser
 /// holds it back), so on a slow box the stream is silent past liveness while its slot decodes.
 /// The worker, which reads the slot's decoded tokens, says `not_stalled`, and the stream goes
 /// on; its bytes then finish the request, with no retry.

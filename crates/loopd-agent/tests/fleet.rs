@@ -1,4 +1,4 @@
-//! The runner over two inference hosts (issue 33), hermetic: two fake servers, two fake
+//! The runner over two inference hosts, hermetic: two fake servers, two fake
 //! workers. Placement (affinity, the most free host, a refusal when every host is down) and
 //! health (a host whose watch ends or goes silent ends only its own requests, `host_lost`,
 //! with their partial output; it takes new requests again once a new watch says ready).

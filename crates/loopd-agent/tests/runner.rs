@@ -1073,7 +1073,7 @@ fn seen_state(runner: &Runner, state: &str) {
 }
 
 /// With the watch open and its state line in, a submit asks the worker nothing before its
-/// `register` (issue 31: a `status` round trip on the request's path cost 3.5 to 15 ms on a
+/// `register` (a `status` round trip on the request's path cost 3.5 to 15 ms on a
 /// busy box); the watch's line is the worker's word.
 #[test]
 fn admission_takes_the_workers_state_from_the_watch_without_a_status_round_trip() {
@@ -1105,7 +1105,7 @@ fn each_generation_is_registered_with_the_worker_and_done_when_it_ends() {
     let server = FakeServer::start(vec![(CHAT, vec![answer("ok")])]);
     let worker = FakeWorker::start(Script::default());
     let s = setup(config(&server, Some(&worker)), 1);
-    // The registration names the runner's watch connection (issue 33), once its hello came.
+    // The registration names the runner's watch connection (one server may have several clients), once its hello came.
     support_wait(|| worker.watching() == 1);
     std::thread::sleep(Duration::from_millis(200));
     let r = run(&s, ask("x"));

@@ -305,7 +305,7 @@ fn props_slots_and_tokenize() {
     assert!(!tokens.is_empty() && tokens.len() < 5, "{tokens:?}");
 }
 
-/// Issue 23 item 4: a generation loopd abandons mid-stream (here a cancel after the first
+/// A generation loopd abandons mid-stream (here a cancel after the first
 /// tokens) leaves the server's slot idle soon after, because the server notices the closed
 /// connection; and the next request on that slot goes through once `/slots` says idle.
 #[test]

@@ -1,4 +1,4 @@
-//! A healthy server on a busy box is not restarted (issue 29 item 4). Beside two CPU-bound
+//! A healthy server on a busy box is not restarted. Beside two CPU-bound
 //! processes, one slot streams a long answer while a long prompt goes to the other slot:
 //! llama-server puts the streaming slot's next token in the same batch as the other slot's
 //! prompt, so the stream hears nothing until the whole prompt is evaluated. That silence is
@@ -14,7 +14,7 @@
 //! quicker than that, the factor is raised until it is not. The premise (the stream was silent
 //! past `stall_timeout_s` while the prompt was evaluated) is checked, not assumed.
 //!
-//! The second shape (issue 29, the `CHAOS_FACTOR=5` run beside two CPU-bound loops): at a
+//! The second shape (the `CHAOS_FACTOR=5` chaos run beside two CPU-bound loops): at a
 //! token a second, the opening of a tool call, which llama-server generates but does not
 //! stream until its parser can make a delta of it, is a silence past `stall_timeout_s` from a
 //! healthy server. Here the model instance is throttled (stopped and continued, running one

@@ -1,4 +1,4 @@
-//! `loopd serve` over two real inference hosts on this box (issue 33): two llama-worker
+//! `loopd serve` over two real inference hosts on this box: two llama-worker
 //! routers on loopback, each pinned to its own CPU and serving with one thread, each reached
 //! through its own inferproxy and a socat forwarder per socket standing in for the SSH tunnel
 //! (`-L infer.sock:...` and `-L status.sock:...`), so that a host's "network" can be cut.

@@ -1,5 +1,5 @@
-//! `loopd serve` over two real hosts, host b reached the way a GPU box is in production
-//! (issue 33 item 2): through OpenSSH's Unix-socket forwarding, with the ssh command line of
+//! `loopd serve` over two real hosts, host b reached the way a GPU box is in production:
+//! through OpenSSH's Unix-socket forwarding, with the ssh command line of
 //! `docs/loopd-tunnel@.service` against a user-mode sshd on loopback running the settings of
 //! `docs/loopd-tunnel.sshd.conf` (`scripts/tunnel.sh`, which installs openssh when it is
 //! missing). Host b's llama-server stays on its loopback port and its worker socket stays

@@ -1,4 +1,4 @@
-//! Issue 24 against real processes: llama-worker runs two local `ggml-rpc-server`s and
+//! llama.cpp's RPC backend against real processes: llama-worker runs two local `ggml-rpc-server`s and
 //! `llama-server --rpc` over them as one unit; a chat completes through inferproxy and the
 //! request runner; SIGKILL of one RPC server during a generation fails the request with
 //! `worker_restarted` or `server_died` and its partial output, the worker brings the unit back

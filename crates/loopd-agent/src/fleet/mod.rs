@@ -1,5 +1,4 @@
-//! Several inference hosts behind one daemon (issue 33, design A of
-//! `research/fleet.md`): the `[[host]]` config table ([`host`]), where a new request runs
+//! Several inference hosts behind one daemon (design A of `research/fleet.md`): the `[[host]]` config table ([`host`]), where a new request runs
 //! ([`placement`], with its session map in `session.rs`) and what each host's `watch` means
 //! for the requests running there ([`health`]). The daemon feeds health's host states to
 //! placement; neither machine knows the other.

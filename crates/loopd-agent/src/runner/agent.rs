@@ -450,7 +450,7 @@ impl<'b> AgentRequest<'b> {
         // prefill by CPU time until the first event (appendix J), so that is the first byte.
         let answering = used > 0 && call.answering();
         // The read's events go out first: the caller's first token does not wait for the
-        // worker's round trip (issue 31, `make bench-e2e`'s trace).
+        // worker's round trip (`make bench-e2e`'s trace found one on the path).
         self.pump(now);
         if answering {
             self.report_progress(now);

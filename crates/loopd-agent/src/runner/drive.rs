@@ -55,7 +55,7 @@ struct ToolRun {
 }
 
 /// What [`drive`] ends with: the request's result, and the generation whose `done` the
-/// worker is still owed. That call waits until the result has been handed on (issue 31: the
+/// worker is still owed. That call waits until the result has been handed on (so the
 /// caller's result does not wait for a worker round trip); the caller makes it with
 /// [`done_after`].
 pub(super) struct Driven {
@@ -103,7 +103,7 @@ pub(super) fn drive(
     let clock = client.clock();
     let poll = Duration::from_millis(config.limits.poll_ms);
     let worker_timeout = Duration::from_millis(host.settings.worker_timeout_ms);
-    // From the first host's pool (issue 31: a new 5 MiB set was a memset on the request's
+    // From the first host's pool (a new 5 MiB set was a memset on the request's
     // path before its POST); it goes back there when the request ends, rehomed or not.
     let mut buffers = client.buffers();
     let setup = Setup {

@@ -1,4 +1,4 @@
-//! The runner's inference hosts (issue 33): one [`Host`] per `[[host]]` (or the one unnamed
+//! The runner's inference hosts: one [`Host`] per `[[host]]` (or the one unnamed
 //! host of a config without them), each with its own client (its inference socket), its own
 //! llama-worker socket and `watch`, and the health thread that turns every host's watch into
 //! host states and `host_lost` endings ([`crate::fleet::Health`], a sans-IO machine; this

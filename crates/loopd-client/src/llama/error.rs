@@ -418,7 +418,7 @@ mod tests {
             body: "the prompt does not fit".into(),
         };
         assert_eq!(e.to_string(), "HTTP 400: the prompt does not fit");
-        // The router's answer for a model whose instance died on load (issue 20).
+        // The router's answer for a model whose instance died on load (recorded from the router).
         let body = include_str!("../../../../fixtures/router/props-failed-to-load.json");
         let e = InferError::Http {
             status: 500,
