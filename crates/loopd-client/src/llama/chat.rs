@@ -170,7 +170,7 @@ impl<'c> ChatIo<'c> {
 
     /// Feeds `sink` everything the connection already holds, without waiting: the bytes left
     /// over from the last read, then reads until the socket is empty, ends (handed on as
-    /// the end) or [`DRAIN_MOST`] bytes were read, or the sink takes no more for now (a
+    /// the end) or `DRAIN_MOST` bytes were read, or the sink takes no more for now (a
     /// `reasoning_end` is out). A driver calls it before it hands its machine anything that
     /// ends the stream from outside (a failure the worker pushed or answered, a lost host, a
     /// cancel), so the output the server sent before that is kept whole.

@@ -51,7 +51,7 @@ pub use timers::SlotSeen;
 
 /// How the model is to answer one request: the per-request settings of the chat body.
 ///
-/// The runner's [`Submission`](crate::runner::Submission) carries the same struct and hands
+/// The runner's `Submission` (crate `loopd-agent`) carries the same struct and hands
 /// it on unchanged to every generation, so a new setting is a field here, a line in the
 /// serializer (`llama/request.rs`) and a golden file, and nothing else.
 #[derive(Debug, Clone, Default, PartialEq)]
