@@ -384,7 +384,9 @@ fn key_at(text: &str, offset: usize) -> (usize, String) {
 
 /// What is at `offset` of `text`, for a refusal that came without words.
 fn unexpected_at(text: &str, offset: usize) -> String {
-    let column = text.get(line_start(text, offset)..offset).map_or(1, |l| l.chars().count() + 1);
+    let column = text
+        .get(line_start(text, offset)..offset)
+        .map_or(1, |l| l.chars().count() + 1);
     match text.get(offset..).and_then(|rest| rest.chars().next()) {
         Some(c) => format!("unexpected character {c:?} at column {column}"),
         None => "unexpected end of the file".to_owned(),
