@@ -10,21 +10,21 @@ NOSTD_CRATES := -p sse-nostd -p http-nostd -p llama-proto
 DEVICE_TARGET := thumbv7em-none-eabihf
 FUZZ_SECONDS ?= 60
 
-.PHONY: help check hermetic test units-check tunnel-check install-check up-check selftest ask run up fleet-up bench-fleet bench-fleet-loopd verify-device verify-local fuzz fuzz-cmin fuzz-tools bench bench-e2e bench-rpc socat serve fixtures soak chaos llama fmt-check clippy unit no-std embedded
+.PHONY: help check layers hermetic test units-check tunnel-check install-check up-check selftest ask run up fleet-up bench-fleet bench-fleet-loopd verify-device verify-local fuzz fuzz-cmin fuzz-tools bench bench-e2e bench-rpc socat serve fixtures soak chaos llama fmt-check clippy unit no-std embedded
 
 ## help: this list of targets
 help:
 	@awk '/^## [a-z0-9-]+:/ { sub(/^## /, ""); n = index($$0, ":"); printf "make %-14s%s\n", substr($$0, 1, n - 1), substr($$0, n + 1); next } \
 	     /^## / { sub(/^## /, ""); printf "%20s%s\n", "", $$0 }' $(MAKEFILE_LIST)
 
-## check: the fast lane: format, lints, the hermetic tests (no llama.cpp build, no apt) and the
-## no_std build, in about a minute once compiled
-check: fmt-check clippy hermetic no-std
+## check: the fast lane: format, lints, the layering, the hermetic tests (no llama.cpp build, no
+## apt) and the no_std build, in about a minute once compiled
+check: fmt-check clippy layers hermetic no-std
 
 ## test: format, lints, every test (the end-to-end ones against a real llama-server), the no_std
 ## build, the firmware image under QEMU, verify-device against the local router, the systemd units and the install,
 ## the SSH tunnel to an inference host, and make up stopped by a Ctrl-C in a terminal
-test: fmt-check clippy llama unit no-std embedded verify-local units-check tunnel-check install-check up-check
+test: fmt-check clippy layers llama unit no-std embedded verify-local units-check tunnel-check install-check up-check
 
 ## units-check: the systemd units, sysusers and tmpfiles files in docs/: `systemd-analyze verify`
 ## clean, `security --offline` below 4 and as docs/production.md states (scripts/units-check.sh)
@@ -47,6 +47,13 @@ fmt-check:
 
 clippy:
 	$(CARGO) clippy --workspace --all-targets --all-features -- -D warnings
+
+## layers: the loopd crates' files import in one direction (no circle of `use` between files,
+## scripts/module-cycles.py), and the client takes neither SQLite nor clap (`cargo tree`)
+LAYERED_CRATES := crates/loopd-client crates/loopd-agent crates/loopd
+layers:
+	scripts/module-cycles.py $(LAYERED_CRATES)
+	! $(CARGO) tree -p loopd-client | grep -E 'rusqlite|clap'
 
 ## hermetic: every test that needs no real llama-server (what a plain `cargo test` runs), the
 ## replay of every committed fuzz input (fuzz/corpus-min, fuzz/seeds, fuzz/regressions) included

@@ -232,7 +232,7 @@ pub fn daemon_command(socket: &Path, line: &str) -> Result<serde_json::Value, Re
 pub fn get(addr: SocketAddr, path: &str) -> Result<String, RequestError> {
     let mut conn = TcpStream::connect(addr)?;
     conn.set_read_timeout(Some(REQUEST_TIMEOUT))?;
-    conn.write_all(&loopd::http::render("GET", path, None))?;
+    conn.write_all(&loopd_client::http::render("GET", path, None))?;
     let mut reader = ResponseReader::new(llama_harness::boxed_array::<HEAD_CAP>());
     let mut body = Vec::new();
     let mut buf = vec![0u8; 16 * 1024];

@@ -1,11 +1,11 @@
 //! `make bench-e2e`: what the whole local path costs over the bare server, and what it holds
-//! back, measured in one run (issue 31 item 1; docs/benchmarks/e2e.md).
+//! back, measured in one run (docs/benchmarks/e2e.md).
 //!
 //! One request (the system message `loopd serve` writes for a budget of 0 and no tools, one
 //! user message, greedy with the self-test's seed, 64 `max_tokens`, no thinking) goes three
 //! ways, interleaved round by round: direct to llama-server's TCP port and through inferproxy's
-//! Unix socket with the exact bytes loopd renders for it (`loopd::llama::render_request` and
-//! `loopd::http::render`), and through `loopd serve` as a `submit` with `follow`. Every answer is
+//! Unix socket with the exact bytes loopd renders for it (`loopd_client::llama::render_request` and
+//! `loopd_client::http::render`), and through `loopd serve` as a `submit` with `follow`. Every answer is
 //! checked to be the same (content, prompt and generated tokens), which it is only if the
 //! server got the same prompt. The server's compute time (prompt plus generation) is subtracted
 //! from each wall time: from the final chunk's `timings` where the client reads the stream
@@ -27,11 +27,11 @@ use std::path::Path;
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
-use loopd::llama::{render_request, ChatMessage, ChatOptions, ChatRequest};
+use loopd_client::llama::{render_request, ChatMessage, ChatOptions, ChatRequest};
 
 /// The chat-completions path loopd posts to (the server's README).
 const CHAT_PATH: &str = "/v1/chat/completions";
-use loopd::runner::{BiosContext, BiosProvider, StandardBios};
+use loopd_agent::runner::{BiosContext, BiosProvider, StandardBios};
 
 use client::{Request, Sample, Target};
 use metrics::Scrape;
@@ -262,8 +262,8 @@ fn request(stack: &Stack, slot: u32) -> Request {
         max_tokens: Some(MAX_TOKENS),
         sampling: None,
     });
-    let body = render_request(&stack.config, &chat);
-    let http = loopd::http::render("POST", CHAT_PATH, Some(&body));
+    let body = render_request(&stack.config.client(), &chat);
+    let http = loopd_client::http::render("POST", CHAT_PATH, Some(&body));
     let mut submit = serde_json::to_vec(&serde_json::json!({
         "cmd": "submit",
         "messages": [{"role": "user", "content": PROMPT}],

@@ -12,8 +12,9 @@ use std::time::{Duration, Instant};
 
 use llama_harness::{temp_dir, workspace_artifact, LocalServer, Proxy};
 use loopd::config::Config;
-use loopd::llama::Client;
-use loopd::selftest::SAMPLING;
+use loopd_client::llama::Client;
+use loopd_client::selftest::SAMPLING;
+use loopd_client::ClientConfig;
 
 /// How long `loopd serve` may take to say `READY=1` (its self-test runs three generations,
 /// minutes on a loaded 2-core box).
@@ -77,7 +78,7 @@ impl Drop for Stack {
 /// which another daemon may hold) and the `[expect]` the server reports (as
 /// crates/loopd/tests/real_serve writes it). Returns the config's path and the daemon's socket.
 fn write_config(dir: &Path, server: &LocalServer, proxy: &Proxy) -> (PathBuf, PathBuf) {
-    let props = Client::new(Config::new(proxy.socket(), server.model()))
+    let props = Client::new(ClientConfig::new(proxy.socket(), server.model()))
         .props()
         .expect("GET /props through inferproxy");
     let socket = dir.join("loopd.sock");

@@ -1,4 +1,4 @@
-//! Medians, and the goals of issue 31 judged on them.
+//! Medians, and the whole path's three goals (docs/benchmarks/e2e.md) judged on them.
 
 /// The median of `xs` (the mean of the two middle values when the count is even); `None` when
 /// empty. NaNs sort last.
@@ -51,7 +51,8 @@ pub struct Medians {
     pub daemon_pair: f64,
 }
 
-/// The three goals of issue 31 item 1.
+/// The three goals: the daemon's cost over inferproxy's, the first token over direct, two
+/// clients against the direct pair.
 pub fn goals(m: &Medians) -> [Goal; 3] {
     let cost = m.daemon_cost - m.proxy_cost;
     let first = m.daemon_first - m.direct_first;

@@ -14,7 +14,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use llama_worker::config::MAX_SECONDS;
-use loopd::config::{Retry, SHA256_HEX_DIGITS};
+use loopd_client::config::{Retry, SHA256_HEX_DIGITS};
 
 /// The `config_toml` fuzz target: panics when a check fails.
 pub fn config_toml(data: &[u8]) {

@@ -1,4 +1,4 @@
-//! The `http_dump` example prints exactly the format issue 2 fixes, on the recorded raw
+//! The `http_dump` example prints exactly its documented format, on the recorded raw
 //! response `fixtures/chunked_response.http`, and `{"error":"Truncated"}` with exit status 1
 //! when the response is cut short.
 //!

@@ -94,7 +94,7 @@ fn connect_and_copy(client: UnixStream, upstream: &str, slot: Slot) {
     // The request goes upstream only once the thread that copies the answer back is up, its
     // buffer made: started later, its start-up ran beside the server's prompt evaluation,
     // which on a box whose cores the model's threads fill costs the first token a scheduler
-    // slice (issue 31).
+    // slice.
     let (up, is_up) = std::sync::mpsc::sync_channel::<()>(1);
     let back = thread::Builder::new()
         .name("copy".into())

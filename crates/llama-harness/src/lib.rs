@@ -27,6 +27,8 @@ const STOP_GRACE: Duration = Duration::from_secs(5);
 const WATCHDOG_EXIT: Duration = Duration::from_secs(1);
 
 mod alloc;
+pub mod fake;
+pub mod fake_worker;
 
 pub use alloc::{allocations, counted, CountingAlloc};
 
@@ -521,7 +523,7 @@ impl Drop for LocalServer {
     }
 }
 
-/// CPU-bound processes beside a test, as a busy box has them (issue 29: other builds on the
+/// CPU-bound processes beside a test, as a busy box has them (other builds on the
 /// same cores): each is a shell loop (`while :; do :; done`) in a process group of its own
 /// under the same watchdog as the server, so a test that dies without unwinding leaves none
 /// spinning. Dropping it stops them (SIGTERM to each group, by its id).

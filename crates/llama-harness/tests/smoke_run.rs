@@ -1,5 +1,5 @@
 //! `scripts/llama-server.sh smoke BIN MODEL`, the check a new llama-server build must pass
-//! before it is cached (issue 20: a native build on a VM that advertises AMX crashed on the
+//! before it is cached (a native build on a VM that advertises AMX crashed on the
 //! first matmul). Stand-in binaries play each way a build can fail, and one that passes.
 
 use std::os::unix::fs::PermissionsExt;

@@ -21,12 +21,12 @@
 //! waited for without a deadline and without counting a restart: it is another host's outage,
 //! not a loop of ours; the state stays starting/restarting (not ready) meanwhile.
 //!
-//! Registered generations (issue 23, appendix J per request): each generation a client
+//! Registered generations (appendix J, per request): each generation a client
 //! registers has a phase and a last progress. In prefill its progress is the later of its
 //! registration and the group's last CPU-time rise; after its first byte, its own stream
 //! progress counts (CPU time rising mid-stream is not progress: a GPU host's threads spin while
 //! a kernel hangs), and, while another registered generation is in its prefill, the CPU-time
-//! rises since that one was registered (issue 29: llama-server batches every slot's next token
+//! rises since that one was registered (llama-server batches every slot's next token
 //! with the other slots' prompt chunks, so a long prompt on one slot silences the other
 //! slot's stream until the chunk is done; the prompt's progress is the stream's). When that
 //! prefill ends (its first byte, or it is unregistered), the streams it held up keep the
@@ -1474,7 +1474,7 @@ pub(crate) mod tests {
         stalled(&mut p, id);
     }
 
-    /// Issue 33: two clients (two daemons) on one server. A slot one watch connection's
+    /// Two clients (two daemons) on one server. A slot one watch connection's
     /// generation holds is refused to any other owner; the same owner may hold it twice; a
     /// closed connection's registrations go, the others' stay.
     #[test]
@@ -1499,7 +1499,7 @@ pub(crate) mod tests {
     }
 
     /// A tool call's opening at a token every few seconds: slot 2 streams nothing after its
-    /// first byte at 10 s while its decoded-token count rises (issue 29, shape b).
+    /// first byte at 10 s while its decoded-token count rises (a slow box, shape b).
     #[test]
     fn a_silent_stream_whose_slot_decodes_is_alive_until_the_count_stands_still() {
         let (mut p, id) = with_generation();
@@ -1577,7 +1577,7 @@ pub(crate) mod tests {
 
     /// Streaming on slot 2 from 2 s to 10 s, then slot 0's long prompt registered at 10 s:
     /// llama-server batches slot 2's next token with slot 0's prompt, so slot 2 hears nothing
-    /// until the prompt is through (issue 29, the chaos run beside two CPU-bound loops).
+    /// until the prompt is through (seen in the chaos run beside two CPU-bound loops).
     fn streaming_then_a_prompt_on_the_other_slot() -> (Policy, u64, u64) {
         let (mut p, a) = with_generation();
         assert!(p.handle_progress(s(2), a, ProgressKind::FirstByte));

@@ -328,7 +328,7 @@ fn bad_config_and_bad_usage_exit_2_with_the_reason() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// Issue 12: after `kill -KILL` of the worker no process of the server's group is left, whatever
+/// After `kill -KILL` of the worker no process of the server's group is left, whatever
 /// the command: PR_SET_PDEATHSIG reaches only the direct child, the guard reaches the group.
 #[test]
 fn a_sigkilled_worker_leaves_no_process_of_the_group() {
@@ -467,7 +467,7 @@ fn run_bounded(args: &[&str], limit: Duration) -> (Option<i32>, String) {
     (status.code(), reader.join().unwrap())
 }
 
-/// Issue 12: a server that never gets ready, with the default proportions scaled down 100
+/// A server that never gets ready, with the default proportions scaled down 100
 /// times (120 s deadline, 2 s backoff, 600 s window, 5 restarts), ends in failed: six spawns.
 #[test]
 fn a_never_ready_server_with_the_default_proportions_ends_failed() {
@@ -576,7 +576,7 @@ fn check_config_names_a_missing_command_and_a_missing_log_folder() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// Before the first start (issue 38): the log folder systemd's `LogsDirectory=` will make is
+/// Before the first start: the log folder systemd's `LogsDirectory=` will make is
 /// missing but its parent exists. `check-config` passes with a note naming it; `run`, which
 /// needs the folder, still refuses.
 #[test]
@@ -616,7 +616,7 @@ fn check_config_notes_a_log_folder_that_logs_directory_makes_at_start() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// `check-config` runs `command --version` (issue 38): a binary whose shared library is
+/// `check-config` runs `command --version`: a binary whose shared library is
 /// missing is refused with the library named, one killed by a signal or exiting 127 too; a
 /// command that answers `--version` with an error of its own (`/bin/sh`) ran, and passes.
 #[test]
@@ -1020,7 +1020,7 @@ fn stop_is_not_held_up_by_a_readiness_probe_in_flight() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// Issue 20: a router whose model cannot load is not `ready`. While the router's model list says
+/// A router whose model cannot load is not `ready`. While the router's model list says
 /// the model is loading the worker stays `starting`; once it says the model's instance exited,
 /// each such exit is a crash-loop event, and with the default proportions scaled down 100 times
 /// the worker is `failed` after six spawns, with a reason naming the model, its exit status and
@@ -1200,7 +1200,7 @@ fn next_event(w: &mut worker_proto::Watcher) -> worker_proto::WatchEvent {
     }
 }
 
-/// Issue 23: generations registered on the socket, their phase and progress in the status,
+/// Generations registered on the socket, their phase and progress in the status,
 /// exact answers to good and bad lines, and a stalled stream or a dead server pushed to the
 /// watcher as `failed` at once.
 #[test]
@@ -1237,7 +1237,7 @@ fn registered_generations_and_the_watch_channel_end_to_end() {
         register(&socket, 1, Some(1), t).unwrap(),
         RegisterAnswer::Registered(2)
     );
-    // A second client (issue 33: two daemons on one server): the slots watch 1 holds are
+    // A second client (two daemons on one server): the slots watch 1 holds are
     // refused to it, another one is not, and its registrations go with its connection.
     let mut other = watch(&socket, t).unwrap();
     assert_eq!(next_event(&mut other), WatchEvent::Hello { watch: 2 });

@@ -393,7 +393,7 @@ impl Drop for Freezer {
     }
 }
 
-/// Issue 12: `wait` after SIGKILL is bounded. A server in uninterruptible sleep cannot die until
+/// `wait` after SIGKILL is bounded. A server in uninterruptible sleep cannot die until
 /// its sleep ends; stop still returns within stop_grace_s + 1 s, and the worker reaps the server
 /// on a later tick once it can die. Needs root and the cgroup-v1 freezer (the project's test
 /// machines have both).
@@ -437,7 +437,7 @@ fn a_server_in_uninterruptible_sleep_does_not_hang_stop() {
     assert_eq!(live(pgid), Vec::<i32>::new());
 }
 
-/// Issue 33: each registration belongs to the watch connection named with it. Closing one
+/// Two clients: each registration belongs to the watch connection named with it. Closing one
 /// watch forgets that client's generations (it is gone) and keeps the other client's; a slot
 /// the other holds is refused meanwhile.
 #[test]

@@ -186,7 +186,7 @@ fn group_cpu_time_rises_during_a_real_prefill() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// Issue 12: `kill -KILL` of the daemon leaves neither the router nor its model instance.
+/// `kill -KILL` of the daemon leaves neither the router nor its model instance.
 #[test]
 fn a_sigkilled_worker_leaves_no_router_process() {
     let (dir, toml) = router_config("orphans");
@@ -226,7 +226,7 @@ fn a_sigkilled_worker_leaves_no_router_process() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// Issue 20: a model whose instance cannot load (a GGUF cut short: the header reads, the tensor
+/// A model whose instance cannot load (a GGUF cut short: the header reads, the tensor
 /// data is missing) makes the worker `failed`, never `ready`, each instance exit counted as a
 /// crash-loop event; with the default proportions scaled down 10 times, in well under a minute,
 /// with a reason that names the model, its exit status and the server log.
@@ -284,7 +284,7 @@ fn a_model_that_cannot_load_makes_the_real_router_failed_not_ready() {
     std::fs::remove_file(&cut).unwrap();
 }
 
-/// Issue 23: a model instance killed under the router is seen at once, not at the next
+/// A model instance killed under the router is seen at once, not at the next
 /// readiness probe. The probe interval here is 60 s, so only the watch on the router's children
 /// can see the death within the 20 s allowed: the restart's cause is `model_exited` and the
 /// router's word on the exit (the status it reports for its killed child) is in the status.

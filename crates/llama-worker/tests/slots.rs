@@ -1,6 +1,6 @@
 //! A stream that is silent while its slot decodes (a tool call's opening on a slow box) is
 //! not a stall: the worker asks `/slots` once the stream's progress is half `stall_timeout`
-//! old, and a rising `n_decoded` on the generation's slot is its progress (issue 29, shape b).
+//! old, and a rising `n_decoded` on the generation's slot is its progress (a slow box, shape b).
 //! Without the rise, the same silence restarts the server. Fake clock, real HTTP.
 
 mod common;

@@ -21,8 +21,8 @@ use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use futures::StreamExt;
 use serde::Deserialize;
 
-use loopd::config::Config;
-use loopd::llama::{ChatRequest, Client};
+use loopd_client::config::ClientConfig;
+use loopd_client::llama::{ChatRequest, Client};
 use support::{FakeServer, Reply};
 
 /// Events in the transcript.
@@ -77,7 +77,7 @@ fn thread_user_sys() -> (Duration, Duration) {
 /// reads), over `rounds` requests each, taken in turn; printed before criterion's groups. The
 /// kernel's share is the same work on both paths, so it bounds the ratio a faster parser can
 /// reach.
-fn user_kernel_split(client: &Client, config: &Config, rounds: usize) {
+fn user_kernel_split(client: &Client, config: &ClientConfig, rounds: usize) {
     let mut sum = [(Duration::ZERO, Duration::ZERO); 2];
     for _ in 0..rounds {
         for (k, slot) in sum.iter_mut().enumerate() {
@@ -146,19 +146,20 @@ struct Timings {
 }
 
 /// The peer: same socket and HTTP layer, then eventsource-stream and serde_json.
-fn baseline_once(config: &Config) -> usize {
-    let body = loopd::llama::render_request(config, &request());
+fn baseline_once(config: &ClientConfig) -> usize {
+    let body = loopd_client::llama::render_request(config, &request());
     let far = std::time::Instant::now() + Duration::from_secs(60);
-    let stream = loopd::http::request(
+    let stream = loopd_client::http::request(
         &config.socket,
         "POST",
         "/v1/chat/completions",
         Some(&body),
         Duration::from_secs(5),
-        &loopd::llama::Cancel::new(),
+        &loopd_client::llama::Cancel::new(),
     )
     .expect("connect");
-    let mut resp = loopd::http::Response::new(stream, far, &loopd::llama::Cancel::new());
+    let mut resp =
+        loopd_client::http::Response::new(stream, far, &loopd_client::llama::Cancel::new());
     assert_eq!(resp.head().expect("head"), 200);
     let pieces = futures::stream::poll_fn(move |_| {
         std::task::Poll::Ready(match resp.next_body() {
@@ -197,7 +198,7 @@ fn bench(c: &mut Criterion) {
         "/v1/chat/completions",
         vec![Reply::sse(transcript())],
     )]);
-    let config = Config::new(server.socket(), "smollm2");
+    let config = ClientConfig::new(server.socket(), "smollm2");
     let client = Client::new(config.clone());
     assert_eq!(loopd_once(&client), EVENTS - 2, "content events");
     assert_eq!(baseline_once(&config), EVENTS - 1, "data events");
@@ -281,9 +282,9 @@ fn bench(c: &mut Criterion) {
 /// The exchange (HTTP, SSE, decode and assemble) over the response in memory, in 16 KiB
 /// reads, every output drained as the client loop does.
 fn parse_only(bytes: &[u8]) -> usize {
-    use loopd::llama::{ChatExchange, Output};
-    let mut buffers = loopd::llama::Buffers::new();
-    let limits = loopd::config::Limits::default();
+    use loopd_client::llama::{ChatExchange, Output};
+    let mut buffers = loopd_client::llama::Buffers::new();
+    let limits = loopd_client::config::Limits::default();
     let mut x = ChatExchange::new(limits, Duration::ZERO, &mut buffers);
     let mut n = 0;
     for piece in bytes.chunks(16 * 1024) {

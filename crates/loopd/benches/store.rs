@@ -12,7 +12,7 @@
 //! The whole submit-to-acknowledge over the socket, store against no store, is measured by
 //! `tests/daemon_soak.rs` (`submit_ack_latency_*`).
 //!
-//! The insert after a compaction (issue 31): the daemon compacts (and empties the WAL) when a
+//! The insert after a compaction: the daemon compacts (and empties the WAL) when a
 //! result was fetched and nothing runs, so the next submit's insert can be the first write into
 //! an emptied WAL. That line runs 200 requests each followed by `Db::compact`, with 100 ms idle
 //! before each insert (a daemon between requests: caches cold), against the same loop without
@@ -26,7 +26,7 @@ use std::time::{Duration, Instant, SystemTime};
 use std::collections::BTreeSet;
 
 use loopd::daemon::{Db, DbSettings, Durability};
-use loopd::runner::Seat;
+use loopd_agent::runner::Seat;
 
 /// The seat of a request on the one server of a plain config.
 const SEAT: Seat<'static> = Seat {

@@ -1,22 +1,20 @@
-//! loopd's inference client: llama-server reached through inferproxy's Unix socket.
+//! loopd, the agent daemon: `loopd serve` keeps agent requests and their results in a durable
+//! store and answers clients on its Unix socket, running each request on the agent runner
+//! (`loopd-agent`) over the llama-server client (`loopd-client`).
 //!
-//! [`config`] reads `config.toml`; [`http`] is a blocking HTTP/1.1 client over a `UnixStream`
-//! with a deadline on every step (on `http-nostd`); [`llama`] is the client itself: a sans-IO
-//! exchange per request (on `http-nostd`, `sse-nostd` and `llama-proto`) with its timers and
-//! thinking cap, driven over the socket, and the slot gate, cancel and retry around it. Time
-//! and jitter come in through [`clock`]; the exchange takes time as input, so its timers are
-//! tested on fake time. [`selftest`] holds the three startup checks that `loopd selftest`
-//! runs. [`runner`] is the request runner of seed 003 (agent requests on a fixed slot table,
-//! tool iterations on a budget, results kept until fetched); it is the only part that starts
-//! threads (one per request, one per tool call, and a watcher when llama-worker's socket is
-//! configured). Nothing opens a TCP connection.
+//! [`config`] reads `config.toml`, the one file that assembles every layer's section (the
+//! client's `[limits]`, `[retry]`, `[sampling]` and `[expect]`, the runner's `[runner]`,
+//! `[placement]` and `[[host]]`, and the daemon's own `[daemon]`) and checks them against each
+//! other. [`daemon`] is `loopd serve`: its listener, one connection's handler, the commands,
+//! the state and its followers, the store (SQLite), the socket protocol and the metrics. The
+//! `loopd` binary (`src/bin/loopd`) is the command line over all three.
 //!
 //! ```no_run
-//! use loopd::llama::{ChatEvent, ChatRequest, Client};
 //! use loopd::Config;
+//! use loopd_client::llama::{ChatEvent, ChatRequest, Client};
 //!
 //! let config = Config::load(std::path::Path::new("/etc/boxmaker/loopd.toml"))?;
-//! let client = Client::new(config);
+//! let client = Client::new(config.client());
 //! let req = ChatRequest::user(0, "Name three colours.");
 //! let done = client.chat_with_retry(&req, &mut |e: &ChatEvent| {
 //!     if let ChatEvent::Content(text) = e {
@@ -29,17 +27,7 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
-mod cancel;
-pub mod clock;
 pub mod config;
 pub mod daemon;
-pub mod fleet;
-mod heap;
-pub mod http;
-mod sse;
 
 pub use config::{Config, ConfigError};
-pub use llama::{ChatEvent, ChatOptions, ChatRequest, Client, InferError};
-pub mod llama;
-pub mod runner;
-pub mod selftest;

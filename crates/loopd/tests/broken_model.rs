@@ -1,4 +1,4 @@
-//! Issue 20: the whole local stack (llama-worker, the router, inferproxy) over a model that
+//! A model that cannot load: the whole local stack (llama-worker, the router, inferproxy) over a model that
 //! cannot load, with the default settings: `loopd selftest` does not wait out
 //! `limits.load_wait_ms` (3 minutes) but exits non-zero within a minute of the stack starting,
 //! its last line naming the cause the worker found.

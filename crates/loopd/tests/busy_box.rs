@@ -1,4 +1,4 @@
-//! A healthy server on a busy box is not restarted (issue 29 item 4). Beside two CPU-bound
+//! A healthy server on a busy box is not restarted. Beside two CPU-bound
 //! processes, one slot streams a long answer while a long prompt goes to the other slot:
 //! llama-server puts the streaming slot's next token in the same batch as the other slot's
 //! prompt, so the stream hears nothing until the whole prompt is evaluated. That silence is
@@ -14,7 +14,7 @@
 //! quicker than that, the factor is raised until it is not. The premise (the stream was silent
 //! past `stall_timeout_s` while the prompt was evaluated) is checked, not assumed.
 //!
-//! The second shape (issue 29, the `CHAOS_FACTOR=5` run beside two CPU-bound loops): at a
+//! The second shape (the `CHAOS_FACTOR=5` chaos run beside two CPU-bound loops): at a
 //! token a second, the opening of a tool call, which llama-server generates but does not
 //! stream until its parser can make a delta of it, is a silence past `stall_timeout_s` from a
 //! healthy server. Here the model instance is throttled (stopped and continued, running one
@@ -31,11 +31,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use llama_harness::{load_average, CpuLoad, LocalServer, Proxy};
 use loopd::config::Config;
 use loopd::daemon::protocol::{SubmitCmd, WireMessage};
-use loopd::llama::{ChatEvent, ChatMessage, Client};
-use loopd::runner::{
+use loopd_agent::runner::{
     builtin_tools, Outcome, RequestEvent, RequestId, RequestResult, Runner, StallAnswer,
     StandardBios, Submission, ToolRegistry,
 };
+use loopd_client::llama::{ChatEvent, ChatMessage, Client};
 
 /// One test at a time: each starts a stack of its own and sets the load it needs (two
 /// CPU-bound loops in one, a throttled instance in the other), and the other's beside it is
@@ -110,9 +110,9 @@ impl Stack {
         let proxy = Proxy::start(server.addr());
         let mut c = loopd_config(factor, &server, &proxy);
         c.sampling.seed = Some(42);
-        let client = Client::new(c);
+        let client = Client::new(c.client());
         let tools = tools(&client);
-        let runner = Runner::new(Arc::new(client), tools, Arc::new(StandardBios), 2);
+        let runner = Runner::new(Arc::new(client), c.runner, tools, Arc::new(StandardBios), 2);
         Stack {
             factor,
             server,

@@ -1,4 +1,4 @@
-//! `make chaos` (issue 23): the whole real stack (llama-worker running the router, inferproxy,
+//! `make chaos`: the whole real stack (llama-worker running the router, inferproxy,
 //! the real `loopd serve`) on the default timers divided by one factor (`CHAOS_FACTOR`, 5, as
 //! in `wedged_server.rs`), answering `CHAOS_N` agent requests (50) of mixed kinds over the
 //! daemon's socket while a thread injects faults at random times from a seeded RNG
@@ -13,7 +13,7 @@
 //! - a client `cancel` of a running request;
 //! - a tool that hangs: `read_file` on a FIFO with no writer blocks for ever in `open`, and
 //!   the runner must give it up at `runner.tool_timeout_ms`;
-//! - SIGKILL of `loopd serve` itself, and a new one started on the same store (issue 30): a
+//! - SIGKILL of `loopd serve` itself, and a new one started on the same store: a
 //!   request it had acknowledged is fetched from the next daemon, finished (its result was
 //!   stored) or `failed`/`daemon_restarted` with the output checkpointed (a prefix of what it
 //!   streamed); a submit it never answered is sent again; ids acknowledged after the restart
@@ -29,7 +29,7 @@
 //! process's). Every acknowledged id is accounted for: a result was fetched for it. The figures
 //! go to stderr and, by hand, to docs/chaos.md.
 //!
-//! `CHAOS_HOSTS=2` (`make chaos HOSTS=2`, issue 33) puts a second host beside the first: its
+//! `CHAOS_HOSTS=2` (`make chaos HOSTS=2`) puts a second host beside the first: its
 //! own llama-worker router and inferproxy, reached through two socat forwarders standing in
 //! for the SSH tunnel, and one daemon over both (`[[host]]` a and b). A server fault then hits
 //! either host's model instance, and two more faults come in: b partitioned (its forwarders
@@ -39,8 +39,8 @@
 //! down, or within 10 s of being down, when it came: within an injected fault, or while its
 //! worker, asked every 200 ms on its own socket, said anything but `ready`).
 //!
-//! `CHAOS_LOAD=n` runs n CPU-bound processes beside the stack for the run (issue 29: a busy
-//! box); `CHAOS_FAULTS=0` injects nothing, and then every request must complete with no
+//! `CHAOS_LOAD=n` runs n CPU-bound processes beside the stack for the run (a busy
+//! box, as other builds make it); `CHAOS_FAULTS=0` injects nothing, and then every request must complete with no
 //! restart. A request that failed with an error the runner retries must have used up its
 //! retries.
 //!
@@ -61,8 +61,9 @@ use std::time::{Duration, Instant};
 
 use llama_harness::{wait_for, Forwarder, LocalServer, Proxy};
 use loopd::config::Config;
-use loopd::llama::Client;
-use loopd::selftest::SAMPLING;
+use loopd_client::llama::Client;
+use loopd_client::selftest::SAMPLING;
+use loopd_client::ClientConfig;
 use real_serve::{start_serve, Serve};
 use serde_json::{json, Value};
 
@@ -1122,7 +1123,7 @@ fn write_loopd_config(
     path: &Path,
     hosts: &str,
 ) {
-    let props = Client::new(Config::new(proxy, server.model()))
+    let props = Client::new(ClientConfig::new(proxy, server.model()))
         .props()
         .expect("GET /props through inferproxy");
     let c = &timers.loopd;
@@ -1426,7 +1427,7 @@ fn chaos_every_request_ends_named_and_the_stack_heals() {
         serve_log.display()
     );
     // CHAOS_LOAD=n: n CPU-bound processes beside the stack for the whole run (a busy box,
-    // issue 29), stopped when the test ends, failing or not.
+    // as other builds make it), stopped when the test ends, failing or not.
     let load = llama_harness::CpuLoad::start(env_u64("CHAOS_LOAD", 0) as usize);
     if !load.is_empty() {
         say!(
@@ -1791,7 +1792,7 @@ fn chaos_every_request_ends_named_and_the_stack_heals() {
     );
     // Through a proxy of its own: the shared one's accept bucket is the daemon's.
     let poll_proxy = Proxy::start(server.addr());
-    let poller = Client::new(Config::new(poll_proxy.socket(), server.model()));
+    let poller = Client::new(ClientConfig::new(poll_proxy.socket(), server.model()));
     wait_for(
         "no server slot processing (GET /slots)",
         Duration::from_secs(30),

@@ -5,7 +5,7 @@
 //! process.
 
 mod support;
-mod worker_fake;
+use llama_harness::fake_worker as worker_fake;
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;

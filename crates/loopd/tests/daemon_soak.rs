@@ -8,7 +8,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use clock::SystemClock;
-use loopd::llama::{Buffers, SPARE_BUFFERS};
+use loopd_client::llama::{Buffers, SPARE_BUFFERS};
 use serde_json::json;
 use support::daemon::{error_of, slow_answer, submit, Running};
 use support::{done, json_answer, json_chunk, FakeServer, Reply};

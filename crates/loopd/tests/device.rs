@@ -10,7 +10,7 @@ use std::path::Path;
 
 use llama_harness::Proxy;
 use loopd::config::Config;
-use loopd::llama::{ChatEvent, ChatRequest, Client, FinishReason};
+use loopd_client::llama::{ChatEvent, ChatRequest, Client, FinishReason};
 
 fn env(name: &str) -> String {
     std::env::var(name)
@@ -49,7 +49,7 @@ fn a_capped_thinking_block_is_ended_and_the_answer_follows() {
     let proxy = Proxy::start(upstream());
     let mut c = config(proxy.socket());
     c.limits.thinking_cap = 8;
-    let client = Client::new(c);
+    let client = Client::new(c.client());
     let mut events = Vec::new();
     let done = client
         .chat(&ask("Explain why the sky is blue.", true), &mut |e| {
@@ -88,7 +88,7 @@ fn a_capped_thinking_block_is_ended_and_the_answer_follows() {
 #[ignore = "needs a router: run by make verify-device (make test runs it against the local one)"]
 fn a_stream_survives_its_inferproxy_being_killed_and_restarted() {
     let mut proxy = Proxy::start(upstream());
-    let client = Client::new(config(proxy.socket()));
+    let client = Client::new(config(proxy.socket()).client());
     let mut events = Vec::new();
     let mut killed = false;
     let done = client

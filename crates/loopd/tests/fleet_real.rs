@@ -1,4 +1,4 @@
-//! `loopd serve` over two real inference hosts on this box (issue 33): two llama-worker
+//! `loopd serve` over two real inference hosts on this box: two llama-worker
 //! routers on loopback, each pinned to its own CPU and serving with one thread, each reached
 //! through its own inferproxy and a socat forwarder per socket standing in for the SSH tunnel
 //! (`-L infer.sock:...` and `-L status.sock:...`), so that a host's "network" can be cut.
@@ -29,9 +29,9 @@ use fleet_support::{
     assert_failed_with_output, call, completed_on, status, wait_host, wait_ready_line, Followed,
 };
 use llama_harness::{pin_to_cpu, temp_dir, Forwarder, LocalServer, Proxy};
-use loopd::config::Config;
-use loopd::llama::Client;
-use loopd::selftest::SAMPLING;
+use loopd_client::llama::Client;
+use loopd_client::selftest::SAMPLING;
+use loopd_client::ClientConfig;
 use real_serve::{start_serve, Serve};
 use serde_json::json;
 
@@ -90,7 +90,7 @@ impl Host {
 }
 
 fn write_config(dir: &Path, a: &Host, b: &Host) -> (PathBuf, PathBuf) {
-    let props = Client::new(Config::new(a.infer.socket(), a.server.model()))
+    let props = Client::new(ClientConfig::new(a.infer.socket(), a.server.model()))
         .props()
         .expect("GET /props through a's forwarder");
     let socket = dir.join("loopd.sock");

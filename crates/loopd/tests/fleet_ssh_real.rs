@@ -1,5 +1,5 @@
-//! `loopd serve` over two real hosts, host b reached the way a GPU box is in production
-//! (issue 33 item 2): through OpenSSH's Unix-socket forwarding, with the ssh command line of
+//! `loopd serve` over two real hosts, host b reached the way a GPU box is in production:
+//! through OpenSSH's Unix-socket forwarding, with the ssh command line of
 //! `docs/loopd-tunnel@.service` against a user-mode sshd on loopback running the settings of
 //! `docs/loopd-tunnel.sshd.conf` (`scripts/tunnel.sh`, which installs openssh when it is
 //! missing). Host b's llama-server stays on its loopback port and its worker socket stays
@@ -20,9 +20,9 @@ use fleet_support::{
     assert_failed_with_output, completed_on, wait_host, wait_ready_line, Followed,
 };
 use llama_harness::{temp_dir, workspace_root, LocalServer, Proxy};
-use loopd::config::Config;
-use loopd::llama::Client;
-use loopd::selftest::SAMPLING;
+use loopd_client::llama::Client;
+use loopd_client::selftest::SAMPLING;
+use loopd_client::ClientConfig;
 use real_serve::start_serve;
 
 const LONG: &str = "Count from 1 to 300, one number per line.";
@@ -62,7 +62,7 @@ impl Drop for Tunnel {
 }
 
 fn write_config(dir: &Path, a: (&LocalServer, &Proxy), b: (&Path, &Path)) -> (PathBuf, PathBuf) {
-    let props = Client::new(Config::new(a.1.socket(), a.0.model()))
+    let props = Client::new(ClientConfig::new(a.1.socket(), a.0.model()))
         .props()
         .expect("GET /props through a's inferproxy");
     let socket = dir.join("loopd.sock");

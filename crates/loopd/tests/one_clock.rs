@@ -15,7 +15,7 @@ const DRIVERS: &[(&str, &str)] = &[
         "SystemClock, the workspace's one clock (monotonic and wall time)",
     ),
     (
-        "loopd/src/http.rs",
+        "loopd-client/src/http.rs",
         "socket deadlines: a read or write timeout is set from what is left of an Instant",
     ),
     (
@@ -37,6 +37,10 @@ const DRIVERS: &[(&str, &str)] = &[
     (
         "llama-harness/src/lib.rs",
         "test support: starting and stopping real processes",
+    ),
+    (
+        "llama-harness/src/fake.rs",
+        "test support: the fake llama-server sends each scripted piece after its delay",
     ),
 ];
 

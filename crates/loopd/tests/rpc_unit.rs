@@ -1,4 +1,4 @@
-//! Issue 24 against real processes: llama-worker runs two local `ggml-rpc-server`s and
+//! llama.cpp's RPC backend against real processes: llama-worker runs two local `ggml-rpc-server`s and
 //! `llama-server --rpc` over them as one unit; a chat completes through inferproxy and the
 //! request runner; SIGKILL of one RPC server during a generation fails the request with
 //! `worker_restarted` or `server_died` and its partial output, the worker brings the unit back
@@ -16,11 +16,11 @@ use std::time::{Duration, Instant};
 
 use llama_harness::{free_port, temp_dir, wait_for, workspace_artifact, workspace_root, Proxy};
 use loopd::config::Config;
-use loopd::llama::{ChatEvent, Client};
-use loopd::runner::{
+use loopd_agent::runner::{
     FailReason, Outcome, RequestEvent, Runner, StandardBios, Submission, ToolRegistry,
 };
-use loopd::selftest::SAMPLING;
+use loopd_client::llama::{ChatEvent, Client};
+use loopd_client::selftest::SAMPLING;
 use serde_json::Value;
 
 const MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
@@ -230,7 +230,8 @@ fn runner(proxy: &Proxy, socket: &Path) -> Runner {
     c.runner.worker_socket = Some(socket.to_owned());
     c.runner.worker_poll_ms = 200;
     Runner::new(
-        Arc::new(Client::new(c)),
+        Arc::new(Client::new(c.client())),
+        c.runner,
         ToolRegistry::new(),
         Arc::new(StandardBios),
         1,
@@ -244,7 +245,7 @@ fn cut_by_kill(
     runner: &Runner,
     worker_reason: bool,
     kill: impl FnOnce() + Send + 'static,
-) -> loopd::runner::RequestResult {
+) -> loopd_agent::runner::RequestResult {
     let killed = Arc::new(AtomicU32::new(0));
     let k = killed.clone();
     let mut kill = Some(kill);
@@ -291,13 +292,13 @@ fn cut_by_kill(
 fn request(prompt: &str, max_tokens: u64) -> Submission {
     Submission {
         system: None,
-        messages: vec![loopd::llama::ChatMessage::User {
+        messages: vec![loopd_client::llama::ChatMessage::User {
             content: prompt.into(),
         }],
         budget: Some(0),
         tools: None,
         session: None,
-        options: loopd::llama::ChatOptions {
+        options: loopd_client::llama::ChatOptions {
             thinking: false,
             max_tokens: Some(max_tokens),
             sampling: Some(SAMPLING),

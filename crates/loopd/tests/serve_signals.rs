@@ -5,7 +5,7 @@
 //! `loopd serve` on a live socket or store refuses to start, before its self-test.
 
 mod support;
-mod worker_fake;
+use llama_harness::fake_worker as worker_fake;
 
 use std::io::Read;
 use std::os::unix::net::{UnixDatagram, UnixStream};
@@ -265,7 +265,7 @@ fn ready_after_the_self_test_and_sigterm_cancels_with_partial_output_and_exits_0
     let r = &end["result"];
     assert_eq!(r["outcome"], "failed", "{end}");
     assert_eq!(r["fail_reason"], "cancelled", "{end}");
-    // Not the caller's words (issue 38): an operator reading the store sees who cancelled.
+    // Not the caller's words: an operator reading the store sees who cancelled.
     assert_eq!(r["detail"], "loopd serve was stopped", "{end}");
     assert!(r["content"].as_str().unwrap().starts_with("w0 "), "{end}");
     assert_eq!(

@@ -11,7 +11,7 @@ use loopd::daemon::{
     store_path, Db, DbError, DbSettings, Durability, EvictReason, Evicted, Interrupted,
     NoStorePath, OpenErrorKind, RESTARTED, SCHEMA_VERSION,
 };
-use loopd::runner::{ResultError, Seat};
+use loopd_agent::runner::{ResultError, Seat};
 
 /// The seat of a request on the one server of a plain config.
 const SEAT: Seat<'static> = Seat {
@@ -594,7 +594,7 @@ fn the_files_stay_bounded_in_a_long_run() {
 
 /// A compaction empties the WAL and then restarts it itself (a new header, synced, and one
 /// page), so the next submit's insert appends to a WAL already begun instead of paying that
-/// sync before its acknowledgement (issue 31).
+/// sync before its acknowledgement.
 #[test]
 fn a_compaction_leaves_the_wal_begun_so_the_next_insert_does_not_restart_it() {
     let path = fresh("db-wal-begun");
@@ -662,7 +662,7 @@ fn the_default_path_follows_systemd_then_xdg_then_home() {
     );
 }
 
-/// An operator reads the live store (`sqlite3 -readonly /var/lib/loopd/loopd.db`, issue 38)
+/// An operator reads the live store (`sqlite3 -readonly /var/lib/loopd/loopd.db`)
 /// while the daemon holds it: the reader sees what was committed, the daemon's writes go on
 /// while a read is open, a compaction waits for no reader's permission, and a second `Db` is
 /// still refused while the first holds the owner lock beside the file.

@@ -20,7 +20,7 @@ mod support;
 use std::sync::Arc;
 
 use loopd::daemon::{Db, DbError, DbSettings, Durability, OpenErrorKind};
-use loopd::runner::{ResultError, Seat};
+use loopd_agent::runner::{ResultError, Seat};
 
 /// The seat of a request on the one server of a plain config.
 const SEAT: Seat<'static> = Seat {
@@ -138,7 +138,7 @@ fn a_second_opener_is_refused_while_the_first_holds_the_file() {
             path.display()
         )
     );
-    // A plain SQLite reader is not a daemon: it reads the live store (issue 38).
+    // A plain SQLite reader is not a daemon: it reads the live store, as an operator's `sqlite3 -readonly` does.
     let reader = rusqlite::Connection::open(&path).unwrap();
     reader.busy_timeout(Duration::ZERO).unwrap();
     let read: i64 = reader
@@ -355,7 +355,7 @@ fn big_answer() -> (Reply, String) {
     (reply, format!("start {}", piece.repeat(10)))
 }
 
-/// The daemon on a full disk (issue 30): a submit is refused `STORE_FULL` with the store named;
+/// The daemon on a full disk: a submit is refused `STORE_FULL` with the store named;
 /// the two requests it had acknowledged end on the full disk, and their results, which the
 /// store cannot take, are kept in memory: one is fetched from there while the disk is full, the
 /// other is written once space is freed (and found by the next open of the store); then

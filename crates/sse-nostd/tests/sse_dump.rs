@@ -1,4 +1,4 @@
-//! The `sse_dump` example prints exactly the format issue 2 fixes, on a recorded transcript,
+//! The `sse_dump` example prints exactly its documented format, on a recorded transcript,
 //! in any read size, for a stream that ends inside an event, and for a line over its cap.
 //!
 //! The binary comes from `llama_harness::workspace_artifact`, which asks the cargo running the

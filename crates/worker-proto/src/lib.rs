@@ -15,7 +15,7 @@
 //! (at most [`MAX_METRICS_BYTES`]) and an answer that does not end with [`METRICS_END`] was cut
 //! short.
 //!
-//! Generations (issue 23): a client registers each generation it sends to the server
+//! Generations: a client registers each generation it sends to the server
 //! (`register <slot>`, answered [`RegisterAnswer`]), reports its stream progress
 //! (`progress <id> first_byte|bytes`), a stall of it (`stall <id>`, answered [`StallAnswer`]) and
 //! its end (`done <id>`), each answered [`Ack`]. The worker judges each registered generation
@@ -932,7 +932,7 @@ mod tests {
             }
         );
         assert!(s.server_died());
-        // A failed worker's line, as llama-worker writes it since issue 20.
+        // A failed worker's line, as llama-worker writes it: the cause and the reason named.
         let line = "{\"state\":\"failed\",\"spawns\":6,\"last_cause\":\"model_exited\",\
              \"reason\":\"crash-loop protection: 6 failures in a row (5 restarts) without 600 s \
              ready, the last because model m failed to load: its instance exited with status 1; \

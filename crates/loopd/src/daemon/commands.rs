@@ -7,16 +7,16 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use super::connection::send;
 use super::db::DbError;
 use super::follower::{follower, Feed};
+use super::line::send;
 use super::listener::{Daemon, EVENT_QUEUE, TICK};
 use super::protocol::{
     to_line, CancelReply, CancelState, Command, ErrorCode, HostLine, MetricsReply, OkTrue,
     ProtoError, ResultReply, ServeState, Status, StatusReply, SubmitCmd, SubmitReply, WireResult,
 };
 use super::state::{lock, Hub, Refusal, State};
-use crate::runner::{RequestId, ResultError, SubmitError};
+use loopd_agent::runner::{RequestId, ResultError, SubmitError};
 
 /// A `result` reply around the stored result's JSON text, read back into its type.
 fn result_line(id: u64, stored: &str) -> String {

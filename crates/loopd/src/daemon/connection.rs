@@ -2,20 +2,13 @@
 //! [`MAX_LINE_BYTES`], parsed into a command that applies itself (`commands.rs`), and every
 //! reply line written within the write deadline.
 
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 
+use super::line::send;
 use super::listener::{Daemon, READ_DEADLINE, WRITE_DEADLINE};
 use super::protocol::{self, ProtoError, MAX_LINE_BYTES};
-
-/// Writes `line` and a newline within the stream's write timeout.
-pub(super) fn send(stream: &UnixStream, line: &str) -> io::Result<()> {
-    let mut buf = Vec::with_capacity(line.len() + 1);
-    buf.extend_from_slice(line.as_bytes());
-    buf.push(b'\n');
-    (&*stream).write_all(&buf)
-}
 
 impl Daemon {
     /// Reads one command line within [`READ_DEADLINE`] and the cap.

@@ -39,7 +39,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rusqlite::{params, Connection, ErrorCode, OptionalExtension, TransactionBehavior};
 
-use crate::runner::{ResultError, Seat};
+use loopd_agent::runner::{ResultError, Seat};
 
 /// The schema this binary writes (`PRAGMA user_version`). A file with a newer one is refused.
 pub const SCHEMA_VERSION: u32 = 2;
@@ -722,7 +722,7 @@ impl Db {
     ///
     /// The first write into an emptied WAL restarts it: SQLite writes a new WAL header and
     /// syncs it (an fsync, 0.5 ms on this VM's disk), and left to the next submit that sync
-    /// fell between its arrival and its acknowledgement and POST (issue 31: 0.76 ms at the
+    /// fell between its arrival and its acknowledgement and POST (0.76 ms at the
     /// median of the daemon's insert on the e2e stack, 0.12 ms without it). So the
     /// compaction makes that first write itself, a rewrite of the schema version it already
     /// holds: one page in the WAL, and the next insert appends to it.

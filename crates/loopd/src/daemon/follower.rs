@@ -5,7 +5,7 @@
 //! The thread with an event (the request's driver) writes its line to the client's socket
 //! itself, without waiting (`MSG_DONTWAIT`), whenever nothing is queued for that follower:
 //! an event reaches the client without waking the connection's thread, a hop that cost 3.5
-//! to 4 ms at times on a box whose cores the model's threads held (issue 31: one request in
+//! to 4 ms at times on a box whose cores the model's threads held (one request in
 //! two saw it before its first token). Only what the socket would not take at once (a slow
 //! client), and the end line, go through the queue to the connection's thread, which writes
 //! them in order and blocks as long as its write deadline allows. `queued` counts the lines
@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use socket2::SockRef;
 
-use super::connection::send;
+use super::line::send;
 use super::protocol::ProtoError;
 
 /// What the connection's thread writes for its follower: an event line's bytes (or what the

@@ -16,13 +16,13 @@ use std::time::Duration;
 
 use clock::Clock;
 
-use super::connection::send;
 use super::db::{Db, DbError};
+use super::line::send;
 use super::metrics::Metrics;
 use super::output::restarted_result;
 use super::protocol::ProtoError;
 use super::state::{lock, Inner, State};
-use crate::runner::{RequestId, Runner, SinkAlreadySet};
+use loopd_agent::runner::{RequestId, Runner, SinkAlreadySet};
 
 /// How long a client may take to send its whole command line.
 pub const READ_DEADLINE: Duration = Duration::from_secs(5);
@@ -159,7 +159,7 @@ impl Daemon {
     }
 
     /// Each host's name, state and slots (one `local` host without `[[host]]`).
-    pub fn hosts(&self) -> Vec<crate::runner::HostStatus> {
+    pub fn hosts(&self) -> Vec<loopd_agent::runner::HostStatus> {
         self.runner.hosts()
     }
 

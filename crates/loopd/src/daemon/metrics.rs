@@ -14,7 +14,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
-use crate::runner::{Outcome, RequestResult};
+use loopd_agent::runner::{Outcome, RequestResult};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RequestLabels {
@@ -282,8 +282,8 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::llama::{FinishReason, Timings};
-    use crate::runner::{FailReason, GenerationStats, RequestId};
+    use loopd_agent::runner::{FailReason, GenerationStats, RequestId};
+    use loopd_client::llama::{FinishReason, Timings};
 
     fn result(outcome: Outcome, gens: &[(u64, u64, u64, u64)]) -> RequestResult {
         RequestResult {

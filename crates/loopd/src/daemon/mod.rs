@@ -1,4 +1,4 @@
-//! `loopd serve`: the agent daemon. One [`Runner`](crate::runner::Runner) (one slot table)
+//! `loopd serve`: the agent daemon. One [`Runner`](loopd_agent::runner::Runner) (one slot table)
 //! for every client, reached over a Unix socket ([docs/loopd.md](../../../docs/loopd.md)),
 //! laid out as tokio's mini-redis:
 //!
@@ -18,6 +18,7 @@ mod commands;
 mod connection;
 mod db;
 mod follower;
+mod line;
 mod listener;
 mod metrics;
 mod output;

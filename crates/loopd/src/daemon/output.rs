@@ -12,10 +12,10 @@ use serde::{Deserialize, Serialize};
 
 use super::db::{Interrupted, RESTARTED};
 use super::protocol::{to_line, WireResult};
-use crate::llama::{ChatEvent, ToolCall};
-use crate::runner::{
+use loopd_agent::runner::{
     CallSource, FailReason, Outcome, RequestEvent, RequestId, RequestResult, ToolRecord,
 };
+use loopd_client::llama::{ChatEvent, ToolCall};
 
 /// The longest a running request's streamed output goes unwritten while it streams.
 pub const CHECKPOINT_EVERY: Duration = Duration::from_secs(1);

@@ -18,7 +18,7 @@ use super::follower::Follower;
 use super::metrics::Metrics;
 use super::output::{Checkpoints, Output};
 use super::protocol::{to_line, ErrorCode, ProtoError, ResultReply, WireEvent, WireResult};
-use crate::runner::{RequestEvent, RequestId, RequestResult, Seat, SubmitError};
+use loopd_agent::runner::{RequestEvent, RequestId, RequestResult, Seat, SubmitError};
 
 /// The followers of one running request.
 pub(super) type Hub = Arc<Mutex<Vec<Follower>>>;
@@ -92,7 +92,7 @@ impl State {
         submission: &str,
         seat: Seat<'_>,
         hub: Hub,
-    ) -> Result<(RequestId, crate::runner::Observer), Refusal> {
+    ) -> Result<(RequestId, loopd_agent::runner::Observer), Refusal> {
         let submitted = self.clock.now();
         let mut inner = lock(&self.inner);
         let id = match inner
@@ -120,9 +120,9 @@ impl State {
         let observer = Box::new(move |e: &RequestEvent| {
             let now = me.clock.now();
             if let RequestEvent::Chat(
-                crate::llama::ChatEvent::Content(_)
-                | crate::llama::ChatEvent::Reasoning(_)
-                | crate::llama::ChatEvent::ToolCallDelta { .. },
+                loopd_client::llama::ChatEvent::Content(_)
+                | loopd_client::llama::ChatEvent::Reasoning(_)
+                | loopd_client::llama::ChatEvent::ToolCallDelta { .. },
             ) = e
             {
                 let mut t = lock(&first_token);
@@ -205,8 +205,8 @@ impl State {
         let wire = WireResult::from(&result);
         let body = to_line(&wire);
         let reason = match &result.outcome {
-            crate::runner::Outcome::Completed { finish_reason } => finish_reason.as_str(),
-            crate::runner::Outcome::Failed { reason, .. } => reason.as_str(),
+            loopd_agent::runner::Outcome::Completed { finish_reason } => finish_reason.as_str(),
+            loopd_agent::runner::Outcome::Failed { reason, .. } => reason.as_str(),
         };
         if self.stopping.load(Ordering::SeqCst) {
             let partial = result.content.as_deref().unwrap_or("");
@@ -306,7 +306,7 @@ fn store_code(e: &DbError) -> ErrorCode {
 /// generations (prompt tokens include the cached ones) and the wall time from its submit to its
 /// end (`-` when it was never named, which the sink does not see in practice).
 pub(super) fn end_line(result: &RequestResult, wall: Option<Duration>) -> String {
-    use crate::runner::Outcome;
+    use loopd_agent::runner::Outcome;
     let (outcome, reason) = match &result.outcome {
         Outcome::Completed { finish_reason } => ("completed", finish_reason.as_str()),
         Outcome::Failed { reason, .. } => ("failed", reason.as_str()),
@@ -329,8 +329,8 @@ pub(super) fn end_line(result: &RequestResult, wall: Option<Duration>) -> String
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::llama::{FinishReason, Timings};
-    use crate::runner::{FailReason, GenerationStats, Outcome};
+    use loopd_agent::runner::{FailReason, GenerationStats, Outcome};
+    use loopd_client::llama::{FinishReason, Timings};
 
     fn generation(t: Option<(u64, u64, u64)>) -> GenerationStats {
         GenerationStats {

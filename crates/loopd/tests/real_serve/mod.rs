@@ -7,9 +7,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use llama_harness::{LocalServer, Proxy};
-use loopd::config::Config;
-use loopd::llama::Client;
-use loopd::selftest::SAMPLING;
+use loopd_client::llama::Client;
+use loopd_client::selftest::SAMPLING;
+use loopd_client::ClientConfig;
 
 /// Writes `dir/loopd.toml` for `loopd serve` on `server` through `proxy`: greedy sampling with
 /// the self-test's seed, the worker's status socket, the daemon's socket `dir/loopd.sock`, the
@@ -24,7 +24,7 @@ pub fn write_config(
     limits: &str,
     runner: &str,
 ) -> (PathBuf, PathBuf) {
-    let props = Client::new(Config::new(proxy.socket(), server.model()))
+    let props = Client::new(ClientConfig::new(proxy.socket(), server.model()))
         .props()
         .expect("GET /props through inferproxy");
     let socket = dir.join("loopd.sock");

@@ -9,8 +9,8 @@ use std::time::Duration;
 use clock::Clock;
 use loopd::config::Config;
 use loopd::daemon::{Daemon, Db, DbSettings, Durability, Settings};
-use loopd::llama::Client;
-use loopd::runner::{builtin_tools, Runner, StandardBios};
+use loopd_agent::runner::{builtin_tools, Runner, StandardBios};
+use loopd_client::llama::Client;
 use serde_json::{json, Value};
 
 use super::{done, json_chunk, json_content, FakeServer, Reply};
@@ -61,10 +61,11 @@ impl Running {
     ) -> Running {
         let dir = server.socket().parent().unwrap().to_owned();
         let socket = dir.join("loopd.sock");
-        let client = Arc::new(Client::new(config(server)));
+        let config = config(server);
+        let client = Arc::new(Client::new(config.client()));
         let tools = builtin_tools(None, client.shared_clock()).unwrap();
         let names = tools.schemas().into_iter().map(|s| s.name).collect();
-        let runner = Runner::new(client, tools, Arc::new(StandardBios), slots);
+        let runner = Runner::new(client, config.runner, tools, Arc::new(StandardBios), slots);
         // The store in the test's own directory, never the user's; `LOOPD_STORE_SYNC=full`
         // measures the soak's submit-to-ack with an fsync per commit (docs/benchmarks.md).
         let durability = match std::env::var("LOOPD_STORE_SYNC").as_deref() {

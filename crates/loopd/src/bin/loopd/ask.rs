@@ -11,8 +11,8 @@ use std::io::Write;
 use std::sync::Arc;
 use std::time::Duration;
 
-use loopd::clock::{Clock, SystemClock};
-use loopd::llama::{ChatEvent, Completion, FinishReason};
+use loopd_client::clock::{Clock, SystemClock};
+use loopd_client::llama::{ChatEvent, Completion, FinishReason};
 
 const DIM: &str = "\x1b[2m";
 const RESET: &str = "\x1b[0m";
@@ -304,7 +304,7 @@ impl std::fmt::Display for Printable<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use loopd::llama::{AssistantMessage, Timings};
+    use loopd_client::llama::{AssistantMessage, Timings};
 
     fn plain(events: &[ChatEvent]) -> String {
         let mut w = Watcher::new(Vec::new(), false);
@@ -575,7 +575,7 @@ mod tests {
 
     #[test]
     fn the_speed_is_timed_from_the_first_token_on_the_watchers_clock() {
-        let clock = loopd::clock::FakeClock::new();
+        let clock = loopd_client::clock::FakeClock::new();
         let mut w = Watcher::new(Vec::new(), false).on_clock(Arc::new(clock.clone()));
         clock.advance(Duration::from_secs(7));
         w.event(&ChatEvent::Content("a".into()));

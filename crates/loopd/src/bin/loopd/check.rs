@@ -4,8 +4,9 @@
 
 use std::path::{Path, PathBuf};
 
-use loopd::config::Expect;
-use loopd::{Client, Config, InferError};
+use loopd::Config;
+use loopd_client::config::Expect;
+use loopd_client::{Client, ClientConfig, InferError};
 
 use crate::exit::{Exit, Fail};
 use crate::stdout;
@@ -89,7 +90,7 @@ pub fn probe(socket: &Path, model: Option<&str>) -> Result<Exit, Fail> {
 
 /// `GET /props` on `socket` for `model` (empty: the server's one model), as `[expect]`.
 fn props(socket: &Path, model: &str) -> Result<Expect, Fail> {
-    let client = Client::new(Config::new(socket, model));
+    let client = Client::new(ClientConfig::new(socket, model));
     let p = client.props().map_err(|e| match e {
         // Its message names the socket.
         InferError::Connect { .. } => Fail::new(Exit::Unreachable, e.to_string()),

@@ -16,10 +16,12 @@ use std::time::Duration;
 
 use clap::{CommandFactory, Parser};
 use loopd::daemon::protocol::{WireEvent, WireResult};
-use loopd::http::SendError;
-use loopd::llama::{Cancel, ChatMessage, ChatOptions, ChatRequest, Client};
-use loopd::runner::{builtin_tools, Outcome, ResultError, Runner, StandardBios, Submission};
-use loopd::selftest;
+use loopd_agent::runner::{
+    builtin_tools, Outcome, ResultError, Runner, RunnerConfig, StandardBios, Submission,
+};
+use loopd_client::http::SendError;
+use loopd_client::llama::{Cancel, ChatMessage, ChatOptions, ChatRequest, Client};
+use loopd_client::selftest;
 
 use cli::{AskArgs, Cli, Cmd, RunArgs};
 use exit::{Exit, Fail};
@@ -74,14 +76,16 @@ fn completions(shell: clap_complete::Shell) -> Result<Exit, Fail> {
 }
 
 /// Loads the config and checks that its socket answers, or says in one line why not.
-pub(crate) fn client_for(path: &std::path::Path) -> Result<Client, Fail> {
-    reach(check::load(path)?)
+pub(crate) fn client_for(path: &std::path::Path) -> Result<(loopd::Config, Client), Fail> {
+    let config = check::load(path)?;
+    let client = reach(&config)?;
+    Ok((config, client))
 }
 
 /// A client of the config's server, once its socket answers.
-pub(crate) fn reach(config: loopd::Config) -> Result<Client, Fail> {
+pub(crate) fn reach(config: &loopd::Config) -> Result<Client, Fail> {
     let timeout = Duration::from_millis(config.limits.connect_ms);
-    let reached = loopd::http::connect_within(&config.socket, timeout, &Cancel::new());
+    let reached = loopd_client::http::connect_within(&config.socket, timeout, &Cancel::new());
     if let Err(e) = reached {
         let why = match e {
             SendError::Io(e) => e.to_string(),
@@ -96,7 +100,7 @@ pub(crate) fn reach(config: loopd::Config) -> Result<Client, Fail> {
             ),
         ));
     }
-    Ok(Client::new(config))
+    Ok(Client::new(config.client()))
 }
 
 /// Waits for `/props` while the server loads the model, up to the config's load wait. Stops
@@ -109,8 +113,8 @@ fn worker_admits(cfg: &loopd::Config) -> Result<(), String> {
         return Ok(());
     };
     let timeout = Duration::from_millis(cfg.runner.worker_timeout_ms);
-    match loopd::runner::worker::status(socket, timeout) {
-        Ok(st) => match loopd::runner::SubmitError::of_worker_state(st.state) {
+    match loopd_agent::runner::worker::status(socket, timeout) {
+        Ok(st) => match loopd_agent::runner::SubmitError::of_worker_state(st.state) {
             None => Ok(()),
             Some(refused) => Err(format!(
                 "{refused}: llama-worker is {}{} (`llama-worker status --socket {}`)",
@@ -126,19 +130,18 @@ fn worker_admits(cfg: &loopd::Config) -> Result<(), String> {
     }
 }
 
-pub(crate) fn wait_for_server(client: &Client) -> Result<(), String> {
-    let cfg = client.config();
-    let limits = cfg.limits;
+pub(crate) fn wait_for_server(client: &Client, settings: &RunnerConfig) -> Result<(), String> {
+    let limits = client.config().limits;
     let clock = client.clock();
     let deadline = clock.now() + Duration::from_millis(limits.load_wait_ms);
-    let worker = cfg.runner.worker_socket.as_deref();
-    let worker_timeout = Duration::from_millis(cfg.runner.worker_timeout_ms);
+    let worker = settings.worker_socket.as_deref();
+    let worker_timeout = Duration::from_millis(settings.worker_timeout_ms);
     let mut told = false;
     loop {
         if let Some(socket) = worker {
             // An unreachable worker is no verdict: the wait below still bounds everything.
-            if let Ok(st) = loopd::runner::worker::status(socket, worker_timeout) {
-                use loopd::runner::worker::WorkerState;
+            if let Ok(st) = loopd_agent::runner::worker::status(socket, worker_timeout) {
+                use loopd_agent::runner::worker::WorkerState;
                 if matches!(st.state, WorkerState::Failed | WorkerState::Stopped) {
                     return Err(format!(
                         "llama-worker is {}: {} (`llama-worker status --socket {}`)",
@@ -176,8 +179,8 @@ pub(crate) fn wait_for_server(client: &Client) -> Result<(), String> {
 }
 
 fn run_selftest(path: &std::path::Path, slot: u32) -> Result<Exit, Fail> {
-    let client = client_for(path)?;
-    wait_for_server(&client).map_err(|e| Fail::new(Exit::Failed, e))?;
+    let (config, client) = client_for(path)?;
+    wait_for_server(&client, &config.runner).map_err(|e| Fail::new(Exit::Failed, e))?;
     let cfg = client.config();
     stdout::print(&format!(
         "loopd selftest: socket {}, model {}, slot {slot}\n",
@@ -215,8 +218,8 @@ fn run_selftest(path: &std::path::Path, slot: u32) -> Result<Exit, Fail> {
 }
 
 fn run_ask(a: AskArgs) -> Result<Exit, Fail> {
-    let client = client_for(&a.config)?;
-    wait_for_server(&client).map_err(|e| Fail::new(Exit::Failed, e))?;
+    let (config, client) = client_for(&a.config)?;
+    wait_for_server(&client, &config.runner).map_err(|e| Fail::new(Exit::Failed, e))?;
     let req = ChatRequest::user(a.slot, a.prompt).with_options(ChatOptions {
         thinking: a.thinking,
         ..ChatOptions::default()
@@ -251,12 +254,12 @@ fn run_agent(a: RunArgs) -> Result<Exit, Fail> {
         .config
         .as_deref()
         .ok_or_else(|| Fail::new(Exit::Usage, "--config is required without --daemon"))?;
-    let client = client_for(config)?;
+    let (config, client) = client_for(config)?;
     // As the daemon's submit: llama-worker is asked first, and a worker that cannot serve
     // refuses at once with the seed's name, without waiting on the server.
-    worker_admits(client.config()).map_err(|e| Fail::new(Exit::Refused, e))?;
-    wait_for_server(&client).map_err(|e| Fail::new(Exit::Failed, e))?;
-    let slots = match client.config().runner.slots {
+    worker_admits(&config).map_err(|e| Fail::new(Exit::Refused, e))?;
+    wait_for_server(&client, &config.runner).map_err(|e| Fail::new(Exit::Failed, e))?;
+    let slots = match config.runner.slots {
         0 => match client.props() {
             Ok(p) => p.total_slots,
             Err(e) => {
@@ -272,6 +275,7 @@ fn run_agent(a: RunArgs) -> Result<Exit, Fail> {
         .map_err(|e| Fail::new(Exit::Usage, format!("--folder: {e}")))?;
     let runner = Runner::new(
         std::sync::Arc::new(client),
+        config.runner,
         tools,
         std::sync::Arc::new(StandardBios),
         slots,
@@ -290,7 +294,7 @@ fn run_agent(a: RunArgs) -> Result<Exit, Fail> {
         request_watcher::RequestWatcher::for_stdout(),
     ));
     let w = watcher.clone();
-    let observer = Box::new(move |e: &loopd::runner::RequestEvent| {
+    let observer = Box::new(move |e: &loopd_agent::runner::RequestEvent| {
         if let Some(e) = WireEvent::of(e) {
             w.lock().unwrap_or_else(|e| e.into_inner()).event(&e)
         }

@@ -11,7 +11,7 @@
 use std::io::{IsTerminal, Stdout, Write};
 
 use loopd::daemon::protocol::{WireEvent, WireResult, WireSource, WireStall};
-use loopd::llama::ChatEvent;
+use loopd_client::llama::ChatEvent;
 
 use crate::ask::Watcher;
 
@@ -248,11 +248,11 @@ fn stall_words(a: &WireStall) -> String {
 mod tests {
     use super::*;
     use loopd::daemon::protocol::{WireNotRun, WireOutcome, WireToolRun};
-    use loopd::llama::{AssistantMessage, ChatMessage, ToolCall};
-    use loopd::runner::{
+    use loopd_agent::runner::{
         CallSource, FailReason, Outcome, RequestEvent, RequestId, RequestResult, StallAnswer,
         ToolRecord,
     };
+    use loopd_client::llama::{AssistantMessage, ChatMessage, ToolCall};
 
     fn call(id: &str, args: &str) -> ToolCall {
         ToolCall {

@@ -6,10 +6,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use loopd::daemon::{store_path, Daemon, Db, DbSettings, Settings};
-use loopd::fleet::PlacementConfig;
-use loopd::llama::Client;
-use loopd::runner::{builtin_tools, HostSpec, Runner, StandardBios};
-use loopd::selftest;
+use loopd_agent::fleet::PlacementConfig;
+use loopd_agent::runner::{builtin_tools, HostSpec, Runner, RunnerConfig, StandardBios};
+use loopd_client::llama::Client;
+use loopd_client::selftest;
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 
@@ -42,14 +42,14 @@ pub fn serve(config: &Path, folder: Option<&Path>) -> Result<Exit, Fail> {
     // inference socket must answer before anything else.
     let fleet = cfg.fleet();
     let client = match fleet {
-        Some(_) => Client::new(cfg),
-        None => crate::reach(cfg)?,
+        Some(_) => Client::new(cfg.client()),
+        None => crate::reach(&cfg)?,
     };
     // Opened first: a store another daemon holds (or that is corrupt, unwritable, newer)
     // refuses the start at once, before the wait for the model.
     let env = |k| std::env::var_os(k);
     let path = match store_path(
-        client.config().daemon.store.as_deref(),
+        cfg.daemon.store.as_deref(),
         env("STATE_DIRECTORY").as_deref(),
         env("XDG_STATE_HOME").as_deref(),
         env("HOME").as_deref(),
@@ -58,9 +58,9 @@ pub fn serve(config: &Path, folder: Option<&Path>) -> Result<Exit, Fail> {
         Err(e) => return Err(fail(format!("refusing to start: {e}"))),
     };
     let db_settings = DbSettings {
-        durability: client.config().daemon.store_sync,
-        ttl: Duration::from_secs(client.config().runner.result_ttl_s),
-        cap: client.config().runner.max_results,
+        durability: cfg.daemon.store_sync,
+        ttl: Duration::from_secs(cfg.runner.result_ttl_s),
+        cap: cfg.runner.max_results,
     };
     let db = match Db::open(&path, db_settings) {
         Ok(db) => db,
@@ -70,10 +70,9 @@ pub fn serve(config: &Path, folder: Option<&Path>) -> Result<Exit, Fail> {
         Ok(t) => t,
         Err(e) => return Err(fail(format!("--folder: {e}"))),
     };
-    let cfg = client.config().clone();
     let hosts = match &fleet {
         None => {
-            if let Err(e) = crate::wait_for_server(&client) {
+            if let Err(e) = crate::wait_for_server(&client, &cfg.runner) {
                 return Err(fail(format!("refusing to start: {e}")));
             }
             eprintln!(
@@ -91,7 +90,7 @@ pub fn serve(config: &Path, folder: Option<&Path>) -> Result<Exit, Fail> {
         }
         Some(fleet) => {
             let specs: Vec<HostSpec> = fleet.hosts().iter().map(HostSpec::from).collect();
-            let passed = test_hosts(&client, &specs);
+            let passed = test_hosts(&client, &cfg.runner, &specs);
             if passed.is_empty() {
                 return Err(fail(format!(
                     "refusing to start: none of the {} hosts passed its self-test",
@@ -119,13 +118,20 @@ pub fn serve(config: &Path, folder: Option<&Path>) -> Result<Exit, Fail> {
     let clock = client.shared_clock();
     let bios = Arc::new(StandardBios);
     let runner = match hosts {
-        None => Runner::new(Arc::new(client), tools, bios, slots),
+        None => Runner::new(Arc::new(client), cfg.runner.clone(), tools, bios, slots),
         Some(specs) => {
             let placement = PlacementConfig {
                 policy: cfg.placement,
                 ..PlacementConfig::default()
             };
-            match Runner::with_hosts(Arc::new(client), tools, bios, specs, placement) {
+            match Runner::with_hosts(
+                Arc::new(client),
+                cfg.runner.clone(),
+                tools,
+                bios,
+                specs,
+                placement,
+            ) {
                 Ok(r) => r,
                 Err(e) => return Err(fail(format!("refusing to start: {}: {e}", e.key()))),
             }
@@ -222,11 +228,11 @@ pub fn serve(config: &Path, folder: Option<&Path>) -> Result<Exit, Fail> {
 /// Each host's start-up check, all at once: its server answers `/props` within the load wait
 /// and passes the self-test (the same `[expect]`) on its first owned slot. The hosts that
 /// pass, in config order; each that fails is named with why, and not used.
-fn test_hosts(base: &Client, specs: &[HostSpec]) -> Vec<HostSpec> {
+fn test_hosts(base: &Client, settings: &RunnerConfig, specs: &[HostSpec]) -> Vec<HostSpec> {
     let results: Vec<Result<(), String>> = std::thread::scope(|scope| {
         let runs: Vec<_> = specs
             .iter()
-            .map(|spec| scope.spawn(move || test_host(base, spec)))
+            .map(|spec| scope.spawn(move || test_host(base, settings, spec)))
             .collect();
         runs.into_iter()
             .map(|r| {
@@ -251,9 +257,13 @@ fn test_hosts(base: &Client, specs: &[HostSpec]) -> Vec<HostSpec> {
         .collect()
 }
 
-fn test_host(base: &Client, spec: &HostSpec) -> Result<(), String> {
+fn test_host(base: &Client, settings: &RunnerConfig, spec: &HostSpec) -> Result<(), String> {
     let client = spec.client(base);
-    crate::wait_for_server(&client)?;
+    let settings = RunnerConfig {
+        worker_socket: spec.worker_socket.clone(),
+        ..settings.clone()
+    };
+    crate::wait_for_server(&client, &settings)?;
     let slot = spec.slots.first().copied().unwrap_or(0);
     let checks = selftest::run(&client, slot, &mut |c| {
         eprintln!("loopd serve: host {}: {c}", spec.name)

@@ -4,8 +4,8 @@
 use serde::{Deserialize, Serialize};
 
 use super::ProtoError;
-use crate::llama::{AssistantMessage, ChatMessage, ChatOptions, ToolCall};
-use crate::runner::Submission;
+use loopd_agent::runner::Submission;
+use loopd_client::llama::{AssistantMessage, ChatMessage, ChatOptions, ToolCall};
 
 /// One command line: `{"cmd":NAME, ...the command's fields}`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -9,7 +9,7 @@ use std::fmt;
 
 use serde_json::Value;
 
-use crate::runner::{RequestId, ResultError};
+use loopd_agent::runner::{RequestId, ResultError};
 
 mod command;
 mod reply;
@@ -164,8 +164,8 @@ pub fn parse(line: &[u8]) -> Result<Command, ProtoError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::llama::{AssistantMessage, ChatMessage, ToolCall};
-    use crate::runner::{CallSource, Outcome, RequestResult, Submission};
+    use loopd_agent::runner::{CallSource, Outcome, RequestResult, Submission};
+    use loopd_client::llama::{AssistantMessage, ChatMessage, ToolCall};
 
     /// The code of a line refused by the parse or, for a submit, by its checks.
     fn code(line: &str) -> &'static str {
@@ -407,7 +407,7 @@ mod tests {
     /// result says which ran and which did not, so a client can show the refusal.
     #[test]
     fn a_result_names_the_calls_that_never_ran() {
-        use crate::runner::{ExitSignal, FailReason, RequestId, ToolRecord};
+        use loopd_agent::runner::{ExitSignal, FailReason, RequestId, ToolRecord};
         let call = |id: &str, name: &str| ToolCall {
             id: id.into(),
             name: name.into(),

@@ -6,7 +6,7 @@ use serde::de::Error as _;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::result::WireResult;
-use crate::runner::SubmitError;
+use loopd_agent::runner::SubmitError;
 
 /// The `ok` of a reply that succeeded: `true`, and only `true`, on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

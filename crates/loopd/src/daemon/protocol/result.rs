@@ -4,8 +4,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::llama::{ChatEvent, ToolCall};
-use crate::runner::{CallSource, Outcome, RequestEvent, RequestResult, StallAnswer};
+use loopd_agent::runner::{CallSource, Outcome, RequestEvent, RequestResult, StallAnswer};
+use loopd_client::llama::{ChatEvent, ToolCall};
 
 /// Where a call came from: the server parsed it, or it was found written as text.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
