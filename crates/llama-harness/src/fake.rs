@@ -562,6 +562,48 @@ pub fn done() -> Vec<u8> {
     b"data: [DONE]\n\n".to_vec()
 }
 
+/// `/props` of a server with this chat template, context and slot count, as the self-test
+/// reads them.
+pub fn props_reply(template: &str, n_ctx: u64, total_slots: u32) -> Reply {
+    let body = serde_json::json!({
+        "default_generation_settings": {"n_ctx": n_ctx},
+        "total_slots": total_slots,
+        "chat_template": template,
+    });
+    Reply::json(200, &body.to_string())
+}
+
+/// A streamed answer: one chunk per delta (each a JSON object's text), then the finish with
+/// `timings` (`cache_n`, `prompt_n`, `predicted_n`) on every chunk, or on none.
+pub fn streamed(deltas: &[&str], finish: &str, timings: Option<(u64, u64, u64)>) -> Reply {
+    let timings = timings.map_or(String::new(), |(c, p, n)| {
+        format!(r#","timings":{{"cache_n":{c},"prompt_n":{p},"predicted_n":{n}}}"#)
+    });
+    let mut pieces: Vec<Vec<u8>> = deltas
+        .iter()
+        .map(|d| {
+            format!(r#"data: {{"id":"chatcmpl-s","choices":[{{"index":0,"delta":{d}}}]{timings}}}"#)
+                .into_bytes()
+        })
+        .collect();
+    pieces.push(
+        format!(
+            r#"data: {{"id":"chatcmpl-s","choices":[{{"index":0,"delta":{{}},"finish_reason":"{finish}"}}]{timings}}}"#
+        )
+        .into_bytes(),
+    );
+    pieces.push(b"data: [DONE]".to_vec());
+    Reply::sse(
+        pieces
+            .into_iter()
+            .map(|mut p| {
+                p.extend_from_slice(b"\n\n");
+                p
+            })
+            .collect(),
+    )
+}
+
 /// "Red, blue", finished.
 pub fn answer() -> Reply {
     Reply::sse(vec![

@@ -4,6 +4,8 @@
 //! with their partial output; it takes new requests again once a new watch says ready).
 
 mod sections;
+// The client's own test support: the fake server and a held slot, written once.
+#[path = "../../loopd-client/tests/support/mod.rs"]
 mod support;
 use llama_harness::fake_worker as worker_fake;
 

@@ -5,6 +5,8 @@
 //! test's own.
 
 mod sections;
+// The client's own test support: the fake server and a held slot, written once.
+#[path = "../../loopd-client/tests/support/mod.rs"]
 mod support;
 use llama_harness::fake_worker as worker_fake;
 

@@ -8,19 +8,10 @@ use llama_proto::hash::sha256;
 use loopd_client::config::{ClientConfig, Expect, Limits};
 use loopd_client::llama::Client;
 use loopd_client::selftest::{self, Check, CACHE_MAX_TOKENS, TOOL_MAX_TOKENS};
-use support::{FakeServer, Reply};
+use support::{props_reply, streamed, FakeServer, Reply};
 
 const CHAT: &str = "/v1/chat/completions";
 const TEMPLATE: &str = "{{ messages }}";
-
-fn props(template: &str, n_ctx: u64, total_slots: u32) -> Reply {
-    let body = serde_json::json!({
-        "default_generation_settings": {"n_ctx": n_ctx},
-        "total_slots": total_slots,
-        "chat_template": template,
-    });
-    Reply::json(200, &body.to_string())
-}
 
 fn expect() -> Expect {
     Expect {
@@ -46,39 +37,9 @@ fn client(server: &FakeServer) -> Client {
     Client::new(c)
 }
 
-/// A streamed answer: one chunk per delta, then the finish with `timings` (or none).
-fn stream(deltas: &[&str], finish: &str, timings: Option<(u64, u64, u64)>) -> Reply {
-    let timings = timings.map_or(String::new(), |(c, p, n)| {
-        format!(r#","timings":{{"cache_n":{c},"prompt_n":{p},"predicted_n":{n}}}"#)
-    });
-    let mut pieces: Vec<Vec<u8>> = deltas
-        .iter()
-        .map(|d| {
-            format!(r#"data: {{"id":"chatcmpl-s","choices":[{{"index":0,"delta":{d}}}]{timings}}}"#)
-                .into_bytes()
-        })
-        .collect();
-    pieces.push(
-        format!(
-            r#"data: {{"id":"chatcmpl-s","choices":[{{"index":0,"delta":{{}},"finish_reason":"{finish}"}}]{timings}}}"#
-        )
-        .into_bytes(),
-    );
-    pieces.push(b"data: [DONE]".to_vec());
-    Reply::sse(
-        pieces
-            .into_iter()
-            .map(|mut p| {
-                p.extend_from_slice(b"\n\n");
-                p
-            })
-            .collect(),
-    )
-}
-
 fn call(arguments: &str) -> Reply {
     let args = serde_json::to_string(arguments).unwrap();
-    stream(
+    streamed(
         &[&format!(
             r#"{{"tool_calls":[{{"index":0,"id":"c1","type":"function","function":{{"name":"get_weather","arguments":{args}}}}}]}}"#
         )],
@@ -88,7 +49,7 @@ fn call(arguments: &str) -> Reply {
 }
 
 fn answer(timings: Option<(u64, u64, u64)>) -> Reply {
-    stream(&[r#"{"content":"Blue."}"#], "stop", timings)
+    streamed(&[r#"{"content":"Blue."}"#], "stop", timings)
 }
 
 fn check(routes: Vec<(&str, Vec<Reply>)>, f: fn(&Client, u32) -> Check) -> Check {
@@ -99,7 +60,7 @@ fn check(routes: Vec<(&str, Vec<Reply>)>, f: fn(&Client, u32) -> Check) -> Check
 #[test]
 fn the_server_check_names_each_mismatch() {
     let ok = check(
-        vec![("/props", vec![props(TEMPLATE, 4096, 2)])],
+        vec![("/props", vec![props_reply(TEMPLATE, 4096, 2)])],
         selftest::server_matches,
     );
     assert!(ok.passed, "{ok}");
@@ -107,15 +68,15 @@ fn the_server_check_names_each_mismatch() {
     let other = sha256(b"{{ other }}").unwrap().to_string();
     for (reply, detail) in [
         (
-            props("{{ other }}", 4096, 2),
+            props_reply("{{ other }}", 4096, 2),
             format!("chat_template sha256 expected {want} got {other}; n_ctx expected 4096 got 4096; total_slots expected 2 got 2"),
         ),
         (
-            props(TEMPLATE, 8192, 2),
+            props_reply(TEMPLATE, 8192, 2),
             format!("chat_template sha256 expected {want} got {want}; n_ctx expected 4096 got 8192; total_slots expected 2 got 2"),
         ),
         (
-            props(TEMPLATE, 4096, 1),
+            props_reply(TEMPLATE, 4096, 1),
             format!("chat_template sha256 expected {want} got {want}; n_ctx expected 4096 got 4096; total_slots expected 2 got 1"),
         ),
     ] {
@@ -147,7 +108,7 @@ fn the_tool_check_fails_without_a_call_with_bad_arguments_or_the_wrong_finish() 
             r#"[get_weather("Paris")] finish_reason tool_calls"#.to_owned(),
         ),
         (
-            stream(
+            streamed(
                 &[
                     r#"{"tool_calls":[{"index":0,"id":"c1","type":"function","function":{"name":"get_weather","arguments":"{}"}}]}"#,
                 ],
@@ -204,7 +165,7 @@ fn the_cache_check_fails_on_a_loss_and_on_missing_timings() {
 #[test]
 fn every_request_pins_greedy_sampling_a_seed_and_a_small_max_tokens() {
     let server = FakeServer::start(vec![
-        ("/props", vec![props(TEMPLATE, 4096, 2)]),
+        ("/props", vec![props_reply(TEMPLATE, 4096, 2)]),
         (
             CHAT,
             vec![

@@ -6,19 +6,10 @@ use std::process::Command;
 
 use llama_proto::hash::sha256;
 use loopd_client::config::Expect;
-use support::{FakeServer, Reply};
+use support::{props_reply, streamed, FakeServer, Reply};
 
 const CHAT: &str = "/v1/chat/completions";
 const TEMPLATE: &str = "{{ messages }}";
-
-fn props(template: &str, n_ctx: u64, total_slots: u32) -> Reply {
-    let body = serde_json::json!({
-        "default_generation_settings": {"n_ctx": n_ctx},
-        "total_slots": total_slots,
-        "chat_template": template,
-    });
-    Reply::json(200, &body.to_string())
-}
 
 fn expect() -> Expect {
     Expect {
@@ -28,44 +19,14 @@ fn expect() -> Expect {
     }
 }
 
-/// A streamed answer: one chunk per delta, then the finish with `timings` (or none).
-fn stream(deltas: &[&str], finish: &str, timings: Option<(u64, u64, u64)>) -> Reply {
-    let timings = timings.map_or(String::new(), |(c, p, n)| {
-        format!(r#","timings":{{"cache_n":{c},"prompt_n":{p},"predicted_n":{n}}}"#)
-    });
-    let mut pieces: Vec<Vec<u8>> = deltas
-        .iter()
-        .map(|d| {
-            format!(r#"data: {{"id":"chatcmpl-s","choices":[{{"index":0,"delta":{d}}}]{timings}}}"#)
-                .into_bytes()
-        })
-        .collect();
-    pieces.push(
-        format!(
-            r#"data: {{"id":"chatcmpl-s","choices":[{{"index":0,"delta":{{}},"finish_reason":"{finish}"}}]{timings}}}"#
-        )
-        .into_bytes(),
-    );
-    pieces.push(b"data: [DONE]".to_vec());
-    Reply::sse(
-        pieces
-            .into_iter()
-            .map(|mut p| {
-                p.extend_from_slice(b"\n\n");
-                p
-            })
-            .collect(),
-    )
-}
-
 fn answer(timings: Option<(u64, u64, u64)>) -> Reply {
-    stream(&[r#"{"content":"Blue."}"#], "stop", timings)
+    streamed(&[r#"{"content":"Blue."}"#], "stop", timings)
 }
 
 #[test]
 fn loopd_selftest_exits_1_with_the_failing_line() {
     let server = FakeServer::start(vec![
-        ("/props", vec![props(TEMPLATE, 4096, 2)]),
+        ("/props", vec![props_reply(TEMPLATE, 4096, 2)]),
         (
             CHAT,
             vec![
