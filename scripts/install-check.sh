@@ -301,6 +301,16 @@ wait_ready() { # deadline in s, ready_lines before the event: the worker ready a
   done
 }
 
+# Each row below needs a request still streaming when its fault comes, so the
+# model's sampling is pinned from here on (temperature 0 and a seed in loopd's config, the one
+# change to the guide's files): then the long prompt streams its full 400 tokens, one line of
+# numbers, every time (unpinned, the small model stopped after 4 tokens once, repeated a line
+# once).
+before=$(ready_lines)
+in_box bash -c 'printf "\n[sampling]\ntemperature = 0.0\nseed = 42\n" >>/etc/loopd/loopd.toml'
+in_box systemctl restart loopd
+wait_ready 120 "$before"
+say "sampling pinned in /etc/loopd/loopd.toml (temperature 0, seed 42); loopd restarted"
 pid=$(main_pid loopd)
 follow_long
 in_box systemctl restart inferproxy
