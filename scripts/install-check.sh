@@ -314,8 +314,8 @@ say "sampling pinned in /etc/loopd/loopd.toml (temperature 0, seed 42); loopd re
 pid=$(main_pid loopd)
 follow_long
 in_box systemctl restart inferproxy
-# It ends by itself: completed, or loop_detected when the model (sampling as the guide's config
-# leaves it, not pinned) repeats a line; never cancelled or cut by the restart.
+# It ends by itself: completed, or loop_detected should the model repeat a line (it did once
+# before its sampling was pinned); never cancelled or cut by the restart.
 got=$(followed)
 case $(echo "$got" | cut -f1,2) in
   "completed	None" | "failed	loop_detected") ;;
