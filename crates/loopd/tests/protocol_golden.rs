@@ -131,6 +131,7 @@ fn the_docs_result() -> WireResult {
         }],
         retries: vec![],
         host: None,
+        session: None,
     }
 }
 

@@ -101,6 +101,28 @@ pub struct Submission {
     /// one session go back to the host whose prompt cache holds it. `None`: the session is
     /// the BIOS, the system message and the first user message.
     pub session: Option<String>,
+    /// A summary to write before generation 1 (a session's compaction, docs/sessions.md):
+    /// its generation runs first, on the same slot, and its text goes into one of
+    /// [`messages`](Submission::messages). `None`: generation 1 is the first.
+    pub summarize: Option<Summarize>,
+}
+
+/// The summary generation a [`Submission`] may open with. It is sent the BIOS, the system
+/// message and then [`messages`](Summarize::messages), with the request's tools and options
+/// except `max_tokens`; its answer's content (calls, if any, are ignored) is the summary. The
+/// summary is then written into `Submission::messages[into]`, a user message, before its
+/// content: `prefix`, the summary, a blank line, then the message as it was. A summary
+/// generation that fails ends the request as any generation's failure does.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Summarize {
+    /// The turns to summarize, then the instruction (a user message).
+    pub messages: Vec<ChatMessage>,
+    /// The summary's `max_tokens`.
+    pub max_tokens: u64,
+    /// The index in `Submission::messages` of the user message the summary goes into.
+    pub into: usize,
+    /// The words before the summary.
+    pub prefix: String,
 }
 
 /// Why `get_result` or `cancel` had nothing to give.

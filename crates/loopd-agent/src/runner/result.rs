@@ -247,6 +247,14 @@ pub enum RequestEvent {
     },
     /// The worker answered a stall report.
     Stall(StallAnswer),
+    /// The summary generation of a [`Summarize`](super::Summarize) ended: its text, now written
+    /// into the conversation, and the server's counts for it.
+    Summarized {
+        /// The summary.
+        summary: String,
+        /// Its generation's timings, when the server sent them.
+        timings: Option<Timings>,
+    },
     /// The request was given a seat on a named `[[host]]` (first of all its events), or was
     /// moved to another one because its host refused the connect (`rehomed`).
     Placed {

@@ -55,6 +55,15 @@ impl Daemon {
                     metrics: self.metrics(),
                 }),
             ),
+            Command::Open(_)
+            | Command::Turn(_)
+            | Command::History(_)
+            | Command::List(_)
+            | Command::Delete(_) => send(
+                stream,
+                &ProtoError::BadRequest("sessions are not served by this build yet".into())
+                    .to_line(),
+            ),
         }
     }
 

@@ -460,6 +460,7 @@ mod tests {
             stalls: vec![],
             retries: vec![],
             host: None,
+            session: None,
         };
         let followed = |terminal, colour| {
             let mut w = RequestWatcher::new(Vec::new(), terminal, colour);

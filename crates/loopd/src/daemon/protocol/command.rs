@@ -3,6 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::session::{DeleteCmd, HistoryCmd, ListCmd, OpenCmd, TurnCmd};
 use super::ProtoError;
 use loopd_agent::runner::Submission;
 use loopd_client::llama::{AssistantMessage, ChatMessage, ChatOptions, ToolCall};
@@ -25,12 +26,23 @@ pub enum Command {
     Status(StatusCmd),
     /// The counters in the Prometheus text format.
     Metrics(MetricsCmd),
+    /// Start a session (docs/sessions.md).
+    Open(OpenCmd),
+    /// One turn of a session: a request whose conversation is the session's log.
+    Turn(TurnCmd),
+    /// A session's settings and log.
+    History(HistoryCmd),
+    /// Every session.
+    List(ListCmd),
+    /// A session and its log, gone from the store.
+    Delete(DeleteCmd),
 }
 
 impl Command {
     /// Every `cmd` name, as [`parse`](super::parse) accepts them.
-    pub const NAMES: [&'static str; 7] = [
-        "submit", "result", "wait", "cancel", "follow", "status", "metrics",
+    pub const NAMES: [&'static str; 12] = [
+        "submit", "result", "wait", "cancel", "follow", "status", "metrics", "open", "turn",
+        "history", "list", "delete",
     ];
 
     /// The command line, without its newline.
@@ -50,7 +62,8 @@ macro_rules! into_command {
 }
 
 into_command!(SubmitCmd => Submit, ResultCmd => Result, WaitCmd => Wait, CancelCmd => Cancel,
-    FollowCmd => Follow, StatusCmd => Status, MetricsCmd => Metrics);
+    FollowCmd => Follow, StatusCmd => Status, MetricsCmd => Metrics, OpenCmd => Open,
+    TurnCmd => Turn, HistoryCmd => History, ListCmd => List, DeleteCmd => Delete);
 
 /// One message of a `submit`'s `messages`, as on the wire.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -206,6 +219,7 @@ impl SubmitCmd {
         }
         Ok(Submission {
             session: self.session.clone(),
+            summarize: None,
             system: self.system.clone(),
             messages,
             budget: self.budget,

@@ -14,6 +14,7 @@ use loopd_agent::runner::{RequestId, ResultError};
 mod command;
 mod reply;
 mod result;
+mod session;
 
 pub use command::{
     CancelCmd, Command, FollowCmd, MetricsCmd, ResultCmd, StatusCmd, SubmitCmd, WaitCmd, WireCall,
@@ -26,6 +27,11 @@ pub use reply::{
 pub use result::{
     WireEvent, WireExit, WireGeneration, WireNotRun, WireOutcome, WireResult, WireRetry,
     WireSource, WireStall, WireToolRun,
+};
+pub use session::{
+    check_name, Compaction, CompactionRule, DeleteCmd, DeleteReply, HistoryCmd, HistoryReply,
+    ListCmd, ListReply, OpenCmd, OpenReply, Record, SessionLine, SessionSettings, TurnCmd,
+    TurnRecord, MAX_SESSION_NAME_BYTES,
 };
 
 /// Longest command line, newline included: a bigger one is refused with `LINE_TOO_LONG`.
@@ -116,7 +122,8 @@ impl fmt::Display for ProtoError {
             ProtoError::BadJson(e) => write!(f, "the line is not JSON: {e}"),
             ProtoError::UnknownCommand(c) => write!(
                 f,
-                "unknown command {c}; use submit, result, wait, cancel, follow, status or metrics"
+                "unknown command {c}; use submit, result, wait, cancel, follow, status, metrics, \
+                 open, turn, history, list or delete"
             ),
             ProtoError::BadRequest(e) => write!(f, "bad request: {e}"),
             ProtoError::UnknownTool(t) => write!(f, "the daemon offers no tool `{t}`"),

@@ -214,11 +214,19 @@ pub enum ErrorCode {
     FollowerDropped,
     /// Too many connections at once.
     TooManyConnections,
+    /// No session of that name.
+    SessionNotFound,
+    /// `open` of a name a session already has.
+    SessionExists,
+    /// A turn of the session is running; its turns run one at a time.
+    SessionBusy,
+    /// The session's log, or the number of sessions, is at its cap (`[sessions]`).
+    SessionFull,
 }
 
 impl ErrorCode {
     /// Every code, in the order above.
-    pub const ALL: [ErrorCode; 19] = [
+    pub const ALL: [ErrorCode; 23] = [
         ErrorCode::NotFound,
         ErrorCode::Pending,
         ErrorCode::NoSlotAvailable,
@@ -238,6 +246,10 @@ impl ErrorCode {
         ErrorCode::Ended,
         ErrorCode::FollowerDropped,
         ErrorCode::TooManyConnections,
+        ErrorCode::SessionNotFound,
+        ErrorCode::SessionExists,
+        ErrorCode::SessionBusy,
+        ErrorCode::SessionFull,
     ];
 
     /// The name on the wire: `NOT_FOUND`, `PENDING`, ...
@@ -262,6 +274,10 @@ impl ErrorCode {
             ErrorCode::Ended => "ENDED",
             ErrorCode::FollowerDropped => "FOLLOWER_DROPPED",
             ErrorCode::TooManyConnections => "TOO_MANY_CONNECTIONS",
+            ErrorCode::SessionNotFound => "SESSION_NOT_FOUND",
+            ErrorCode::SessionExists => "SESSION_EXISTS",
+            ErrorCode::SessionBusy => "SESSION_BUSY",
+            ErrorCode::SessionFull => "SESSION_FULL",
         }
     }
 

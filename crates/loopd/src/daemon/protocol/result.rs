@@ -184,6 +184,9 @@ pub struct WireResult {
     /// The `[[host]]` it ran on; left out on a daemon of one unnamed host.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host: Option<String>,
+    /// A session's turn: which, and how it ran (docs/sessions.md); left out otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<super::TurnRecord>,
 }
 
 impl WireResult {
@@ -278,6 +281,7 @@ impl From<&RequestResult> for WireResult {
                 })
                 .collect(),
             host: r.host.clone(),
+            session: None,
         }
     }
 }
@@ -296,6 +300,11 @@ impl From<&ToolCall> for WireNotRun {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "event", rename_all = "snake_case", deny_unknown_fields)]
 pub enum WireEvent {
+    /// A session's compaction wrote its summary of earlier turns (before generation 1).
+    Summarized {
+        /// The summary, as the conversation now carries it.
+        summary: String,
+    },
     /// A generation starts.
     Generation {
         /// 1 for the first.
@@ -462,6 +471,9 @@ impl WireEvent {
                 budget_left: *budget_left,
             },
             RequestEvent::Stall(a) => WireEvent::Stall(a.into()),
+            RequestEvent::Summarized { summary, .. } => WireEvent::Summarized {
+                summary: summary.clone(),
+            },
             RequestEvent::Placed { host, slot, by } => WireEvent::Placed {
                 host: host.clone(),
                 slot: *slot,
