@@ -13,6 +13,16 @@
 //! then the worker's, then the client's). It never blocks, spawns or reads a clock; the
 //! driver in `drive.rs` does the IO.
 //!
+//! A request with a [`Summarize`](super::Summarize) sends its summary generation first: the
+//! BIOS, the system message and the messages to summarize, with the generations' tools and
+//! options (`max_tokens` its own, thinking off). It is the same [`ChatCall`] under the same
+//! policy as every generation (gate, retries, registration, stalls, loop detection, cancel),
+//! so its failure ends the request with the reason a generation's would, and no output. Its
+//! answer's content is written into the user message it names, [`RequestEvent::Summarized`]
+//! goes out, and generation 1 starts. It counts as no generation: not in the result's
+//! generations or transcript, no budget, no `Generation` event, no cache baseline; its retries
+//! are recorded as generation 0's.
+//!
 //! With a worker socket each generation is registered with llama-worker before it is sent
 //! (`register <slot>`), its first token and then its bytes at most every [`PROGRESS_EVERY`]
 //! are reported (`progress <id> first_byte|bytes`), and it is unregistered (`done <id>`) when
@@ -62,7 +72,7 @@ use super::worker::{
 };
 use super::{
     CallSource, FailReason, GenerationStats, Outcome, RequestEvent, RequestId, RequestResult,
-    RetryRecord, Submission, ToolError, ToolRecord, ToolRegistry,
+    RetryRecord, Submission, Summarize, ToolError, ToolRecord, ToolRegistry,
 };
 
 /// The generation's stream bytes are reported to llama-worker at most this often (after the
@@ -323,8 +333,8 @@ pub(super) fn opening(
 }
 
 impl<'b> AgentRequest<'b> {
-    /// The request `req` at `now`, assembling into `storage`; its first action sends
-    /// generation 1.
+    /// The request `req` at `now`, assembling into `storage`; its first action sends its
+    /// summary generation when it has a [`Summarize`], else generation 1.
     pub fn new(now: Duration, setup: Setup<'_>, req: Submission, storage: Storage<'b>) -> Self {
         let budget = req.budget.unwrap_or(setup.settings.budget);
         let Opening {
@@ -592,9 +602,9 @@ impl<'b> AgentRequest<'b> {
         }
         if let Ok(RegisterAnswer::SlotTaken) = answer {
             let detail = format!(
-                "llama-worker refused to register generation {}: another client's generation \
-                 holds server slot {} (slot_taken)",
-                self.r.generations.len() + 1,
+                "llama-worker refused to register {}: another client's generation holds server \
+                 slot {} (slot_taken)",
+                self.generation_name(),
                 self.slot
             );
             self.set_fail(FailReason::Client(InferError::Busy), detail);
@@ -605,8 +615,8 @@ impl<'b> AgentRequest<'b> {
                 _ => FailReason::WorkerRestarted,
             };
             let detail = format!(
-                "llama-worker refused to register generation {} (worker {})",
-                self.r.generations.len() + 1,
+                "llama-worker refused to register {} (worker {})",
+                self.generation_name(),
                 state.as_str()
             );
             self.set_fail(reason, detail);
@@ -816,8 +826,23 @@ impl<'b> AgentRequest<'b> {
         self.set_fail(reason, detail);
     }
 
+    /// Whether the generation under way (or about to start) is the summary generation.
+    fn summarizing(&self) -> bool {
+        self.req.summarize.is_some()
+    }
+
+    /// The generation under way, as a failure's detail names it.
+    fn generation_name(&self) -> String {
+        if self.summarizing() {
+            "the summary generation".into()
+        } else {
+            format!("generation {}", self.r.generations.len() + 1)
+        }
+    }
+
+    /// Starts the summary generation while the request has a [`Summarize`] not yet answered,
+    /// else its next own generation.
     fn start_generation(&mut self, now: Duration) {
-        let number = self.r.generations.len() as u32 + 1;
         let bios = self.bios_text.clone();
         let mut messages =
             Vec::with_capacity(self.req.messages.len() + self.r.transcript.len() + 2);
@@ -827,19 +852,31 @@ impl<'b> AgentRequest<'b> {
                 content: system.clone(),
             });
         }
-        messages.extend(self.req.messages.iter().cloned());
-        messages.extend(self.r.transcript.iter().cloned());
+        let mut options = self.req.options.clone();
+        match &self.req.summarize {
+            // The same BIOS, system message and tools as the generations after it, so the
+            // server's prompt cache keeps that prefix for generation 1.
+            Some(summarize) => {
+                messages.extend(summarize.messages.iter().cloned());
+                options.max_tokens = Some(summarize.max_tokens);
+                options.thinking = false;
+            }
+            None => {
+                messages.extend(self.req.messages.iter().cloned());
+                messages.extend(self.r.transcript.iter().cloned());
+                self.actions
+                    .push_back(Action::Event(RequestEvent::Generation {
+                        number: self.r.generations.len() as u32 + 1,
+                        budget_left: self.r.budget_left,
+                    }));
+            }
+        }
         let chat = ChatRequest {
             slot: self.slot,
             messages,
             tools: self.schemas.clone(),
-            options: self.req.options.clone(),
+            options,
         };
-        self.actions
-            .push_back(Action::Event(RequestEvent::Generation {
-                number,
-                budget_left: self.r.budget_left,
-            }));
         let Some(storage) = self.storage.take() else {
             return;
         };
@@ -986,22 +1023,37 @@ impl<'b> AgentRequest<'b> {
             let loops = self.settings.loop_detector;
             self.loops = (LoopDetector::new(loops).ok(), LoopDetector::new(loops).ok());
             self.r.retries.push(RetryRecord {
-                generation: self.r.generations.len() as u32 + 1,
+                generation: if self.summarizing() {
+                    0
+                } else {
+                    self.r.generations.len() as u32 + 1
+                },
                 attempt: *attempt,
                 after_ms: *after_ms,
                 error: self.retrying.take().unwrap_or("unknown"),
                 detail: error.clone(),
             });
         }
-        self.actions.push_back(Action::Event(RequestEvent::Chat(e)));
+        // The summary's text is not the answer: a watcher gets it whole in `Summarized`.
+        let text = matches!(
+            e,
+            ChatEvent::Content(_) | ChatEvent::Reasoning(_) | ChatEvent::ToolCallDelta { .. }
+        );
+        if !(text && self.summarizing()) {
+            self.actions.push_back(Action::Event(RequestEvent::Chat(e)));
+        }
         if let Some(d) = fired {
             let detail = format!("the stream repeated itself: {d}");
             self.set_fail(FailReason::LoopDetected, detail);
         }
     }
 
-    /// Records a generation that ended without an answer, keeping its output.
+    /// Records a generation that ended without an answer, keeping its output; a summary
+    /// generation's output is no part of the request's.
     fn keep_partial(&mut self, now: Duration, p: Partial) {
+        if self.summarizing() {
+            return;
+        }
         self.r.generations.push(GenerationStats {
             budget_left: self.r.budget_left,
             timings: p.timings,
@@ -1128,6 +1180,10 @@ impl<'b> AgentRequest<'b> {
     /// A whole answer: complete, or an iteration of tool calls.
     fn answered(&mut self, now: Duration, done: Completion) {
         self.unregister();
+        if let Some(summarize) = self.req.summarize.take() {
+            self.summarized(now, summarize, done);
+            return;
+        }
         let cache = match (&self.previous, &done.timings) {
             (Some(p), Some(c)) => Some(cache_outcome(p, c)),
             _ => None,
@@ -1182,6 +1238,29 @@ impl<'b> AgentRequest<'b> {
             running: None,
         };
         self.next_tool(now);
+    }
+
+    /// The summary generation's answer: its content is written into the conversation, then
+    /// generation 1 starts. It is not one of the request's generations: no budget, no
+    /// transcript, and its timings are not the cache baseline of generation 1.
+    fn summarized(&mut self, now: Duration, summarize: Summarize, done: Completion) {
+        let text = done.message.content.as_deref().map_or("", str::trim);
+        // An empty summary still replaces the turns it covers: the conversation says so.
+        let summary = if text.is_empty() {
+            "(no summary)"
+        } else {
+            text
+        }
+        .to_owned();
+        if let Some(ChatMessage::User { content }) = self.req.messages.get_mut(summarize.into) {
+            *content = format!("{}{summary}\n\n{content}", summarize.prefix);
+        }
+        self.actions
+            .push_back(Action::Event(RequestEvent::Summarized {
+                summary,
+                timings: done.timings,
+            }));
+        self.start_generation(now);
     }
 
     /// Starts the next call of the iteration, or ends the iteration.

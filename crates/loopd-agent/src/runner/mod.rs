@@ -19,6 +19,10 @@
 //! - Ids are the runner's own counter ([`Runner::submit`]) or the caller's
 //!   ([`Runner::submit_named`]: the daemon's store gives them, once a slot is sure).
 //! - [`Runner::cancel`] ends a request within one poll interval with its partial output.
+//! - A [`Submission`] with a [`Summarize`] (a session's compaction) opens with a summary
+//!   generation on the same slot: its text is written into one of the request's user
+//!   messages, then generation 1 runs as it would have without it. It is not one of the
+//!   result's generations; its failure is the request's, with no output.
 //! - With a worker socket each request reads the worker's status every
 //!   `runner.worker_poll_ms`: a restart (a new spawn, or a state other than ready) fails it
 //!   with `worker_restarted` (`server_died` when the server exited on its own). A generating
@@ -108,11 +112,20 @@ pub struct Submission {
 }
 
 /// The summary generation a [`Submission`] may open with. It is sent the BIOS, the system
-/// message and then [`messages`](Summarize::messages), with the request's tools and options
-/// except `max_tokens`; its answer's content (calls, if any, are ignored) is the summary. The
-/// summary is then written into `Submission::messages[into]`, a user message, before its
-/// content: `prefix`, the summary, a blank line, then the message as it was. A summary
-/// generation that fails ends the request as any generation's failure does.
+/// message and then [`messages`](Summarize::messages), with the request's tools (so the
+/// server's prompt cache keeps that prefix for generation 1) and options, except `max_tokens`
+/// and thinking, which is off; its answer's content, trimmed, is the summary (`(no summary)`
+/// when empty; calls and reasoning, if any, are ignored). The summary is then written into
+/// `Submission::messages[into]`, a user message, before its content: `prefix`, the summary, a
+/// blank line, then the message as it was; when `into` is past the end or not a user message,
+/// nothing is written (the `Summarized` event still carries the summary). A summary generation
+/// that fails ends the request as any generation's failure does, with no output.
+///
+/// It runs through the same machinery as the request's own generations (the slot gate,
+/// retries, worker registration, stall reports, loop detection, cancel), but is not one of
+/// them: it is not in [`RequestResult::generations`] nor in the transcript, spends no budget,
+/// has no [`RequestEvent::Generation`] (its end is [`RequestEvent::Summarized`]), and its
+/// timings are not what generation 1's cache outcome is judged against.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Summarize {
     /// The turns to summarize, then the instruction (a user message).

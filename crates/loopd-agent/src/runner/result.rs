@@ -146,7 +146,8 @@ pub struct GenerationStats {
 /// was dropped, and the same messages were sent again after `after_ms`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RetryRecord {
-    /// The generation it belongs to (1 for the first).
+    /// The generation it belongs to (1 for the first; 0 for the summary generation of a
+    /// [`Summarize`](super::Summarize), which is not one of the request's generations).
     pub generation: u32,
     /// The attempt that followed (2 for the first retry).
     pub attempt: u32,
@@ -248,9 +249,12 @@ pub enum RequestEvent {
     /// The worker answered a stall report.
     Stall(StallAnswer),
     /// The summary generation of a [`Summarize`](super::Summarize) ended: its text, now written
-    /// into the conversation, and the server's counts for it.
+    /// into the conversation, and the server's counts for it. It comes before generation 1's
+    /// [`Generation`](RequestEvent::Generation); the summary generation has none of its own,
+    /// and its content and reasoning are not streamed as [`Chat`](RequestEvent::Chat) events
+    /// (its waits, progress and retries are).
     Summarized {
-        /// The summary.
+        /// The summary: the answer's content, trimmed, or `(no summary)` when that is empty.
         summary: String,
         /// Its generation's timings, when the server sent them.
         timings: Option<Timings>,
