@@ -14,13 +14,14 @@ use loopd_agent::runner::worker::{RegisterAnswer, WorkerError, WorkerFailReason}
 use loopd_agent::runner::RunnerConfig;
 use loopd_agent::runner::{
     Action, AgentRequest, BiosContext, BiosProvider, FailReason, Outcome, RequestEvent, RequestId,
-    RequestResult, RetryRecord, Setup, StallAnswer, Submission, ToolRegistry, WorkerState,
-    WorkerStatus,
+    RequestResult, RetryRecord, Setup, StallAnswer, Submission, Summarize, ToolRegistry,
+    WorkerState, WorkerStatus,
 };
 use loopd_client::clock::FakeJitter;
 use loopd_client::config::Retry;
 use loopd_client::llama::{
-    AssistantMessage, Buffers, ChatEvent, ChatMessage, FinishReason, InferError, Silence, SlotSeen,
+    AssistantMessage, Buffers, ChatEvent, ChatMessage, ChatOptions, ChatRequest, FinishReason,
+    InferError, Silence, SlotSeen, Timings,
 };
 use scripted::{ms, tool_call_deltas, Named};
 use sections::Config;
@@ -1257,4 +1258,441 @@ fn a_cancel_during_the_wait_before_a_retry_ends_the_request_cancelled_at_once() 
     let r = result(out);
     assert_eq!(failed(&r).0, FailReason::Cancelled);
     assert_eq!(r.retries.len(), 1, "the retry it was waiting for");
+}
+
+fn user(text: &str) -> ChatMessage {
+    ChatMessage::User {
+        content: text.into(),
+    }
+}
+
+fn assistant(text: &str) -> ChatMessage {
+    ChatMessage::Assistant(AssistantMessage {
+        content: Some(text.into()),
+        reasoning_content: None,
+        tool_calls: vec![],
+    })
+}
+
+/// A turn of a session being compacted: a system message, two turns kept and the new one, with
+/// thinking on and its own `max_tokens`; the two turns before them are summarized into
+/// `messages[into]`.
+fn compacting(into: usize) -> Submission {
+    Submission {
+        system: Some("Be brief.".into()),
+        messages: vec![user("Hello."), assistant("Hi."), user("And now?")],
+        options: ChatOptions {
+            thinking: true,
+            max_tokens: Some(500),
+            sampling: None,
+        },
+        summarize: Some(Summarize {
+            messages: vec![
+                user("What is 2+2?"),
+                assistant("4"),
+                user("Summarize the conversation so far."),
+            ],
+            max_tokens: 64,
+            into,
+            prefix: "Earlier: ".into(),
+        }),
+        ..ask(None)
+    }
+}
+
+/// The chat request sent.
+fn request(actions: &[Action]) -> ChatRequest {
+    actions
+        .iter()
+        .find_map(|a| match a {
+            Action::Send(req) => Some(req.clone()),
+            _ => None,
+        })
+        .expect("a request was sent")
+}
+
+/// The request's events but the client's.
+fn events(actions: &[Action]) -> Vec<RequestEvent> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Event(RequestEvent::Chat(_)) => None,
+            Action::Event(e) => Some(e.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The client's events that stream the answer: content, reasoning and call deltas.
+fn streamed(actions: &[Action]) -> Vec<ChatEvent> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Event(RequestEvent::Chat(
+                e @ (ChatEvent::Content(_)
+                | ChatEvent::Reasoning(_)
+                | ChatEvent::ToolCallDelta { .. }),
+            )) => Some(e.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The first request of `req` as a machine without a worker sends it.
+fn first_request(req: Submission) -> ChatRequest {
+    let mut b = Buffers::new();
+    let s = settings(false);
+    let mut m = machine(&mut b, &s, req, None);
+    request(&drain(&mut m))
+}
+
+#[test]
+fn a_summary_generation_runs_first_and_its_text_opens_the_user_message_it_names() {
+    let mut b = Buffers::new();
+    let s = settings(false);
+    let mut m = machine(&mut b, &s, compacting(2), None);
+    let first = drain(&mut m);
+    assert_eq!(kinds(&first), ["acquire", "send"]);
+    assert_eq!(
+        events(&first),
+        [],
+        "the summary generation is no Generation"
+    );
+    // Generation 1 of the same turn without a summary to write, its message as the summary
+    // will leave it.
+    let mut plain = compacting(2);
+    plain.summarize = None;
+    plain.messages[2] = user("Earlier: They asked 2+2; it is 4.\n\nAnd now?");
+    let generation_1 = first_request(plain);
+    assert_eq!(
+        request(&first),
+        ChatRequest {
+            slot: 1,
+            messages: vec![
+                ChatMessage::System {
+                    content: "BIOS of 2 iterations".into()
+                },
+                ChatMessage::System {
+                    content: "Be brief.".into()
+                },
+                user("What is 2+2?"),
+                assistant("4"),
+                user("Summarize the conversation so far."),
+            ],
+            tools: generation_1.tools.clone(),
+            options: ChatOptions {
+                thinking: false,
+                max_tokens: Some(64),
+                sampling: None,
+            },
+        }
+    );
+    assert_eq!(
+        generation_1.tools.len(),
+        3,
+        "the request's tools, all of them"
+    );
+
+    let out = respond(&mut m, 40, &answer("  They asked 2+2; it is 4.\n"));
+    assert_eq!(kinds(&out), ["close", "acquire"]);
+    assert_eq!(
+        streamed(&out),
+        [],
+        "the summary is not streamed as the answer"
+    );
+    assert_eq!(
+        events(&out),
+        [
+            RequestEvent::Summarized {
+                summary: "They asked 2+2; it is 4.".into(),
+                timings: Some(Timings {
+                    cache_n: 0,
+                    prompt_n: 10,
+                    predicted_n: 3
+                }),
+            },
+            RequestEvent::Generation {
+                number: 1,
+                budget_left: 2
+            },
+        ]
+    );
+    let out = respond(&mut m, 60, &answer("Still 4."));
+    assert_eq!(kinds(&out), ["send", "close", "done"]);
+    assert_eq!(
+        request(&out),
+        generation_1,
+        "generation 1 as a request without a summary sends it"
+    );
+    assert_eq!(streamed(&out), [ChatEvent::Content("Still 4.".into())]);
+    let r = result(out);
+    assert_eq!(
+        r.outcome,
+        Outcome::Completed {
+            finish_reason: FinishReason::Stop
+        }
+    );
+    assert_eq!(r.content.as_deref(), Some("Still 4."));
+    assert_eq!(r.transcript, [assistant("Still 4.")]);
+    assert_eq!((r.budget, r.budget_left), (2, 2));
+    assert_eq!(r.generations.len(), 1, "the summary is not one of them");
+    let g = &r.generations[0];
+    assert_eq!(g.cache, None, "judged against no earlier generation");
+    assert_eq!(
+        g.elapsed,
+        ms(20),
+        "from its own start, when the summary ended"
+    );
+    assert!(r.retries.is_empty() && r.stalls.is_empty());
+}
+
+#[test]
+fn the_summarys_calls_are_never_run_and_an_empty_summary_is_written_as_no_summary() {
+    let with_calls = [
+        HEAD,
+        &data(json!({"content": "Two turns."}), None, 0),
+        &data(
+            json!({ "tool_calls": tool_call_deltas(&[("a", "echo", "{}"), ("x", "signal", "{}")]) }),
+            None,
+            0,
+        ),
+        &data(json!({}), Some("tool_calls"), 0),
+        b"data: [DONE]\n\n",
+    ]
+    .concat();
+    for (bytes, summary) in [
+        (with_calls, "Two turns."),
+        (
+            calls(&[("a", "echo", "{}"), ("x", "signal", "{}")], 0),
+            "(no summary)",
+        ),
+        (answer(" \n "), "(no summary)"),
+    ] {
+        let mut b = Buffers::new();
+        let s = settings(false);
+        let mut m = machine(&mut b, &s, compacting(0), None);
+        drain(&mut m);
+        let out = respond(&mut m, 10, &bytes);
+        assert_eq!(kinds(&out), ["close", "acquire"], "{summary}: nothing run");
+        assert_eq!(
+            events(&out)[0],
+            RequestEvent::Summarized {
+                summary: summary.into(),
+                timings: Some(Timings {
+                    cache_n: 0,
+                    prompt_n: 10,
+                    predicted_n: 3
+                }),
+            }
+        );
+        let out = respond(&mut m, 20, &answer("Go on."));
+        assert_eq!(
+            request(&out).messages[2..],
+            [
+                user(&format!("Earlier: {summary}\n\nHello.")),
+                assistant("Hi."),
+                user("And now?"),
+            ]
+        );
+        let r = result(out);
+        assert_eq!(r.outcome.fail_reason(), None, "{summary}");
+        assert!(r.tool_calls.is_empty() && r.exits.is_empty(), "{summary}");
+        assert_eq!(r.calls_not_run().count(), 0);
+        assert_eq!(r.transcript, [assistant("Go on.")]);
+        assert_eq!((r.generations.len(), r.budget_left), (1, 2));
+    }
+}
+
+#[test]
+fn a_summary_into_no_user_message_leaves_the_conversation_as_it_was() {
+    // `into` names the assistant turn, then a message past the end.
+    for into in [1, 3, 99] {
+        let mut b = Buffers::new();
+        let s = settings(false);
+        let mut m = machine(&mut b, &s, compacting(into), None);
+        drain(&mut m);
+        let out = respond(&mut m, 10, &answer("Two turns."));
+        assert!(
+            matches!(&events(&out)[0], RequestEvent::Summarized { summary, .. } if summary == "Two turns."),
+            "{into}"
+        );
+        let out = respond(&mut m, 20, &answer("Go on."));
+        let mut plain = compacting(into);
+        plain.summarize = None;
+        assert_eq!(request(&out), first_request(plain), "{into}");
+        assert_eq!(result(out).outcome.fail_reason(), None);
+    }
+}
+
+/// Feeds the generation under way (no worker) what ends it, `case`: the stream closed
+/// early, a line repeated until the loop detector fires, or a cancel mid-stream.
+fn break_off(m: &mut AgentRequest<'_>, case: &str) -> Vec<Action> {
+    m.handle_acquired(ms(0), Ok(false));
+    m.handle_sent(ms(0));
+    m.handle_bytes(ms(5), HEAD);
+    m.handle_bytes(ms(6), &data(json!({"content": "half"}), None, 0));
+    let mut out = drain(m);
+    match case {
+        "closed_early" => m.handle_eof(ms(8)),
+        "cancel" => m.cancel(ms(8)),
+        _ => {
+            let line = "This line is thirty-eight bytes long!\n";
+            for k in 0..20 {
+                m.handle_bytes(ms(10 + k), &data(json!({ "content": line }), None, 0));
+                if m.is_done() {
+                    break;
+                }
+            }
+        }
+    }
+    out.extend(drain(m));
+    out
+}
+
+#[test]
+fn a_summary_generation_that_fails_ends_the_request_as_generation_1_would_with_no_output() {
+    for (case, want) in [
+        (
+            "closed_early",
+            FailReason::Client(InferError::StreamClosedEarly),
+        ),
+        ("cancel", FailReason::Cancelled),
+        ("loop", FailReason::LoopDetected),
+    ] {
+        let s = settings(false);
+        let mut b = Buffers::new();
+        let mut plain = machine(&mut b, &s, ask(None), None);
+        drain(&mut plain);
+        let plain = break_off(&mut plain, case);
+        let mut b = Buffers::new();
+        let mut m = machine(&mut b, &s, compacting(2), None);
+        drain(&mut m);
+        let out = break_off(&mut m, case);
+        assert_eq!(kinds(&out), kinds(&plain), "{case}");
+        assert_eq!(kinds(&out), ["close", "done"], "{case}");
+        assert_eq!(events(&out), [], "{case}: no Summarized, no Generation");
+        let (r, p) = (result(out), result(plain));
+        assert_eq!(failed(&r).0, want, "{case}");
+        assert_eq!(r.outcome, p.outcome, "{case}");
+        assert!(p.content.is_some() && !p.generations.is_empty(), "{case}");
+        assert_eq!(
+            (r.content, r.reasoning_content),
+            (None, None),
+            "{case}: the summary's text is not the request's output"
+        );
+        assert!(
+            r.transcript.is_empty() && r.generations.is_empty(),
+            "{case}"
+        );
+        assert_eq!((r.budget, r.budget_left), (2, 2), "{case}");
+    }
+}
+
+#[test]
+fn the_worker_registers_the_summary_generation_and_its_failure_is_the_requests() {
+    let s = settings(true);
+    // Refused: the detail names the summary generation.
+    let mut b = Buffers::new();
+    let mut m = machine(&mut b, &s, compacting(2), Some(3));
+    assert_eq!(kinds(&drain(&mut m)), ["acquire", "register"]);
+    m.handle_registered(ms(1), Ok(RegisterAnswer::Refused(WorkerState::Restarting)));
+    let out = drain(&mut m);
+    assert_eq!(kinds(&out), ["close", "done"]);
+    let r = result(out);
+    assert_eq!(
+        failed(&r),
+        (
+            FailReason::WorkerRestarted,
+            "llama-worker refused to register the summary generation (worker restarting)".into()
+        )
+    );
+    assert!(r.generations.is_empty() && r.transcript.is_empty());
+
+    // Registered, then pushed as failed: ended at once, no output.
+    let mut b = Buffers::new();
+    let mut m = machine(&mut b, &s, compacting(2), Some(3));
+    drain(&mut m);
+    m.handle_registered(ms(1), Ok(RegisterAnswer::Registered(5)));
+    assert_eq!(kinds(&drain(&mut m)), ["send"]);
+    m.handle_sent(ms(2));
+    m.handle_bytes(ms(10), &answered());
+    m.handle_bytes(ms(20), &data(json!({"content": "part"}), None, 0));
+    assert_eq!(kinds(&drain(&mut m)), ["progress 5 first_byte"]);
+    m.handle_worker_failed(ms(30), 5, WorkerFailReason::ServerDied);
+    let out = drain(&mut m);
+    assert_eq!(kinds(&out), ["close", "done"]);
+    let r = result(out);
+    assert_eq!(
+        failed(&r),
+        (
+            FailReason::ServerDied,
+            "llama-server died on its own (generation 5, pushed on the watch)".into()
+        )
+    );
+    assert_eq!(r.content, None);
+    assert!(r.generations.is_empty() && r.transcript.is_empty());
+
+    // Answered: unregistered, then generation 1 registered anew.
+    let mut b = Buffers::new();
+    let mut m = machine(&mut b, &s, compacting(2), Some(3));
+    drain(&mut m);
+    m.handle_registered(ms(1), Ok(RegisterAnswer::Registered(5)));
+    drain(&mut m);
+    m.handle_sent(ms(2));
+    m.handle_bytes(ms(10), &answer("Two turns."));
+    let out = drain(&mut m);
+    assert_eq!(kinds(&out), ["close", "generation_done 5", "acquire"]);
+    m.handle_acquired(ms(11), Ok(false));
+    assert_eq!(kinds(&drain(&mut m)), ["register"]);
+    m.handle_registered(ms(12), Ok(RegisterAnswer::Registered(6)));
+    assert_eq!(kinds(&drain(&mut m)), ["send"]);
+    m.handle_sent(ms(13));
+    let (k, r) = respond_more(&mut m, 20, &answer("Go on."));
+    assert_eq!(k, ["close", "generation_done 6", "done"]);
+    assert_eq!(r.generations.len(), 1);
+}
+
+#[test]
+fn a_summary_generation_is_retried_as_any_generation_and_its_retries_are_generation_0s() {
+    let s = settings(false);
+    let mut b = Buffers::new();
+    let mut m = retrying(&mut b, &s, compacting(2), None, Retry::default());
+    drain(&mut m);
+    m.handle_acquired(ms(1), Ok(false));
+    assert_eq!(kinds(&drain(&mut m)), ["send"]);
+    let refused = std::io::ErrorKind::ConnectionRefused.into();
+    m.handle_send_error(
+        ms(2),
+        InferError::Connect {
+            socket: "/run/infer.sock".into(),
+            source: refused,
+        },
+    );
+    assert_eq!(kinds(&drain(&mut m)), ["close"]);
+    assert_eq!(m.poll_timeout(), Some(ms(2_002)));
+    m.handle_timeout(ms(2_002));
+    let again = drain(&mut m);
+    assert_eq!(kinds(&again), ["acquire"]);
+    let out = respond(&mut m, 2_010, &answer("Two turns."));
+    assert_eq!(
+        request(&out).options.max_tokens,
+        Some(64),
+        "the summary, again"
+    );
+    assert!(matches!(
+        &events(&out)[..],
+        [
+            RequestEvent::Summarized { .. },
+            RequestEvent::Generation { number: 1, .. }
+        ]
+    ));
+    let r = result(respond(&mut m, 2_020, &answer("Go on.")));
+    assert_eq!(r.outcome.fail_reason(), None);
+    let retried: Vec<(u32, u32, u64, &str)> = r
+        .retries
+        .iter()
+        .map(|t| (t.generation, t.attempt, t.after_ms, t.error))
+        .collect();
+    assert_eq!(retried, [(0, 2, 2_000, "connect_error")]);
+    assert_eq!(r.generations.len(), 1);
 }
