@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 use llama_harness::fixture;
 use loopd_agent::runner::{
     BiosContext, BiosProvider, CallSource, FailReason, Outcome, RequestEvent, RequestId,
-    RequestResult, ResultError, RetryRecord, Runner, StallAnswer, Submission, SubmitError, Tool,
-    ToolError, ToolRegistry,
+    RequestResult, ResultError, RetryRecord, Runner, StallAnswer, Submission, SubmitError,
+    Summarize, Tool, ToolError, ToolRegistry,
 };
 use loopd_client::config::Retry;
 use loopd_client::llama::{
@@ -1332,4 +1332,152 @@ fn a_generation_opens_one_connection_through_the_proxy_and_a_retry_one_more() {
         .map(|q| q.path().to_owned())
         .collect();
     assert_eq!(paths, [CHAT, CHAT, CHAT], "two generations, one retried");
+}
+
+/// A turn whose session is compacted: the summary of two earlier turns goes into its user
+/// message.
+fn compacting() -> Submission {
+    let mut req = ask("And now?");
+    req.system = Some("Be brief.".into());
+    req.summarize = Some(Summarize {
+        messages: vec![
+            ChatMessage::User {
+                content: "What is 2+2?".into(),
+            },
+            ChatMessage::Assistant(AssistantMessage {
+                content: Some("4".into()),
+                reasoning_content: None,
+                tool_calls: vec![],
+            }),
+            ChatMessage::User {
+                content: "Summarize the conversation so far.".into(),
+            },
+        ],
+        max_tokens: 64,
+        into: 0,
+        prefix: "Earlier: ".into(),
+    });
+    req
+}
+
+/// The body of the `n`th chat request the server received.
+fn body(server: &FakeServer, n: usize) -> Value {
+    serde_json::from_slice(&server.requests_to(CHAT)[n].body).unwrap()
+}
+
+#[test]
+fn a_summary_generation_runs_first_on_the_slot_and_generation_1_carries_its_text() {
+    let server = FakeServer::start(vec![(
+        CHAT,
+        vec![
+            answer(" They asked 2+2. "),
+            answer("Still 4."),
+            answer("Still 4."),
+        ],
+    )]);
+    let s = setup(config(&server, None), 1);
+    let events = Arc::new(Mutex::new(Vec::new()));
+    let seen = events.clone();
+    let observer = Box::new(move |e: &RequestEvent| seen.lock().unwrap().push(e.clone()));
+    let id = s
+        .runner
+        .submit_observed(compacting(), Some(observer))
+        .unwrap();
+    let r = wait(&s.runner, id);
+    assert_eq!(
+        r.outcome,
+        Outcome::Completed {
+            finish_reason: FinishReason::Stop
+        },
+        "{r:?}"
+    );
+    assert_eq!(r.content.as_deref(), Some("Still 4."));
+    assert_eq!(r.generations.len(), 1);
+    assert_eq!((r.budget, r.budget_left), (3, 3));
+    assert_eq!(r.transcript.len(), 1, "generation 1's answer alone");
+
+    let summary = body(&server, 0);
+    assert_eq!(
+        summary["messages"],
+        json!([
+            {"role": "system", "content": "BIOS: 3 tool iterations"},
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "What is 2+2?"},
+            {"role": "assistant", "content": "4"},
+            {"role": "user", "content": "Summarize the conversation so far."},
+        ])
+    );
+    assert_eq!(summary["max_tokens"], 64);
+    assert_eq!(summary["chat_template_kwargs"]["enable_thinking"], false);
+    assert_eq!(
+        summary["tools"],
+        body(&server, 1)["tools"],
+        "the same prefix"
+    );
+    assert_eq!(
+        sent(&server, 1),
+        [
+            json!({"role": "system", "content": "BIOS: 3 tool iterations"}),
+            json!({"role": "system", "content": "Be brief."}),
+            json!({"role": "user", "content": "Earlier: They asked 2+2.\n\nAnd now?"}),
+        ]
+    );
+    // The same turn submitted without a summary, its message already as the summary left it:
+    // generation 1 sends the same bytes.
+    let mut plain = compacting();
+    plain.summarize = None;
+    plain.messages[0] = ChatMessage::User {
+        content: "Earlier: They asked 2+2.\n\nAnd now?".into(),
+    };
+    assert_eq!(run(&s, plain).outcome.fail_reason(), None);
+    let reqs = server.requests_to(CHAT);
+    assert_eq!(reqs.len(), 3);
+    assert_eq!(
+        String::from_utf8_lossy(&reqs[1].body),
+        String::from_utf8_lossy(&reqs[2].body)
+    );
+
+    let shown: Vec<RequestEvent> = events
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|e| !matches!(e, RequestEvent::Chat(c) if !matches!(c, ChatEvent::Content(_))))
+        .cloned()
+        .collect();
+    assert!(
+        matches!(
+            &shown[..],
+            [
+                RequestEvent::Summarized { summary, timings: Some(_) },
+                RequestEvent::Generation { number: 1, budget_left: 3 },
+                RequestEvent::Chat(ChatEvent::Content(answer)),
+            ] if summary == "They asked 2+2." && answer == "Still 4."
+        ),
+        "{shown:?}"
+    );
+    assert_released(&s.runner);
+}
+
+#[test]
+fn a_summary_generation_cut_past_its_retries_fails_the_request_with_no_output() {
+    let cut = || Reply::sse(vec![content("They asked")]).ending(End::Cut);
+    let server = FakeServer::start(vec![(CHAT, vec![cut(), cut()])]);
+    let s = setup(config(&server, None), 1);
+    let r = run(&s, compacting());
+    assert_eq!(
+        failed(&r).0,
+        FailReason::Client(InferError::StreamClosedEarly),
+        "{r:?}"
+    );
+    assert_eq!((r.content, r.reasoning_content), (None, None));
+    assert!(r.generations.is_empty() && r.transcript.is_empty());
+    assert_eq!(
+        r.retries.iter().map(|t| t.generation).collect::<Vec<_>>(),
+        [0],
+        "the summary generation's retry"
+    );
+    let reqs = server.requests_to(CHAT);
+    assert_eq!(reqs.len(), 2, "two attempts, both the summary");
+    assert_eq!(body(&server, 1)["max_tokens"], 64);
+    assert_released(&s.runner);
 }
