@@ -622,3 +622,50 @@ pub fn ran(out: std::process::Output) -> (Option<i32>, String, String) {
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
 }
+
+/// The JSON text of a chat request body's `messages` array, as sent: from its `[` to its `]`.
+pub fn raw_messages(body: &[u8]) -> Result<&str, String> {
+    let text = std::str::from_utf8(body).map_err(|e| format!("the body is not UTF-8: {e}"))?;
+    let key = "\"messages\":";
+    let start = text
+        .find(key)
+        .ok_or_else(|| "the body has no \"messages\"".to_owned())?
+        + key.len();
+    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
+    for (i, c) in text[start..].char_indices() {
+        match c {
+            _ if escaped => escaped = false,
+            '\\' if in_string => escaped = true,
+            '"' => in_string = !in_string,
+            '[' | '{' if !in_string => depth += 1,
+            ']' | '}' if !in_string => {
+                depth -= 1;
+                if depth == 0 {
+                    return Ok(&text[start..start + i + 1]);
+                }
+            }
+            _ => {}
+        }
+    }
+    Err("the messages array does not end".into())
+}
+
+/// Whether `next`'s messages extend `prev`'s byte for byte: `prev`'s array without its `]`
+/// is where `next`'s begins, and a `,` and more messages follow. The messages added, parsed.
+pub fn extension(prev: &[u8], next: &[u8]) -> Result<Vec<serde_json::Value>, String> {
+    let (a, b) = (raw_messages(prev)?, raw_messages(next)?);
+    let open = &a[..a.len() - 1];
+    let Some(rest) = b.strip_prefix(open) else {
+        let at = a.bytes().zip(b.bytes()).take_while(|(x, y)| x == y).count();
+        return Err(format!(
+            "the messages differ at byte {at}: before {:?}, now {:?}",
+            &a[at.saturating_sub(40)..(at + 80).min(a.len())],
+            &b[at.saturating_sub(40)..(at + 80).min(b.len())]
+        ));
+    };
+    let added = rest
+        .strip_prefix(',')
+        .ok_or_else(|| format!("nothing was added after the earlier messages: {rest:?}"))?;
+    serde_json::from_str::<Vec<serde_json::Value>>(&format!("[{added}"))
+        .map_err(|e| format!("the messages added do not parse: {e}"))
+}

@@ -52,6 +52,33 @@ pub struct Config {
     /// and `runner.worker_socket`, as for every other command.
     #[serde(default)]
     pub host: Vec<HostConfig>,
+    /// `loopd serve`'s sessions: their caps and the compaction's summary (docs/sessions.md).
+    #[serde(default)]
+    pub sessions: Sessions,
+}
+
+/// `[sessions]`: the caps of `loopd serve`'s sessions and the length of a compaction's
+/// summary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Sessions {
+    /// Sessions kept at most; an `open` past it is refused `SESSION_FULL` (1000).
+    pub max_sessions: usize,
+    /// A session's log in bytes (its records' JSON): a turn is taken while the log holds
+    /// fewer, and refused `SESSION_FULL` once it holds this many (16 MiB).
+    pub max_log_bytes: u64,
+    /// The `max_tokens` of a compaction's summary (256).
+    pub summary_max_tokens: u64,
+}
+
+impl Default for Sessions {
+    fn default() -> Self {
+        Sessions {
+            max_sessions: 1000,
+            max_log_bytes: 16 << 20,
+            summary_max_tokens: 256,
+        }
+    }
 }
 
 /// `[daemon]`: where `loopd serve` listens and writes its metrics.
@@ -112,6 +139,7 @@ impl Config {
             daemon: Daemon::default(),
             placement: PlacementPolicy::default(),
             host: Vec::new(),
+            sessions: Sessions::default(),
         }
     }
 
@@ -283,6 +311,16 @@ impl Config {
         }
         if self.model.is_empty() {
             return Err(("", "model", "must not be empty".into()));
+        }
+        let ss = &self.sessions;
+        for (key, v) in [
+            ("max_sessions", ss.max_sessions as u64),
+            ("max_log_bytes", ss.max_log_bytes),
+            ("summary_max_tokens", ss.summary_max_tokens),
+        ] {
+            if v == 0 {
+                return Err(("sessions", key, "must be at least 1".into()));
+            }
         }
         if let Some(e) = &self.expect {
             let h = &e.chat_template_sha256;

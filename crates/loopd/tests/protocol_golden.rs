@@ -8,6 +8,10 @@ use loopd::daemon::protocol::{
     StatusCmd, StatusReply, SubmitCmd, SubmitReply, WaitCmd, WireEvent, WireExit, WireGeneration,
     WireMessage, WireOutcome, WireResult, WireSource, WireStall, WireToolRun,
 };
+use loopd::daemon::protocol::{
+    Compaction, CompactionRule, DeleteCmd, DeleteReply, HistoryCmd, ListCmd, ListReply, OpenCmd,
+    OpenReply, Record, SessionLine, TurnCmd, TurnRecord,
+};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
@@ -299,4 +303,121 @@ fn the_error_reply_and_every_code_the_doc_names() {
             "docs/loopd.md does not name {code}"
         );
     }
+}
+
+#[test]
+fn the_session_commands_their_replies_and_the_logs_records() {
+    golden_command(
+        OpenCmd {
+            session: Some("notes".into()),
+            system: Some("Answer briefly.".into()),
+            budget: Some(2),
+            ..OpenCmd::default()
+        },
+        span(r#"{"cmd":"open""#),
+    );
+    golden(
+        &OpenReply {
+            ok: OkTrue,
+            session: "notes".into(),
+        },
+        span(r#"{"ok":true,"session":"notes"}"#),
+    );
+    golden_command(
+        TurnCmd {
+            session: "notes".into(),
+            content: "And the grass?".into(),
+            follow: true,
+            budget: None,
+        },
+        span(r#"{"cmd":"turn""#),
+    );
+    golden(&SubmitReply::new(8), span(r#"{"ok":true,"id":8}"#));
+    let turn = TurnRecord {
+        session: "notes".into(),
+        turn: 2,
+        request: 8,
+        extends: true,
+        why_not: None,
+        cache_outcome: "hit".into(),
+        cache_n: 118,
+        prompt_n: 15,
+        total_n: 153,
+        compacted: vec![],
+    };
+    golden(&turn, span(r#"{"session":"notes","turn":2"#));
+    golden_command(
+        HistoryCmd {
+            session: "notes".into(),
+        },
+        span(r#"{"cmd":"history""#),
+    );
+    for (record, prefix) in [
+        (
+            Record::User {
+                content: "And the grass?".into(),
+            },
+            r#"{"kind":"user""#,
+        ),
+        (
+            Record::Assistant {
+                content: Some("Green.".into()),
+                reasoning_content: None,
+                tool_calls: vec![],
+            },
+            r#"{"kind":"assistant""#,
+        ),
+        (
+            Record::Tool {
+                tool_call_id: "c1".into(),
+                content: "5".into(),
+            },
+            r#"{"kind":"tool""#,
+        ),
+        (
+            Record::Compaction(Compaction {
+                rule: CompactionRule::Summary,
+                from_turn: 2,
+                through_turn: 7,
+                summary: Some("They compared colours.".into()),
+                tokens_before: 4210,
+                tokens_after: 1630,
+            }),
+            r#"{"kind":"compaction""#,
+        ),
+    ] {
+        golden(&record, span(prefix));
+    }
+    let closing =
+        serde_json::from_str::<Record>(&format!(r#"{{"kind":"turn",{}"#, &to_line(&turn)[1..]))
+            .unwrap();
+    assert_eq!(closing, Record::Turn(turn));
+    golden_command(ListCmd {}, span(r#"{"cmd":"list"}"#));
+    golden(
+        &ListReply {
+            ok: OkTrue,
+            sessions: vec![SessionLine {
+                name: "notes".into(),
+                turns: 2,
+                bytes: 612,
+                created_ms: 1_764_892_800_000,
+                updated_ms: 1_764_892_860_000,
+                running: Some(9),
+            }],
+        },
+        span(r#"{"ok":true,"sessions":"#),
+    );
+    golden_command(
+        DeleteCmd {
+            session: "notes".into(),
+        },
+        span(r#"{"cmd":"delete""#),
+    );
+    golden(
+        &DeleteReply {
+            ok: OkTrue,
+            deleted: "notes".into(),
+        },
+        span(r#"{"ok":true,"deleted""#),
+    );
 }

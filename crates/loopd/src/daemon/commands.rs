@@ -15,8 +15,8 @@ use super::protocol::{
     to_line, CancelReply, CancelState, Command, ErrorCode, HostLine, MetricsReply, OkTrue,
     ProtoError, ResultReply, ServeState, Status, StatusReply, SubmitCmd, SubmitReply, WireResult,
 };
-use super::state::{lock, Hub, Refusal, State};
-use loopd_agent::runner::{RequestId, ResultError, SubmitError};
+use super::state::{lock, Hub, Refusal, State, TurnCtx};
+use loopd_agent::runner::{RequestId, ResultError, Submission, SubmitError};
 
 /// A `result` reply around the stored result's JSON text, read back into its type.
 fn result_line(id: u64, stored: &str) -> String {
@@ -55,15 +55,11 @@ impl Daemon {
                     metrics: self.metrics(),
                 }),
             ),
-            Command::Open(_)
-            | Command::Turn(_)
-            | Command::History(_)
-            | Command::List(_)
-            | Command::Delete(_) => send(
-                stream,
-                &ProtoError::BadRequest("sessions are not served by this build yet".into())
-                    .to_line(),
-            ),
+            Command::Open(c) => send(stream, &self.open_session(&c)),
+            Command::Turn(c) => self.turn(stream, &c, line),
+            Command::History(c) => send(stream, &self.history(&c.session)),
+            Command::List(_) => send(stream, &self.list_sessions()),
+            Command::Delete(c) => send(stream, &self.delete_session(&c.session)),
         }
     }
 
@@ -215,7 +211,6 @@ impl Daemon {
             Ok(r) => r,
             Err(e) => return send(stream, &e.to_line()),
         };
-        let follow = cmd.follow;
         if self.stopping() {
             return send(stream, &ProtoError::ShuttingDown.to_line());
         }
@@ -227,19 +222,38 @@ impl Daemon {
         {
             return send(stream, &ProtoError::UnknownTool(t.clone()).to_line());
         }
+        self.start(stream, request, cmd.follow, line, None)
+    }
+
+    /// Starts `request` (a submit's, or a session's turn with its `turn`), stores it before
+    /// the acknowledgement, and replies; with `follow`, streams its events and result. A
+    /// refused turn's session is free again.
+    pub(super) fn start(
+        self: &Arc<Daemon>,
+        stream: &UnixStream,
+        request: Submission,
+        follow: bool,
+        line: &[u8],
+        mut turn: Option<TurnCtx>,
+    ) -> io::Result<()> {
+        let session = turn.as_ref().map(|t| t.session.clone());
         let hub: Hub = Arc::new(Mutex::new(Vec::new()));
-        let feed = match follow.then(|| follower(stream, EVENT_QUEUE)).transpose()? {
-            Some((f, feed)) => {
+        let feed = match follow.then(|| follower(stream, EVENT_QUEUE)).transpose() {
+            Ok(Some((f, feed))) => {
                 lock(&hub).push(f);
                 Some(feed)
             }
-            None => None,
+            Ok(None) => None,
+            Err(e) => {
+                self.state.release(session.as_deref());
+                return Err(e);
+            }
         };
         // The line parsed as JSON, so it is UTF-8.
         let submission = String::from_utf8_lossy(line);
         let mut named = None;
         let submitted = self.runner.submit_named(request, |seat| {
-            let (id, observer) = self.state.name(&submission, seat, hub)?;
+            let (id, observer) = self.state.name(&submission, seat, hub, turn.take())?;
             named = Some(id);
             Ok::<_, Refusal>((id, Some(observer)))
         });
@@ -249,6 +263,7 @@ impl Daemon {
                 if let Some(id) = named {
                     self.state.forget(id.0);
                 }
+                self.state.release(session.as_deref());
                 self.state.metrics.refused(e.code().as_str());
                 let detail = match &e {
                     Refusal::Runner(SubmitError::NoSlotAvailable) => format!(

@@ -41,8 +41,11 @@ use rusqlite::{params, Connection, ErrorCode, OptionalExtension, TransactionBeha
 
 use loopd_agent::runner::{ResultError, Seat};
 
+mod sessions;
+pub use sessions::{SessionRefusal, SessionRow, TurnAppend};
+
 /// The schema this binary writes (`PRAGMA user_version`). A file with a newer one is refused.
-pub const SCHEMA_VERSION: u32 = 2;
+pub const SCHEMA_VERSION: u32 = 3;
 
 /// `PRAGMA application_id` of a loopd store ("loop" in ASCII), so another program's SQLite
 /// file named as the store is refused rather than written into.
@@ -77,6 +80,26 @@ const MIGRATIONS: [&str; SCHEMA_VERSION as usize] = [
     // recovered after the daemon's death names its host as a finished one does.
     "ALTER TABLE requests ADD COLUMN host TEXT;
     ALTER TABLE requests ADD COLUMN slot INTEGER;",
+    // v2 -> v3: sessions (docs/sessions.md). `settings` is the session's settings as JSON,
+    // `turns` the turns completed, `bytes` the sum of its records' JSON, `prefix_key` what
+    // its last turn's prompt opened with (settings and template), to tell whether the next
+    // one extends it. A record is one JSON line of the log, numbered in order per session.
+    "CREATE TABLE sessions (
+        name        TEXT    PRIMARY KEY,
+        settings    TEXT    NOT NULL,
+        created_ms  INTEGER NOT NULL,
+        updated_ms  INTEGER NOT NULL,
+        turns       INTEGER NOT NULL DEFAULT 0,
+        bytes       INTEGER NOT NULL DEFAULT 0,
+        prefix_key  TEXT
+    );
+    CREATE TABLE session_records (
+        session     TEXT    NOT NULL,
+        seq         INTEGER NOT NULL,
+        turn        INTEGER NOT NULL,
+        record      TEXT    NOT NULL,
+        PRIMARY KEY (session, seq)
+    );",
 ];
 
 /// How long a commit waits for the disk (`PRAGMA synchronous`); `[daemon] store_sync`.
@@ -550,8 +573,24 @@ impl Db {
         result: &str,
         now: SystemTime,
     ) -> Result<(), DbError> {
+        self.finish_turn(id, reason, result, None, now)
+    }
+
+    /// [`Db::finish`], and in the same transaction a completed turn's records appended to
+    /// its session's log: the result and the log are written together or not at all.
+    pub fn finish_turn(
+        &mut self,
+        id: u64,
+        reason: &str,
+        result: &str,
+        append: Option<&TurnAppend>,
+        now: SystemTime,
+    ) -> Result<(), DbError> {
         let t = ms(now);
         let tx = self.conn.transaction()?;
+        if let Some(a) = append {
+            sessions::append_in(&tx, a, t)?;
+        }
         let mut evicted = expire_in(&tx, t, self.ttl_ms)?;
         let n = tx.execute(
             "UPDATE requests SET state = 'ended', ended_ms = ?2, updated_ms = ?2, reason = ?3,

@@ -59,6 +59,17 @@ pub struct Settings {
     pub metrics_every: Duration,
     /// How long shutdown waits for cancelled requests to store their results.
     pub shutdown_wait: Duration,
+    /// The sessions' caps and summary length (`[sessions]`).
+    pub sessions: crate::config::Sessions,
+    /// A slot's context in tokens (`[expect] n_ctx`, else the server's `/props`); 0 when
+    /// unknown: a session then compacts only after the server refused a turn as too long.
+    pub n_ctx: u64,
+    /// A generation's `max_tokens` when the session names none (`limits.max_tokens`): the
+    /// room a turn's answer needs in the context.
+    pub max_tokens: u64,
+    /// The server's chat template's SHA-256 (`[expect]`), empty when not configured: a
+    /// session's turn says whether it changed since the last turn.
+    pub template: String,
 }
 
 /// Why [`Daemon::new`] could not start.
@@ -133,6 +144,10 @@ impl Daemon {
             inner: Mutex::new(Inner {
                 unstored: Default::default(),
                 unforgotten: Vec::new(),
+                turns: HashMap::new(),
+                busy: HashMap::new(),
+                force_compact: Default::default(),
+                unstored_turns: HashMap::new(),
                 db,
                 live: HashMap::new(),
                 freed: !recovered.is_empty(),

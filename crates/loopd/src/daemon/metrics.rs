@@ -46,6 +46,20 @@ struct HostRequestLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TurnLabels {
+    /// `hit`, `loss` or `none`.
+    cache_outcome: String,
+    /// `true` when its request extended the last turn's.
+    extends: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CompactionLabels {
+    /// `tool_results` or `summary`.
+    rule: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct EvictLabels {
     reason: String,
 }
@@ -68,6 +82,8 @@ pub struct Metrics {
     host_up: Family<HostLabels, Gauge>,
     host_slots_busy: Family<HostLabels, Gauge>,
     host_requests: Family<HostRequestLabels, Counter>,
+    session_turns: Family<TurnLabels, Counter>,
+    compactions: Family<CompactionLabels, Counter>,
 }
 
 impl Metrics {
@@ -86,6 +102,19 @@ impl Metrics {
         let host_up = Family::<HostLabels, Gauge>::default();
         let host_slots_busy = Family::<HostLabels, Gauge>::default();
         let host_requests = Family::<HostRequestLabels, Counter>::default();
+        let session_turns = Family::<TurnLabels, Counter>::default();
+        let compactions = Family::<CompactionLabels, Counter>::default();
+        registry.register(
+            "session_turns",
+            "Sessions' turns ended, by the prompt cache's outcome for their first generation \
+             and whether their request extended the last turn's",
+            session_turns.clone(),
+        );
+        registry.register(
+            "session_compactions",
+            "Compactions of sessions' logs recorded, by rule",
+            compactions.clone(),
+        );
         registry.register(
             "host_up",
             "Each [[host]]: 1 when ready for new requests, else 0",
@@ -165,7 +194,26 @@ impl Metrics {
             host_up,
             host_slots_busy,
             host_requests,
+            session_turns,
+            compactions,
         }
+    }
+
+    /// A session's turn ended (completed or not) as `t` says.
+    pub fn turn(&self, t: &super::protocol::TurnRecord) {
+        self.session_turns
+            .get_or_create(&TurnLabels {
+                cache_outcome: t.cache_outcome.clone(),
+                extends: t.extends.to_string(),
+            })
+            .inc();
+    }
+
+    /// A compaction by `rule` was recorded.
+    pub fn compacted(&self, rule: &str) {
+        self.compactions
+            .get_or_create(&CompactionLabels { rule: rule.into() })
+            .inc();
     }
 
     /// Each named host's state and busy slots now.

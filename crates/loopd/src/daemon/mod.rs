@@ -9,6 +9,8 @@
 //!   before a submit is acknowledged; the runner's completion sink writes each result into it
 //!   (`state.rs` holds it behind one lock with the followers' channels); a running request's
 //!   output is checkpointed into its row (`output.rs`);
+//! - `sessions.rs`: the session commands; `session_log.rs`: a session's log rendered as the
+//!   conversation a turn is sent, and its compaction (docs/sessions.md);
 //! - [`protocol`]: the command lines and replies, parsed and written without IO;
 //! - [`Metrics`]: the counters in the Prometheus text format;
 //! - [`client`]: how `loopd submit|result|cancel|status` and `loopd run` talk to it.
@@ -23,6 +25,8 @@ mod listener;
 mod metrics;
 mod output;
 pub mod protocol;
+mod session_log;
+mod sessions;
 mod state;
 
 pub use db::{

@@ -6,14 +6,14 @@
 //! Lock order: the runner's table, then this lock (the runner calls [`State::name`] with its
 //! table locked); so nothing here calls into the runner while holding this lock.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
 use clock::Clock;
 
-use super::db::{Db, DbError};
+use super::db::{Db, DbError, TurnAppend};
 use super::follower::Follower;
 use super::metrics::Metrics;
 use super::output::{Checkpoints, Output};
@@ -43,6 +43,67 @@ pub(super) struct Inner {
     /// Requests fetched from `unstored` whose `running` row the full disk kept: deleted at the
     /// same ticks, so they do not come back as `daemon_restarted`.
     pub unforgotten: Vec<u64>,
+    /// The running turns of sessions, by request id.
+    pub turns: HashMap<u64, TurnCtx>,
+    /// The sessions with a turn under way (its request id once named): one at a time. A
+    /// turn whose result a full disk holds keeps its session busy until it is stored, so the
+    /// log never takes a later turn before it.
+    pub busy: HashMap<String, Option<u64>>,
+    /// The sessions whose last turn the server refused as too long for its context: the
+    /// next turn compacts whatever the estimate says.
+    pub force_compact: HashSet<String>,
+    /// The turns' records held with their result in `unstored`, by request id.
+    pub unstored_turns: HashMap<u64, TurnAppend>,
+}
+
+/// A running turn: what its completion appends to its session's log.
+#[derive(Debug, Clone)]
+pub(super) struct TurnCtx {
+    pub session: String,
+    pub turn: u32,
+    pub user: String,
+    /// The compactions made for it; a summary's text arrives with its event.
+    pub compactions: Vec<super::protocol::Compaction>,
+    pub prefix_key: String,
+    pub extends: bool,
+    pub why_not: Option<&'static str>,
+    /// The last turn's `total_n`, its cache is judged against.
+    pub prev_total: Option<u64>,
+}
+
+impl TurnCtx {
+    /// How the turn ran, from its result.
+    pub fn record(&self, result: &RequestResult) -> super::protocol::TurnRecord {
+        use loopd_client::llama::{cache_outcome, CacheOutcome, Timings};
+        let first = result.generations.first().and_then(|g| g.timings);
+        let last = result.generations.last().and_then(|g| g.timings);
+        let outcome = match (self.prev_total, first) {
+            (Some(p), Some(f)) => {
+                let previous = Timings {
+                    cache_n: 0,
+                    prompt_n: p,
+                    predicted_n: 0,
+                };
+                match cache_outcome(&previous, &f) {
+                    CacheOutcome::Hit => "hit",
+                    CacheOutcome::Loss { .. } => "loss",
+                }
+            }
+            _ => "none",
+        };
+        super::protocol::TurnRecord {
+            session: self.session.clone(),
+            turn: self.turn,
+            request: result.id.0,
+            extends: self.extends,
+            why_not: self.why_not.map(str::to_owned),
+            cache_outcome: outcome.to_owned(),
+            cache_n: first.map_or(0, |t| t.cache_n),
+            prompt_n: first.map_or(0, |t| t.prompt_n),
+            total_n: last.map_or(0, |t| t.total()),
+            compacted: self.compactions.iter().map(|c| c.rule).collect(),
+        }
+    }
 }
 
 /// Why a submit was refused after the runner had its say.
@@ -92,6 +153,7 @@ impl State {
         submission: &str,
         seat: Seat<'_>,
         hub: Hub,
+        turn: Option<TurnCtx>,
     ) -> Result<(RequestId, loopd_agent::runner::Observer), Refusal> {
         let submitted = self.clock.now();
         let mut inner = lock(&self.inner);
@@ -114,6 +176,10 @@ impl State {
                 submitted,
             },
         );
+        if let Some(t) = turn {
+            inner.busy.insert(t.session.clone(), Some(id));
+            inner.turns.insert(id, t);
+        }
         drop(inner);
         let me = self.clone();
         let (mut output, mut checkpoints) = (Output::default(), Checkpoints::default());
@@ -129,6 +195,9 @@ impl State {
                 if t.is_none() {
                     *t = Some(now.saturating_sub(submitted));
                 }
+            }
+            if let RequestEvent::Summarized { summary, .. } = e {
+                me.summarized(id, summary);
             }
             if let RequestEvent::Placed { host, slot, by } = e {
                 if *by == "rehomed" {
@@ -168,6 +237,28 @@ impl State {
         }
     }
 
+    /// Frees a session whose turn was refused before it was named (`None`: not a turn).
+    pub fn release(&self, session: Option<&str>) {
+        if let Some(s) = session {
+            let mut inner = lock(&self.inner);
+            if inner.busy.get(s) == Some(&None) {
+                inner.busy.remove(s);
+            }
+        }
+    }
+
+    /// Keeps the summary a turn's compaction wrote, for its log.
+    fn summarized(&self, id: u64, summary: &str) {
+        let mut inner = lock(&self.inner);
+        if let Some(c) = inner.turns.get_mut(&id).and_then(|t| {
+            t.compactions
+                .iter_mut()
+                .rfind(|c| c.rule == super::protocol::CompactionRule::Summary)
+        }) {
+            c.summary = Some(summary.to_owned());
+        }
+    }
+
     /// Records that the running request `id` now runs on `slot` of `host` (rehomed).
     fn move_seat(&self, id: u64, host: &str, slot: u32) {
         let seat = Seat {
@@ -184,10 +275,13 @@ impl State {
         }
     }
 
-    /// Forgets a request named but never started (no thread for it).
+    /// Forgets a request named but never started (no thread for it), and frees its session.
     pub fn forget(&self, id: u64) {
         let mut inner = lock(&self.inner);
         inner.live.remove(&id);
+        if let Some(t) = inner.turns.remove(&id) {
+            inner.busy.remove(&t.session);
+        }
         if let Err(e) = inner.db.forget(id) {
             eprintln!(
                 "loopd serve: {}: not removed from the store: {e}",
@@ -202,8 +296,7 @@ impl State {
     /// start.
     pub fn complete(&self, result: RequestResult) {
         let id = result.id;
-        let wire = WireResult::from(&result);
-        let body = to_line(&wire);
+        let mut wire = WireResult::from(&result);
         let reason = match &result.outcome {
             loopd_agent::runner::Outcome::Completed { finish_reason } => finish_reason.as_str(),
             loopd_agent::runner::Outcome::Failed { reason, .. } => reason.as_str(),
@@ -221,6 +314,37 @@ impl State {
             );
         }
         let mut inner = lock(&self.inner);
+        let turn = inner.turns.remove(&id.0);
+        let append = turn.as_ref().and_then(|t| {
+            let record = t.record(&result);
+            wire.session = Some(record.clone());
+            self.metrics.turn(&record);
+            if too_long(&result.outcome) {
+                inner.force_compact.insert(t.session.clone());
+            }
+            if !matches!(
+                result.outcome,
+                loopd_agent::runner::Outcome::Completed { .. }
+            ) {
+                return None;
+            }
+            for c in &t.compactions {
+                self.metrics.compacted(c.rule.as_str());
+            }
+            let records = super::session_log::turn_records(
+                &t.compactions,
+                &t.user,
+                &result.transcript,
+                record,
+            );
+            Some(TurnAppend {
+                session: t.session.clone(),
+                turn: t.turn,
+                records: records.iter().map(to_line).collect(),
+                prefix_key: t.prefix_key.clone(),
+            })
+        });
+        let body = to_line(&wire);
         let live = inner.live.remove(&id.0);
         let first_token = live.as_ref().and_then(|l| *lock(&l.first_token));
         let wall = live
@@ -228,14 +352,33 @@ impl State {
             .map(|l| self.clock.now().saturating_sub(l.submitted));
         eprintln!("loopd serve: {}", end_line(&result, wall));
         self.metrics.finished(&result, first_token);
-        if let Err(e) = inner.db.finish(id.0, reason, &body, self.clock.wall()) {
-            inner.freed |= e == DbError::DiskFull;
-            eprintln!(
-                "loopd serve: {id}: its result could not be stored ({e}); it is kept in memory, \
-                 served from there and written once the store takes it (a daemon that stops \
-                 first leaves it daemon_restarted with its last checkpoint)"
-            );
-            inner.unstored.insert(id.0, (reason.to_owned(), body));
+        let stored = inner
+            .db
+            .finish_turn(id.0, reason, &body, append.as_ref(), self.clock.wall());
+        match stored {
+            Ok(()) => {
+                if let Some(t) = &turn {
+                    inner.busy.remove(&t.session);
+                }
+            }
+            Err(e) => {
+                inner.freed |= e == DbError::DiskFull;
+                eprintln!(
+                    "loopd serve: {id}: its result could not be stored ({e}); it is kept in \
+                     memory, served from there and written once the store takes it (a daemon \
+                     that stops first leaves it daemon_restarted with its last checkpoint)"
+                );
+                inner.unstored.insert(id.0, (reason.to_owned(), body));
+                match (append, &turn) {
+                    (Some(a), _) => {
+                        inner.unstored_turns.insert(id.0, a);
+                    }
+                    (None, Some(t)) => {
+                        inner.busy.remove(&t.session);
+                    }
+                    (None, None) => {}
+                }
+            }
         }
         self.drain_evicted(&mut inner);
         // Under the lock, so no follower can join the hub after its last line.
@@ -260,14 +403,18 @@ impl State {
         }
         while let Some((&id, (reason, body))) = inner.unstored.first_key_value() {
             let (reason, body) = (reason.clone(), body.clone());
+            let append = inner.unstored_turns.get(&id).cloned();
             if inner
                 .db
-                .finish(id, &reason, &body, self.clock.wall())
+                .finish_turn(id, &reason, &body, append.as_ref(), self.clock.wall())
                 .is_err()
             {
                 return;
             }
             inner.unstored.remove(&id);
+            if let Some(a) = inner.unstored_turns.remove(&id) {
+                inner.busy.remove(&a.session);
+            }
             eprintln!("loopd serve: {}: its result is stored now", RequestId(id));
         }
     }
@@ -289,6 +436,17 @@ impl State {
     pub fn failed(e: DbError) -> ProtoError {
         ProtoError::Refused(store_code(&e), e.to_string())
     }
+}
+
+/// Whether the server refused the request's prompt as longer than its context (HTTP 400,
+/// `exceed_context_size_error`).
+fn too_long(outcome: &loopd_agent::runner::Outcome) -> bool {
+    use loopd_agent::runner::{FailReason, Outcome};
+    use loopd_client::llama::InferError;
+    matches!(outcome, Outcome::Failed {
+        reason: FailReason::Client(InferError::Http { status: 400, body }),
+        ..
+    } if body.contains("exceed_context_size") || body.contains("context size"))
 }
 
 /// `STORE_FULL` for a full disk, `STORE_FAILED` for anything else.

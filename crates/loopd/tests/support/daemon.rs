@@ -59,9 +59,20 @@ impl Running {
         ttl: Duration,
         store: &std::path::Path,
     ) -> Running {
+        Self::start_configured(server, slots, clock, ttl, store, config(server))
+    }
+
+    /// [`start_with_store`](Self::start_with_store) with the config `config`.
+    pub fn start_configured(
+        server: &FakeServer,
+        slots: u32,
+        clock: Arc<dyn Clock>,
+        ttl: Duration,
+        store: &std::path::Path,
+        config: Config,
+    ) -> Running {
         let dir = server.socket().parent().unwrap().to_owned();
         let socket = dir.join("loopd.sock");
-        let config = config(server);
         let client = Arc::new(Client::new(config.client()));
         let tools = builtin_tools(None, client.shared_clock()).unwrap();
         let names = tools.schemas().into_iter().map(|s| s.name).collect();
@@ -87,6 +98,10 @@ impl Running {
             metrics_file: Some(dir.join("loopd.prom")),
             metrics_every: Duration::from_millis(100),
             shutdown_wait: Duration::from_secs(5),
+            sessions: config.sessions,
+            n_ctx: config.expect.as_ref().map_or(0, |e| e.n_ctx),
+            max_tokens: config.limits.max_tokens,
+            template: String::new(),
         };
         let daemon = Daemon::new(runner, clock, settings, db).unwrap();
         let bound = socket_file::bind(&socket).unwrap();

@@ -43,14 +43,17 @@ fn addr(a: &DaemonAddr) -> Result<PathBuf, Fail> {
     socket_of(a.config.as_ref(), a.socket.as_ref())
 }
 
-/// The status a daemon's error code ends a client with: the request was not taken (3), there
-/// is no such request (4), it is still running (5), the command line asked for what the
-/// daemon refuses (2), anything else failed (1).
+/// The status a daemon's error code ends a client with: the request was not taken (3, a busy
+/// or full session too), there is no such request or session (4), it is still running (5), the
+/// command line asked for what the daemon refuses (2, a session name taken too), anything else
+/// failed (1).
 pub fn exit_of_code(c: ErrorCode) -> Exit {
     match c {
-        ErrorCode::NotFound => Exit::NotFound,
+        ErrorCode::NotFound | ErrorCode::SessionNotFound => Exit::NotFound,
         ErrorCode::Pending => Exit::Pending,
-        ErrorCode::NoSlotAvailable
+        ErrorCode::SessionBusy
+        | ErrorCode::SessionFull
+        | ErrorCode::NoSlotAvailable
         | ErrorCode::WorkerNotReady
         | ErrorCode::WorkerFailed
         | ErrorCode::WorkerStopped
@@ -58,7 +61,7 @@ pub fn exit_of_code(c: ErrorCode) -> Exit {
         | ErrorCode::ShuttingDown
         | ErrorCode::StoreFull
         | ErrorCode::TooManyConnections => Exit::Refused,
-        ErrorCode::UnknownTool | ErrorCode::LineTooLong => Exit::Usage,
+        ErrorCode::UnknownTool | ErrorCode::LineTooLong | ErrorCode::SessionExists => Exit::Usage,
         _ => Exit::Failed,
     }
 }
@@ -382,6 +385,10 @@ mod tests {
                 ("ENDED", 1),
                 ("FOLLOWER_DROPPED", 1),
                 ("TOO_MANY_CONNECTIONS", 3),
+                ("SESSION_NOT_FOUND", 4),
+                ("SESSION_EXISTS", 2),
+                ("SESSION_BUSY", 3),
+                ("SESSION_FULL", 3),
             ]
         );
     }

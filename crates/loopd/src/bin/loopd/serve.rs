@@ -159,6 +159,13 @@ pub fn serve(config: &Path, folder: Option<&Path>) -> Result<Exit, Fail> {
         metrics_every: Duration::from_secs(1),
         // A cancel takes effect within one poll interval of the request's driver.
         shutdown_wait: Duration::from_millis(cfg.limits.poll_ms.saturating_mul(2) + 1_000),
+        sessions: cfg.sessions,
+        // The self-test held the server to `[expect]`, so its figures are the server's.
+        n_ctx: cfg.expect.as_ref().map_or(0, |e| e.n_ctx),
+        max_tokens: cfg.limits.max_tokens,
+        template: cfg.expect.as_ref().map_or(String::new(), |e| {
+            e.chat_template_sha256.to_ascii_lowercase()
+        }),
     };
     let daemon = match Daemon::new(runner, clock, settings, db) {
         Ok(d) => d,
