@@ -588,3 +588,93 @@ fn a_request_running_at_a_kill_9_comes_back_naming_its_host() {
     let (status, stderr) = second.exit_within(Duration::from_secs(30));
     assert_eq!(status.code(), Some(0), "{stderr}");
 }
+
+/// A session survives `kill -9` of `loopd serve`: the turn running at the kill comes back
+/// `daemon_restarted` and is not in the log (nothing is recorded until a turn completes), the
+/// session is free again, and its next turn extends the last completed one, byte for byte.
+#[test]
+fn a_session_survives_kill_9_and_the_turn_running_at_the_kill_is_not_in_its_log() {
+    let mut chat = passing_self_test();
+    chat.push(json_answer("one"));
+    chat.push(two_pieces_then_silence(Duration::from_millis(50)));
+    chat.extend(passing_self_test());
+    chat.push(json_answer("three"));
+    let server = FakeServer::start(vec![("/props", vec![props(), props()]), (CHAT, chat)]);
+    let mut first = Served::start(&server, 200, "");
+    first.expect_ready(Duration::from_secs(60));
+    let socket = first.socket.clone();
+    assert_eq!(
+        call(&socket, json!({"cmd": "open", "session": "s"})),
+        json!({"ok": true, "session": "s"})
+    );
+    let turn = |content: &str| {
+        let r = call(
+            &socket,
+            json!({"cmd": "turn", "session": "s", "content": content}),
+        );
+        r["id"].as_u64().unwrap_or_else(|| panic!("{r}"))
+    };
+    let one = turn("first");
+    let r = call(
+        &socket,
+        json!({"cmd": "wait", "id": one, "timeout_ms": 30_000}),
+    );
+    assert_eq!(r["result"]["content"], "one", "{r}");
+    let running = turn("second");
+    let (tx, rx) = mpsc::channel();
+    let s = socket.clone();
+    thread::spawn(move || {
+        let _ = client::follow(
+            &s,
+            &command(json!({"cmd": "follow", "id": running})),
+            Duration::from_secs(60),
+            &mut |_| {},
+            &mut |e| {
+                let _ = tx.send(serde_json::to_value(e).unwrap());
+            },
+        );
+    });
+    wait_event(&rx, |e| e["event"] == "content" && e["text"] == "a1 ", "a1");
+    first.signal("KILL");
+    let (status, _) = first.exit_within(Duration::from_secs(10));
+    assert_eq!(status.code(), None, "killed by SIGKILL");
+
+    let mut second = Served::start(&server, 200, "");
+    second.expect_ready(Duration::from_secs(60));
+    let r = call(&socket, json!({"cmd": "result", "id": running}));
+    assert_eq!(r["result"]["fail_reason"], "daemon_restarted", "{r}");
+    let h = call(&socket, json!({"cmd": "history", "session": "s"}));
+    let kinds: Vec<&str> = h["records"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds, ["user", "assistant", "turn"], "{h}");
+    assert_eq!(h["session"].get("running"), None, "{h}");
+    let again = turn("again");
+    let r = call(
+        &socket,
+        json!({"cmd": "wait", "id": again, "timeout_ms": 30_000}),
+    );
+    assert_eq!(r["result"]["content"], "three", "{r}");
+    assert_eq!(r["result"]["session"]["turn"], 2, "{r}");
+    assert_eq!(r["result"]["session"]["extends"], true, "{r}");
+    let bodies: Vec<Vec<u8>> = server
+        .requests_to(CHAT)
+        .into_iter()
+        .map(|r| r.body)
+        .collect();
+    // The self-test's three, turn 1, the turn cut by the kill, the self-test again, turn 2.
+    assert_eq!(bodies.len(), 9);
+    assert_eq!(
+        llama_harness::fake::extension(&bodies[3], &bodies[8]).unwrap(),
+        [
+            json!({"role": "assistant", "content": "one"}),
+            json!({"role": "user", "content": "again"})
+        ]
+    );
+    second.signal("TERM");
+    let (status, stderr) = second.exit_within(Duration::from_secs(30));
+    assert_eq!(status.code(), Some(0), "{stderr}");
+}

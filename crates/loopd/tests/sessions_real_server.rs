@@ -54,7 +54,7 @@ fn ten_turns_each_evaluate_only_their_new_tokens() {
         &dir,
         &server,
         &proxy,
-        "poll_ms = 500\nliveness_ms = 300000\nmax_tokens = 24",
+        "poll_ms = 500\nliveness_ms = 300000\nmax_tokens = 48",
         "budget = 0\nstall_ms = 300000",
     );
     let folder = dir.join("folder");
@@ -62,7 +62,7 @@ fn ten_turns_each_evaluate_only_their_new_tokens() {
     let (_serve, log) = start_serve(&config, &folder, &dir);
     let opened = call(
         &socket,
-        &json!({"cmd": "open", "session": "ten", "tools": []}),
+        &json!({"cmd": "open", "session": "ten", "tools": [], "max_tokens": 24}),
     );
     assert_eq!(opened["session"], "ten", "{opened}");
     let questions = [
@@ -130,7 +130,7 @@ fn thirty_turns_on_the_4096_token_slot_keep_going_by_compaction() {
         &dir,
         &server,
         &proxy,
-        "poll_ms = 500\nliveness_ms = 300000\nmax_tokens = 200",
+        "poll_ms = 500\nliveness_ms = 300000\nmax_tokens = 48",
         "budget = 0\nstall_ms = 300000\n[sessions]\nsummary_max_tokens = 96",
     );
     let folder = dir.join("folder");
@@ -138,7 +138,8 @@ fn thirty_turns_on_the_4096_token_slot_keep_going_by_compaction() {
     let (_serve, log) = start_serve(&config, &folder, &dir);
     call(
         &socket,
-        &json!({"cmd": "open", "session": "thirty", "tools": [], "system": "You are a storyteller."}),
+        &json!({"cmd": "open", "session": "thirty", "tools": [], "max_tokens": 200,
+                "system": "You are a storyteller."}),
     );
     let mut compactions = Vec::new();
     let mut lines = String::new();

@@ -435,3 +435,239 @@ pub fn turn_records(
     out.push(Record::Turn(end));
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn turn_end(turn: u32, total_n: u64) -> Record {
+        Record::Turn(TurnRecord {
+            session: "s".into(),
+            turn,
+            request: u64::from(turn),
+            extends: turn > 1,
+            why_not: None,
+            cache_outcome: "hit".into(),
+            cache_n: 0,
+            prompt_n: 0,
+            total_n,
+            compacted: vec![],
+        })
+    }
+
+    fn user(t: &str) -> Record {
+        Record::User { content: t.into() }
+    }
+
+    fn said(t: &str) -> Record {
+        Record::Assistant {
+            content: Some(t.into()),
+            reasoning_content: None,
+            tool_calls: vec![],
+        }
+    }
+
+    fn tool(t: &str) -> Record {
+        Record::Tool {
+            tool_call_id: "c".into(),
+            content: t.into(),
+        }
+    }
+
+    /// Turns of (user, tool result, answer), each with its running total.
+    fn log(turns: &[(&str, &str, &str, u64)]) -> Log {
+        let mut records = Vec::new();
+        for (i, (u, t, a, total)) in turns.iter().enumerate() {
+            let n = i as u32 + 1;
+            records.push((n, user(u)));
+            records.push((n, tool(t)));
+            records.push((n, said(a)));
+            records.push((n, turn_end(n, *total)));
+        }
+        Log { records }
+    }
+
+    fn contents(m: &[ChatMessage]) -> Vec<String> {
+        m.iter()
+            .map(|m| match m {
+                ChatMessage::System { content }
+                | ChatMessage::User { content }
+                | ChatMessage::Tool { content, .. } => content.clone(),
+                ChatMessage::Assistant(a) => a.content.clone().unwrap_or_default(),
+            })
+            .collect()
+    }
+
+    fn compaction(rule: CompactionRule, through: u32, summary: Option<&str>) -> Compaction {
+        Compaction {
+            rule,
+            from_turn: if rule == CompactionRule::Summary {
+                2
+            } else {
+                1
+            },
+            through_turn: through,
+            summary: summary.map(str::to_owned),
+            tokens_before: 0,
+            tokens_after: 0,
+        }
+    }
+
+    #[test]
+    fn a_log_renders_as_its_messages_and_compactions_apply_to_their_turns_only() {
+        let l = log(&[
+            ("u1", "t1", "a1", 10),
+            ("u2", "t2", "a2", 20),
+            ("u3", "t3", "a3", 30),
+            ("u4", "t4", "a4", 40),
+        ]);
+        assert_eq!(
+            contents(&l.render(&[], None)),
+            ["u1", "t1", "a1", "u2", "t2", "a2", "u3", "t3", "a3", "u4", "t4", "a4"]
+        );
+        let tools = compaction(CompactionRule::ToolResults, 2, None);
+        let note = tool_note(2);
+        assert_eq!(
+            contents(&l.render(std::slice::from_ref(&tools), Some(3))),
+            ["u1", &note, "a1", "u2", &note, "a2", "u3", "t3", "a3"]
+        );
+        // A summary of turns 2..=3 goes before turn 4's user message; a pending one (no
+        // text yet) leaves the place to the runner.
+        let summary = compaction(CompactionRule::Summary, 3, Some("S"));
+        assert_eq!(
+            contents(&l.render(&[tools.clone(), summary.clone()], None)),
+            ["u1", &note, "a1", &summarized("S", "u4"), "t4", "a4"]
+        );
+        let pending = compaction(CompactionRule::Summary, 3, None);
+        assert_eq!(
+            contents(&l.render(std::slice::from_ref(&pending), None)),
+            ["u1", "t1", "a1", "u4", "t4", "a4"]
+        );
+        assert_eq!(summary_index(&l, &[pending]), 3);
+        // Only the latest summary is rendered: it covers the earlier one's turns.
+        let later = compaction(CompactionRule::Summary, 2, None);
+        let mut logged = l.clone();
+        logged.records.push((5, Record::Compaction(summary)));
+        assert_eq!(
+            contents(&logged.render(std::slice::from_ref(&later), None)),
+            ["u1", "t1", "a1", "u3", "t3", "a3", "u4", "t4", "a4"]
+        );
+    }
+
+    /// The compaction threshold at its limit and one past: an estimate of exactly `n_ctx`
+    /// plans nothing; one token more plans a compaction.
+    #[test]
+    fn the_estimate_at_the_context_plans_nothing_and_one_past_it_compacts() {
+        let l = log(&[("u1", "t1", "a1", 1000)]);
+        // 1000 + ceil(0.5 * (0 + 16)) + 100 = 1108.
+        assert_eq!(plan(&l, "", 1108, 100, 50, false), None);
+        assert_eq!(plan(&l, "", 0, 100, 50, false), None, "n_ctx unknown");
+        // One turn: nothing older than the last two for rule 1, no turn 2 for rule 2.
+        assert_eq!(plan(&l, "", 1107, 100, 50, false), None);
+        let big = "x".repeat(400);
+        let l = log(&[
+            ("u1", &big, "a1", 300),
+            ("u2", &big, "a2", 600),
+            ("u3", &big, "a3", 900),
+            ("u4", "t4", "a4", 1000),
+        ]);
+        // Measured on turns 3 and 4: 100 tokens over 55 bytes, clamped to 1 token a byte.
+        assert_eq!(l.tokens_per_byte(), 1.0);
+        let at = 1000 + 16 + 100;
+        assert_eq!(plan(&l, "", at, 100, 50, false), None);
+        let p = plan(&l, "", at - 1, 100, 50, false).expect("one past the context");
+        assert_eq!(p.compactions[0].rule, CompactionRule::ToolResults);
+        assert_eq!(
+            (p.compactions[0].from_turn, p.compactions[0].through_turn),
+            (1, 2)
+        );
+        assert_eq!(p.compactions[0].tokens_before, at);
+    }
+
+    #[test]
+    fn a_summary_keeps_turn_1_and_the_last_turns_and_is_asked_after_them() {
+        let long = "y".repeat(800);
+        let l = log(&[
+            ("u1", "t", &long, 420),
+            ("u2", "t", &long, 840),
+            ("u3", "t", &long, 1260),
+            ("u4", "t", &long, 1680),
+        ]);
+        assert_eq!(plan(&l, "next", 1800, 100, 60, false), None, "it fits");
+        let p = plan(&l, "next", 1700, 100, 60, false).expect("over the context");
+        let s = p.compactions.last().unwrap();
+        assert_eq!(s.rule, CompactionRule::Summary);
+        assert_eq!(
+            (s.from_turn, s.through_turn),
+            (2, 3),
+            "turn 4 fits a quarter"
+        );
+        let asked = p.summary_messages.unwrap();
+        assert_eq!(
+            contents(&asked).last().unwrap(),
+            SUMMARY_INSTRUCTION,
+            "the instruction comes last"
+        );
+        assert_eq!(contents(&asked)[0], "u1");
+        assert!(!contents(&asked).contains(&"u4".to_owned()));
+        // Forced (the server refused the last turn), only the last turn is kept.
+        let forced = plan(&l, "next", 100_000, 100, 60, true).expect("forced");
+        let s = forced.compactions.last().unwrap();
+        assert_eq!((s.rule, s.through_turn), (CompactionRule::Summary, 3));
+    }
+
+    #[test]
+    fn tokens_per_byte_is_measured_on_the_last_two_turns() {
+        assert_eq!(Log::default().tokens_per_byte(), DEFAULT_TOKENS_PER_BYTE);
+        let l = log(&[("u1", "t1", "a1", 100), ("a", "b", "c", 150)]);
+        // Turn 2 renders 3 messages of 1 byte (+16 each, the tool's id 1 more): 52 bytes.
+        let want = (50.0 / 52.0f64).clamp(0.1, 1.0);
+        assert_eq!(l.tokens_per_byte(), want);
+    }
+
+    #[test]
+    fn a_turns_records_are_its_compactions_its_message_what_the_runner_added_and_its_end() {
+        let c = compaction(CompactionRule::ToolResults, 1, None);
+        let transcript = [
+            ChatMessage::Assistant(AssistantMessage {
+                content: None,
+                reasoning_content: Some("hmm".into()),
+                tool_calls: vec![ToolCall {
+                    id: "c1".into(),
+                    name: "arithmetic".into(),
+                    arguments: "{}".into(),
+                }],
+            }),
+            ChatMessage::Tool {
+                tool_call_id: "c1".into(),
+                content: "5".into(),
+            },
+        ];
+        let end = turn_end(2, 9);
+        let Record::Turn(t) = end.clone() else {
+            unreachable!()
+        };
+        let r = turn_records(std::slice::from_ref(&c), "q", &transcript, t);
+        assert_eq!(
+            r,
+            [
+                Record::Compaction(c),
+                user("q"),
+                Record::Assistant {
+                    content: None,
+                    reasoning_content: Some("hmm".into()),
+                    tool_calls: vec![WireCall {
+                        id: "c1".into(),
+                        name: "arithmetic".into(),
+                        arguments: "{}".into()
+                    }]
+                },
+                Record::Tool {
+                    tool_call_id: "c1".into(),
+                    content: "5".into()
+                },
+                end
+            ]
+        );
+    }
+}

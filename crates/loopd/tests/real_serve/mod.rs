@@ -90,14 +90,30 @@ pub fn start_serve(config: &Path, folder: &Path, dir: &Path) -> (Serve, PathBuf)
             .spawn()
             .unwrap(),
     );
-    // The self-test runs three generations first: minutes on a loaded 2-core box.
+    // The self-test runs three generations first: minutes on a loaded 2-core box. Polled each
+    // second, so a daemon that refused to start is reported at once, not at the deadline.
     notify
-        .set_read_timeout(Some(Duration::from_secs(900)))
+        .set_read_timeout(Some(Duration::from_secs(1)))
         .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(900);
     let mut buf = [0u8; 256];
-    let ready = notify
-        .recv(&mut buf)
-        .map(|n| String::from_utf8_lossy(&buf[..n]).trim_end().to_owned());
+    let ready = loop {
+        match notify.recv(&mut buf) {
+            Ok(n) => break Ok(String::from_utf8_lossy(&buf[..n]).trim_end().to_owned()),
+            Err(e)
+                if e.kind() == std::io::ErrorKind::WouldBlock
+                    || e.kind() == std::io::ErrorKind::TimedOut =>
+            {
+                if let Ok(Some(status)) = serve.0.try_wait() {
+                    break Err(format!("it exited ({status}) before READY=1"));
+                }
+                if std::time::Instant::now() > deadline {
+                    break Err("no READY=1 within 900 s".to_owned());
+                }
+            }
+            Err(e) => break Err(e.to_string()),
+        }
+    };
     if !matches!(ready.as_deref(), Ok("READY=1")) {
         let _ = serve.0.kill();
         let said = std::fs::read_to_string(&log).unwrap_or_default();
