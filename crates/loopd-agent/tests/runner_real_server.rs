@@ -102,6 +102,7 @@ fn run(
         budget: Some(2),
         tools: None,
         session: None,
+        summarize: None,
         options: ChatOptions {
             thinking: false,
             max_tokens: Some(48),

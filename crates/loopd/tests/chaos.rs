@@ -96,7 +96,11 @@ const NAMED: &[&str] = &[
 ];
 
 /// The refusals a client is told to try again later (docs/loopd.md, admission).
-const TRY_AGAIN: &[&str] = &["NO_SLOT_AVAILABLE", "WORKER_NOT_READY"];
+/// `SESSION_BUSY`: a turn of the same session is running (turns run one at a time).
+const TRY_AGAIN: &[&str] = &["NO_SLOT_AVAILABLE", "WORKER_NOT_READY", "SESSION_BUSY"];
+
+/// The sessions whose turns are among the requests (`chaos-0`, ...).
+const SESSIONS: u64 = 3;
 
 /// Not a daemon's code: the daemon was being killed and started again (no answer, or no
 /// socket); the submit is sent again.
@@ -272,6 +276,8 @@ enum Kind {
     ReadFile,
     /// `read_file` of the FIFO: the injected hanging tool.
     Hang,
+    /// A turn of one of the [`SESSIONS`].
+    Turn,
 }
 
 impl Kind {
@@ -282,12 +288,25 @@ impl Kind {
             Kind::Time => "current_time",
             Kind::ReadFile => "read_file",
             Kind::Hang => "hanging read_file",
+            Kind::Turn => "session turn",
         }
     }
 }
 
 /// The submit command of one request of `kind`.
 fn submit_command(kind: Kind, rng: &mut Rng) -> Value {
+    if kind == Kind::Turn {
+        let questions = [
+            "Name a colour.",
+            "What did I ask you before?",
+            "Say one more word.",
+            "Count to five.",
+            "Name an animal.",
+        ];
+        let q = questions[rng.below(questions.len() as u64) as usize];
+        let session = format!("chaos-{}", rng.below(SESSIONS));
+        return json!({"cmd": "turn", "session": session, "content": q, "follow": true});
+    }
     let mut m = Vec::new();
     let (tools, prompt, max_tokens): (Vec<&str>, String, u32) = match kind {
         Kind::Plain => {
@@ -325,6 +344,7 @@ fn submit_command(kind: Kind, rng: &mut Rng) -> Value {
             }
             (vec!["current_time"], "What time is it?".to_owned(), 64)
         }
+        Kind::Turn => unreachable!("a turn's command is made above"),
         Kind::ReadFile | Kind::Hang => {
             for (i, (f, t)) in [(1, ("a.txt", "apples")), (2, ("b.txt", "bread"))] {
                 m.push(user(&format!("Read the file {f}.")));
@@ -453,6 +473,8 @@ struct Record {
     last_generation: Option<(u64, Instant)>,
     /// The daemon that acknowledged it was killed: its result came from the next one.
     across_restart: bool,
+    /// A turn's session.
+    session: Option<String>,
 }
 
 enum Attempt {
@@ -660,6 +682,7 @@ fn run_one(
             .collect(),
         last_generation,
         across_restart,
+        session: cmd["session"].as_str().map(str::to_owned),
     })))
 }
 
@@ -1420,6 +1443,12 @@ fn chaos_every_request_ends_named_and_the_stack_heals() {
     );
     let (serve, serve_log) = start_serve(&config, &folder, &dir);
     let serve = Mutex::new(serve);
+    for k in 0..SESSIONS {
+        let open = json!({"cmd": "open", "session": format!("chaos-{k}"), "tools": [],
+                          "max_tokens": 48});
+        let r = daemon_call(&socket, &open, Duration::from_secs(10)).expect("open a session");
+        assert_eq!(r["ok"], true, "{r}");
+    }
     let deadline = timers.request_deadline();
     say!(
         "stack up after {:.1} s; request deadline {deadline:?}; loopd log {}",
@@ -1515,8 +1544,13 @@ fn chaos_every_request_ends_named_and_the_stack_heals() {
                         shared.hanging.fetch_add(1, Ordering::SeqCst);
                         Kind::Hang
                     } else {
-                        [Kind::Plain, Kind::Arithmetic, Kind::Time, Kind::ReadFile]
-                            [rng.below(4) as usize]
+                        [
+                            Kind::Plain,
+                            Kind::Arithmetic,
+                            Kind::Time,
+                            Kind::ReadFile,
+                            Kind::Turn,
+                        ][rng.below(5) as usize]
                     };
                     shared.remaining.fetch_sub(1, Ordering::SeqCst);
                     (kind, submit_command(kind, &mut rng))
@@ -1852,6 +1886,57 @@ fn chaos_every_request_ends_named_and_the_stack_heals() {
         );
     }
 
+    // Every session's log holds exactly its turns that completed (through daemon kills: a
+    // turn running at a kill comes back daemon_restarted and is not in it), and it goes on: a
+    // last turn completes.
+    for k in 0..SESSIONS {
+        let name = format!("chaos-{k}");
+        let mut completed: Vec<u64> = records
+            .iter()
+            .filter(|r| r.session.as_deref() == Some(name.as_str()) && r.outcome == "completed")
+            .map(|r| r.id)
+            .collect();
+        completed.sort_unstable();
+        let h = daemon_call(
+            &socket,
+            &json!({"cmd": "history", "session": name}),
+            Duration::from_secs(10),
+        )
+        .expect("history");
+        let mut logged: Vec<u64> = h["records"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|r| r["kind"] == "turn")
+            .filter_map(|r| r["request"].as_u64())
+            .collect();
+        logged.sort_unstable();
+        assert_eq!(
+            logged, completed,
+            "session {name}: the turns in its log against the turns seen completed: {h}"
+        );
+        let last = wait_for(
+            &format!("a last turn of {name}"),
+            deadline,
+            || match run_one(
+                &socket,
+                Kind::Turn,
+                &json!({"cmd": "turn", "session": name, "content": "Thank you.", "follow": true}),
+                deadline,
+                &shared,
+            ) {
+                Ok(Attempt::Done(r)) => Ok(r),
+                Ok(Attempt::Refused(code)) => Err(code),
+                Err(e) => panic!("the last turn of {name}: {e}"),
+            },
+        );
+        assert_eq!(last.outcome, "completed", "{name}: {last:?}");
+        say!(
+            "session {name}: {} turns logged, all {} seen completed; a last turn completed",
+            logged.len(),
+            completed.len()
+        );
+    }
     let released = release_hung_readers(&fifo);
     // With CHAOS_TRACE, the logs go next to the trace: the temp dirs go when the run passes.
     if let Ok(trace) = std::env::var("CHAOS_TRACE") {

@@ -298,6 +298,7 @@ fn request(prompt: &str, max_tokens: u64) -> Submission {
         budget: Some(0),
         tools: None,
         session: None,
+        summarize: None,
         options: loopd_client::llama::ChatOptions {
             thinking: false,
             max_tokens: Some(max_tokens),

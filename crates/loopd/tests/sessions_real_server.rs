@@ -3,7 +3,8 @@
 //! server's prompt cache holds the whole conversation, since each request extends the last),
 //! and a 30-turn conversation on the 4,096-token slot that outgrows it and keeps going by
 //! compaction with no error reaching the user. Greedy sampling with the self-test's seed and
-//! a small `max_tokens` keep the small model's answers the same from run to run.
+//! a small `max_tokens` keep the small model's answers the same from run to run (`limits.max_tokens`
+//! caps a session's own `max_tokens`).
 
 mod real_serve;
 
@@ -130,7 +131,7 @@ fn thirty_turns_on_the_4096_token_slot_keep_going_by_compaction() {
         &dir,
         &server,
         &proxy,
-        "poll_ms = 500\nliveness_ms = 300000\nmax_tokens = 48",
+        "poll_ms = 500\nliveness_ms = 300000\nmax_tokens = 200",
         "budget = 0\nstall_ms = 300000\n[sessions]\nsummary_max_tokens = 96",
     );
     let folder = dir.join("folder");
@@ -138,8 +139,7 @@ fn thirty_turns_on_the_4096_token_slot_keep_going_by_compaction() {
     let (_serve, log) = start_serve(&config, &folder, &dir);
     call(
         &socket,
-        &json!({"cmd": "open", "session": "thirty", "tools": [], "max_tokens": 200,
-                "system": "You are a storyteller."}),
+        &json!({"cmd": "open", "session": "thirty", "tools": [], "system": "You are a storyteller."}),
     );
     let mut compactions = Vec::new();
     let mut lines = String::new();
