@@ -549,3 +549,23 @@ fn a_turn_the_server_refused_as_too_long_makes_the_next_one_compact() {
         ]
     );
 }
+
+/// A daemon started again with another chat template (`[expect]`) on the same store: the
+/// session goes on, and its next turn says its prompt no longer extends the last one's.
+#[test]
+fn a_turn_after_the_template_changed_says_so() {
+    let server = FakeServer::start(vec![(CHAT, vec![answer("Fine.", (0, 10, 2))])]);
+    let mut first = daemon(&server, |_| {});
+    open(&first, "t");
+    turn(&first, "t", "one");
+    first.stop();
+    drop(first);
+    let second = daemon(&server, |c| {
+        c.expect.as_mut().unwrap().chat_template_sha256 = "1".repeat(64);
+    });
+    let r = turn(&second, "t", "two");
+    assert_eq!(r["session"]["turn"], 2, "{r}");
+    assert_eq!(r["session"]["extends"], false);
+    assert_eq!(r["session"]["why_not"], "template_changed");
+    assert_eq!(turn(&second, "t", "three")["session"]["extends"], true);
+}

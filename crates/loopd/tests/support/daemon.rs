@@ -101,7 +101,9 @@ impl Running {
             sessions: config.sessions,
             n_ctx: config.expect.as_ref().map_or(0, |e| e.n_ctx),
             max_tokens: config.limits.max_tokens,
-            template: String::new(),
+            template: config.expect.as_ref().map_or(String::new(), |e| {
+                e.chat_template_sha256.to_ascii_lowercase()
+            }),
         };
         let daemon = Daemon::new(runner, clock, settings, db).unwrap();
         let bound = socket_file::bind(&socket).unwrap();
