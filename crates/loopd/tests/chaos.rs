@@ -518,6 +518,7 @@ fn run_one(
     deadline: Duration,
     shared: &Shared,
 ) -> Result<Attempt, String> {
+    let session = cmd["session"].as_str().map(str::to_owned);
     let kills = shared.daemons_before();
     let killed = || shared.epoch() != kills;
     let restarting = |e: String| {
@@ -682,7 +683,7 @@ fn run_one(
             .collect(),
         last_generation,
         across_restart,
-        session: cmd["session"].as_str().map(str::to_owned),
+        session,
     })))
 }
 
