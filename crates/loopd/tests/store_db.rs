@@ -391,6 +391,76 @@ const V2_STEP: &str = "
     ALTER TABLE requests ADD COLUMN slot INTEGER;
     PRAGMA user_version = 2;";
 
+/// Schema v3 as released: the sessions and their records.
+const V3_STEP: &str = "
+    CREATE TABLE sessions (
+        name        TEXT    PRIMARY KEY,
+        settings    TEXT    NOT NULL,
+        created_ms  INTEGER NOT NULL,
+        updated_ms  INTEGER NOT NULL,
+        turns       INTEGER NOT NULL DEFAULT 0,
+        bytes       INTEGER NOT NULL DEFAULT 0,
+        prefix_key  TEXT
+    );
+    CREATE TABLE session_records (
+        session     TEXT    NOT NULL,
+        seq         INTEGER NOT NULL,
+        turn        INTEGER NOT NULL,
+        record      TEXT    NOT NULL,
+        PRIMARY KEY (session, seq)
+    );
+    PRAGMA user_version = 3;";
+
+/// A v2 store (a request running in it) migrates to v3: the request recovers as before, and
+/// sessions open, append and delete in it.
+#[test]
+fn a_v2_store_migrates_to_v3_and_keeps_its_requests() {
+    let path = fresh("db-v2");
+    {
+        let c = Connection::open(&path).unwrap();
+        c.execute_batch(V1_SCHEMA).unwrap();
+        c.execute_batch(V2_STEP).unwrap();
+        c.execute_batch(
+            "INSERT INTO requests (id, state, created_ms, updated_ms, submission, host, slot)
+                 VALUES (9, 'running', 1700000000000, 1700000000000, '{}', 'gpu-a', 1);",
+        )
+        .unwrap();
+    }
+    let mut db = Db::open(&path, settings(60_000, 10)).unwrap();
+    let mut seen = Vec::new();
+    db.recover(at(2), |r| {
+        seen.push((r.id, r.host.map(str::to_owned), r.slot));
+        String::new()
+    })
+    .unwrap();
+    assert_eq!(seen, [(9, Some("gpu-a".into()), Some(1))]);
+    assert_eq!(
+        db.open_session(Some("s"), "{}", 10, at(3)).unwrap(),
+        Ok("s".to_owned())
+    );
+    let id = db.insert_submitted("{}", SEAT, at(3)).unwrap();
+    let append = loopd::daemon::TurnAppend {
+        session: "s".into(),
+        turn: 1,
+        records: vec![r#"{"kind":"user","content":"hi"}"#.into()],
+        prefix_key: "k".into(),
+    };
+    db.finish_turn(id, "stop", "{}", Some(&append), at(4))
+        .unwrap();
+    assert_eq!(
+        db.session_records("s").unwrap(),
+        [(1, r#"{"kind":"user","content":"hi"}"#.to_owned())]
+    );
+    let row = db.session("s").unwrap().unwrap();
+    assert_eq!(
+        (row.turns, row.bytes, row.prefix_key.as_deref()),
+        (1, 31, Some("k"))
+    );
+    assert_eq!(db.delete_session("s").unwrap(), Ok(()));
+    assert_eq!(db.session("s").unwrap(), None);
+    assert!(db.session_records("s").unwrap().is_empty());
+}
+
 #[test]
 fn a_v1_row_recovers_without_a_seat_and_a_new_one_keeps_its_seat() {
     let path = fresh("db-v1-seat");
@@ -428,7 +498,7 @@ fn a_v1_row_recovers_without_a_seat_and_a_new_one_keeps_its_seat() {
 }
 
 #[test]
-fn the_current_schema_is_the_frozen_v2_one() {
+fn the_current_schema_is_the_frozen_v3_one() {
     // Guards the migration test above: if the schema moves on without a new migration (and a
     // new frozen version here), the two no longer agree.
     let ours = fresh("db-schema-ours");
@@ -437,6 +507,7 @@ fn the_current_schema_is_the_frozen_v2_one() {
     let c = Connection::open(&frozen).unwrap();
     c.execute_batch(V1_SCHEMA).unwrap();
     c.execute_batch(V2_STEP).unwrap();
+    c.execute_batch(V3_STEP).unwrap();
     drop(c);
     let schema = |p: &Path| -> Vec<(String, String, i64)> {
         let c = Connection::open(p).unwrap();
@@ -460,7 +531,7 @@ fn the_current_schema_is_the_frozen_v2_one() {
         rows
     };
     assert_eq!(schema(&ours), schema(&frozen));
-    assert_eq!(SCHEMA_VERSION, 2);
+    assert_eq!(SCHEMA_VERSION, 3);
 }
 
 #[test]
@@ -469,20 +540,20 @@ fn a_newer_schema_is_refused_and_the_file_left_as_it_was() {
     {
         let c = Connection::open(&path).unwrap();
         c.execute_batch(V1_SCHEMA).unwrap();
-        c.execute_batch("PRAGMA user_version = 3").unwrap();
+        c.execute_batch("PRAGMA user_version = 4").unwrap();
     }
     let e = Db::open(&path, settings(1_000, 10)).unwrap_err();
     assert_eq!(
         e.kind,
         OpenErrorKind::NewerSchema {
-            found: 3,
-            supported: 2
+            found: 4,
+            supported: 3
         }
     );
     assert_eq!(
         e.to_string(),
         format!(
-            "store {}: schema version 3 is newer than this loopd's 2 (a newer loopd wrote it): user_version 3",
+            "store {}: schema version 4 is newer than this loopd's 3 (a newer loopd wrote it): user_version 4",
             path.display()
         )
     );
@@ -490,7 +561,7 @@ fn a_newer_schema_is_refused_and_the_file_left_as_it_was() {
     let version: u32 = c
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .unwrap();
-    assert_eq!(version, 3);
+    assert_eq!(version, 4);
 }
 
 #[test]

@@ -31,7 +31,8 @@ mod state;
 
 pub use db::{
     store_path, Db, DbError, DbSettings, Durability, EvictReason, Evicted, Interrupted, Lookup,
-    NoStorePath, OpenError, OpenErrorKind, APPLICATION_ID, FILE_NAME, RESTARTED, SCHEMA_VERSION,
+    NoStorePath, OpenError, OpenErrorKind, SessionRefusal, SessionRow, TurnAppend, APPLICATION_ID,
+    FILE_NAME, RESTARTED, SCHEMA_VERSION,
 };
 pub use listener::{
     write_atomically, Daemon, Settings, StartError, COMPACT_BUSY_EVERY, COMPACT_EVERY, EVENT_QUEUE,
