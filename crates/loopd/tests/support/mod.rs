@@ -2,5 +2,6 @@
 #![allow(dead_code)]
 
 pub mod daemon;
+pub mod serve;
 
 pub use llama_harness::fake::*;

@@ -56,6 +56,11 @@ pub enum Cmd {
     /// Watch a request on `loopd serve` again (after Ctrl-C on `submit --follow` or `run
     /// --daemon`): its events from now on and its result, or the result if it has ended.
     Follow(IdArgs),
+    /// A conversation with `loopd serve` on a terminal: each line a turn of one session (kept
+    /// by the daemon; --session NAME resumes it), the reply streamed; Ctrl-C cancels a turn,
+    /// Ctrl-D leaves, /help lists the commands. From a pipe: one message a line, each answer
+    /// on a line of stdout.
+    Chat(ChatArgs),
     /// Print `loopd serve`'s status, one line per field (state, slots, running requests, kept
     /// results, connections, tools), or its reply line, or its metrics.
     Status(StatusArgs),
@@ -101,6 +106,7 @@ impl Cmd {
             Cmd::Cancel(_) => "cancel",
             Cmd::Follow(_) => "follow",
             Cmd::Status(_) => "status",
+            Cmd::Chat(_) => "chat",
             Cmd::CheckConfig { .. } => "check-config",
             Cmd::Probe { .. } => "probe",
             Cmd::Completions { .. } => "completions",
@@ -162,6 +168,29 @@ pub struct DaemonAddr {
     /// The daemon's socket.
     #[arg(long)]
     pub socket: Option<PathBuf>,
+}
+
+/// `loopd chat`.
+#[derive(Debug, Args, PartialEq)]
+pub struct ChatArgs {
+    #[command(flatten)]
+    pub addr: DaemonAddr,
+    /// The session to resume (opened with this name when there is none); without it, a new
+    /// session the daemon names.
+    #[arg(long)]
+    pub session: Option<String>,
+    /// Print the sessions (name, turns, bytes, a running turn) and exit.
+    #[arg(long, conflicts_with = "session")]
+    pub list: bool,
+    /// A new session's system message.
+    #[arg(long)]
+    pub system: Option<String>,
+    /// A new session's tool iterations a turn (default runner.budget).
+    #[arg(long)]
+    pub budget: Option<u32>,
+    /// A new session's tools, by name (default: all of the daemon's).
+    #[arg(long, value_delimiter = ',')]
+    pub tools: Vec<String>,
 }
 
 /// `loopd submit`.

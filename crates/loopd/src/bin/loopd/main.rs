@@ -2,6 +2,7 @@
 //! through the request runner, the daemon `loopd serve` and its clients.
 
 mod ask;
+mod chat;
 mod check;
 mod cli;
 mod exit;
@@ -51,6 +52,7 @@ fn main() -> ExitCode {
         Cmd::Cancel(a) => remote::cancel(a),
         Cmd::Follow(a) => remote::follow_id(a),
         Cmd::Status(a) => remote::status(a),
+        Cmd::Chat(a) => chat::chat(a),
         Cmd::CheckConfig { config, probe } => check::check_config(&config, probe),
         Cmd::Probe { socket, model } => check::probe(&socket, model.as_deref()),
         Cmd::Completions { shell } => completions(shell),

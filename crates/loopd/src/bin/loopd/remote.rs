@@ -25,7 +25,10 @@ use crate::stdout;
 /// How long one reply line may take (a `wait` adds its own timeout).
 const REPLY_TIMEOUT: Duration = Duration::from_secs(30);
 
-fn socket_of(config: Option<&PathBuf>, socket: Option<&PathBuf>) -> Result<PathBuf, Fail> {
+pub(crate) fn socket_of(
+    config: Option<&PathBuf>,
+    socket: Option<&PathBuf>,
+) -> Result<PathBuf, Fail> {
     if let Some(s) = socket {
         return Ok(s.clone());
     }
@@ -39,7 +42,7 @@ fn socket_of(config: Option<&PathBuf>, socket: Option<&PathBuf>) -> Result<PathB
     })
 }
 
-fn addr(a: &DaemonAddr) -> Result<PathBuf, Fail> {
+pub(crate) fn addr(a: &DaemonAddr) -> Result<PathBuf, Fail> {
     socket_of(a.config.as_ref(), a.socket.as_ref())
 }
 
@@ -68,7 +71,7 @@ pub fn exit_of_code(c: ErrorCode) -> Exit {
 
 /// A failed call: the daemon's refusal as `CODE: detail` with its status, an unreachable
 /// socket (named) as 6, anything else as 1.
-fn fail_of(e: ClientError) -> Fail {
+pub(crate) fn fail_of(e: ClientError) -> Fail {
     let exit = match &e {
         ClientError::Connect(_) => Exit::Unreachable,
         ClientError::Refused(r) => exit_of_code(r.error),
@@ -77,7 +80,7 @@ fn fail_of(e: ClientError) -> Fail {
     Fail::new(exit, e.to_string())
 }
 
-fn call<R: DeserializeOwned>(
+pub(crate) fn call<R: DeserializeOwned>(
     socket: &Path,
     cmd: impl Into<Command>,
     timeout: Duration,
@@ -86,7 +89,7 @@ fn call<R: DeserializeOwned>(
 }
 
 /// 0 for a completed request, 1 for a failed one.
-fn exit_of(r: &WireResult) -> Exit {
+pub(crate) fn exit_of(r: &WireResult) -> Exit {
     if r.completed() {
         Exit::Completed
     } else {
