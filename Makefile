@@ -10,7 +10,7 @@ NOSTD_CRATES := -p sse-nostd -p http-nostd -p llama-proto
 DEVICE_TARGET := thumbv7em-none-eabihf
 FUZZ_SECONDS ?= 60
 
-.PHONY: help check layers hermetic test units-check tunnel-check install-check up-check selftest ask run up fleet-up bench-fleet bench-fleet-loopd verify-device verify-local fuzz fuzz-cmin fuzz-tools bench bench-e2e bench-rpc socat serve fixtures soak chaos llama fmt-check clippy unit no-std embedded
+.PHONY: help check layers hermetic test units-check tunnel-check install-check up-check selftest ask run up fleet-up bench-fleet bench-fleet-loopd verify-device verify-local fuzz fuzz-cmin fuzz-tools bench bench-e2e bench-rpc socat tmux serve fixtures soak chaos llama fmt-check clippy unit no-std embedded
 
 ## help: this list of targets
 help:
@@ -61,7 +61,7 @@ hermetic:
 	$(CARGO) test --workspace
 
 ## unit: every test, the real-server ones (the `real-server` cargo feature) included
-unit: llama socat
+unit: llama socat tmux
 	$(CARGO) test --workspace --all-features
 
 ## no-std: the proof that the core needs neither std nor alloc
@@ -115,7 +115,7 @@ fixtures: llama
 ## soak: every test that runs real processes, and make selftest, N times each (N=5; the wedged
 ## server on unscaled timers once); prints
 ## the pass count of each (ONLY=<suite> runs one; see scripts/soak.sh)
-soak: llama socat
+soak: llama socat tmux
 	scripts/soak.sh
 
 ## chaos: N agent requests (N=50) of mixed tool use through the real stack while faults are
@@ -212,6 +212,11 @@ bench-e2e: llama
 	  $(if $(ROUNDS),ROUNDS=$(ROUNDS)) $(if $(PAIR_ROUNDS),PAIR_ROUNDS=$(PAIR_ROUNDS)) $(RELEASE)/e2e-bench
 
 RELEASE = $(or $(CARGO_TARGET_DIR),target)/release
+
+## tmux: install tmux with apt when missing (loopd chat's terminal test drives it in tmux)
+tmux:
+	command -v tmux >/dev/null || { $(SUDO) apt-get update -qq && \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tmux; }
 
 ## socat: install socat with apt when missing (the peer of inferproxy's benchmark)
 socat:
