@@ -99,7 +99,7 @@ impl Tmux {
         }
     }
 
-    /// Waits for `text` on the screen, after what was there before (`before` lines).
+    /// Waits for `text` on the screen.
     fn wait_text(&self, name: &str, text: &str) -> String {
         self.wait(name, &format!("{text:?}"), |s| s.contains(text))
     }
@@ -203,4 +203,53 @@ fn a_streamed_answer_a_cancelled_turn_and_a_session_resumed_after_a_kill_9() {
     second.signal("TERM");
     let (status, said) = second.exit_within(Duration::from_secs(30));
     assert_eq!(status.code(), Some(0), "{said}");
+}
+
+/// From a pipe, `loopd chat` reads one message a line and writes each answer on a line of
+/// stdout, nothing else; a failed turn is a line on stderr and the exit status.
+#[test]
+fn from_a_pipe_each_line_is_a_turn_and_each_answer_a_line() {
+    use std::io::Write;
+    let mut chat = passing_self_test();
+    chat.push(json_answer("Blue."));
+    chat.push(json_answer("Green."));
+    chat.push(support::Reply::json(
+        500,
+        r#"{"error":{"code":500,"message":"boom"}}"#,
+    ));
+    let server = FakeServer::start(vec![("/props", vec![props()]), (CHAT, chat)]);
+    let mut served = Served::start(&server, 200, "");
+    served.expect_ready(Duration::from_secs(60));
+    let mut child = Command::new(env!("CARGO_BIN_EXE_loopd"))
+        .args(["chat", "--socket"])
+        .arg(&served.socket)
+        .args(["--session", "piped"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"sky?\n\ngrass?\nblood?\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "Blue.\nGreen.\n");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.starts_with("loopd chat: session piped opened; /help for commands\n"),
+        "{err}"
+    );
+    assert!(
+        err.contains("loopd chat: req-3: failed: http_error: "),
+        "{err}"
+    );
+    let h = support::daemon::call_raw(
+        &served.socket,
+        &json!({"cmd": "history", "session": "piped"}),
+    );
+    assert_eq!(h["session"]["turns"], 2, "{h}");
 }
