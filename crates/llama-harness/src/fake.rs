@@ -249,6 +249,11 @@ impl FakeServer {
         self.shared.hung_up.load(Ordering::SeqCst)
     }
 
+    /// The bodies of the requests to `path`, in order.
+    pub fn bodies_to(&self, path: &str) -> Vec<Vec<u8>> {
+        self.requests_to(path).into_iter().map(|r| r.body).collect()
+    }
+
     /// The requests to `path`.
     pub fn requests_to(&self, path: &str) -> Vec<Recorded> {
         self.requests()

@@ -485,11 +485,7 @@ fn a_session_survives_kill_9_and_the_turn_running_at_the_kill_is_not_in_its_log(
     assert_eq!(r["result"]["content"], "three", "{r}");
     assert_eq!(r["result"]["session"]["turn"], 2, "{r}");
     assert_eq!(r["result"]["session"]["extends"], true, "{r}");
-    let bodies: Vec<Vec<u8>> = server
-        .requests_to(CHAT)
-        .into_iter()
-        .map(|r| r.body)
-        .collect();
+    let bodies: Vec<Vec<u8>> = server.bodies_to(CHAT);
     // The self-test's three, turn 1, the turn cut by the kill, the self-test again, turn 2.
     assert_eq!(bodies.len(), 9);
     assert_eq!(

@@ -60,11 +60,7 @@ fn turn(d: &Running, session: &str, content: &str) -> Value {
 /// Every chat request the fake server received extends the one before it; returns what
 /// each added.
 fn chain(server: &FakeServer) -> Vec<Vec<Value>> {
-    let bodies: Vec<Vec<u8>> = server
-        .requests_to(CHAT)
-        .into_iter()
-        .map(|r| r.body)
-        .collect();
+    let bodies: Vec<Vec<u8>> = server.bodies_to(CHAT);
     bodies
         .windows(2)
         .enumerate()
@@ -233,11 +229,7 @@ fn a_failed_turn_leaves_the_log_as_it_was_and_the_next_turn_extends_the_last_com
     let ok = turn(&d, "s", "c");
     assert_eq!(ok["session"]["turn"], 2, "the failed turn took no number");
     assert!(ok["session"]["extends"].as_bool().unwrap(), "{ok}");
-    let bodies: Vec<Vec<u8>> = server
-        .requests_to(CHAT)
-        .into_iter()
-        .map(|r| r.body)
-        .collect();
+    let bodies: Vec<Vec<u8>> = server.bodies_to(CHAT);
     assert_eq!(
         extension(&bodies[0], &bodies[2]).unwrap(),
         [
@@ -450,11 +442,7 @@ fn a_turn_that_would_not_fit_is_compacted_by_a_summary_and_the_next_extends_it()
     assert_eq!(r["session"]["extends"], false);
     assert_eq!(r["session"]["why_not"], "compacted");
     assert_eq!(r["session"]["compacted"], json!(["summary"]));
-    let bodies: Vec<Vec<u8>> = server
-        .requests_to(CHAT)
-        .into_iter()
-        .map(|r| r.body)
-        .collect();
+    let bodies: Vec<Vec<u8>> = server.bodies_to(CHAT);
     assert_eq!(bodies.len(), 5);
     let summary_request = messages(&bodies[3]);
     assert_eq!(
@@ -490,11 +478,7 @@ fn a_turn_that_would_not_fit_is_compacted_by_a_summary_and_the_next_extends_it()
     assert_eq!(compaction["summary"], "They talked about words.");
     let next = turn(&d, "long", "five");
     assert_eq!(next["session"]["extends"], true, "{next}");
-    let bodies: Vec<Vec<u8>> = server
-        .requests_to(CHAT)
-        .into_iter()
-        .map(|r| r.body)
-        .collect();
+    let bodies: Vec<Vec<u8>> = server.bodies_to(CHAT);
     extension(&bodies[4], &bodies[5]).expect("the turn after the compaction extends it");
 }
 
@@ -528,11 +512,7 @@ fn a_turn_the_server_refused_as_too_long_makes_the_next_one_compact() {
     assert_eq!(r["outcome"], "completed", "{r}");
     assert_eq!(r["session"]["why_not"], "compacted");
     assert_eq!(r["session"]["compacted"], json!(["summary"]));
-    let bodies: Vec<Vec<u8>> = server
-        .requests_to(CHAT)
-        .into_iter()
-        .map(|r| r.body)
-        .collect();
+    let bodies: Vec<Vec<u8>> = server.bodies_to(CHAT);
     let users: Vec<String> = messages(bodies.last().unwrap())
         .into_iter()
         .filter(|m| m["role"] == "user")

@@ -10,12 +10,48 @@ mod real_serve;
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use llama_harness::{LocalServer, Proxy};
 use real_serve::{start_serve, write_config};
 use serde_json::{json, Value};
+
+/// The real stack and `loopd serve` on it: greedy sampling, `max_tokens` as given, no tool
+/// budget, the stall report left to the timers, and the test's own `runner` lines.
+struct Stack {
+    socket: PathBuf,
+    log: PathBuf,
+    // Dropped in this order: the daemon, then the proxy, then the server.
+    _serve: real_serve::Serve,
+    _proxy: Proxy,
+    _server: LocalServer,
+}
+
+impl Stack {
+    fn start(tag: &str, max_tokens: u64, extra: &str) -> Stack {
+        let server = LocalServer::start();
+        let proxy = Proxy::start(server.addr());
+        let dir = llama_harness::temp_dir(tag);
+        let (config, socket) = write_config(
+            &dir,
+            &server,
+            &proxy,
+            &format!("poll_ms = 500\nliveness_ms = 300000\nmax_tokens = {max_tokens}"),
+            &format!("budget = 0\nstall_ms = 300000\n{extra}"),
+        );
+        let folder = dir.join("folder");
+        std::fs::create_dir(&folder).unwrap();
+        let (serve, log) = start_serve(&config, &folder, &dir);
+        Stack {
+            socket,
+            log,
+            _serve: serve,
+            _proxy: proxy,
+            _server: server,
+        }
+    }
+}
 
 fn call(socket: &Path, cmd: &Value) -> Value {
     let s = UnixStream::connect(socket).unwrap();
@@ -48,21 +84,10 @@ fn n(v: &Value) -> u64 {
 
 #[test]
 fn ten_turns_each_evaluate_only_their_new_tokens() {
-    let server = LocalServer::start();
-    let proxy = Proxy::start(server.addr());
-    let dir = llama_harness::temp_dir("loopd-sessions-real");
-    let (config, socket) = write_config(
-        &dir,
-        &server,
-        &proxy,
-        "poll_ms = 500\nliveness_ms = 300000\nmax_tokens = 48",
-        "budget = 0\nstall_ms = 300000",
-    );
-    let folder = dir.join("folder");
-    std::fs::create_dir(&folder).unwrap();
-    let (_serve, log) = start_serve(&config, &folder, &dir);
+    let stack = Stack::start("loopd-sessions-real", 48, "");
+    let (socket, log) = (&stack.socket, &stack.log);
     let opened = call(
-        &socket,
+        socket,
         &json!({"cmd": "open", "session": "ten", "tools": [], "max_tokens": 24}),
     );
     assert_eq!(opened["session"], "ten", "{opened}");
@@ -82,13 +107,13 @@ fn ten_turns_each_evaluate_only_their_new_tokens() {
     let mut table =
         String::from("turn | cache_n | prompt_n | new tokens | cache_outcome | extends\n");
     for (i, q) in questions.iter().enumerate() {
-        let r = turn(&socket, "ten", q);
+        let r = turn(socket, "ten", q);
         assert_eq!(
             r["outcome"],
             "completed",
             "turn {}: {r}\nloopd serve said:\n{}",
             i + 1,
-            std::fs::read_to_string(&log).unwrap_or_default()
+            std::fs::read_to_string(log).unwrap_or_default()
         );
         let s = &r["session"];
         assert_eq!(n(&s["turn"]), i as u64 + 1, "{r}");
@@ -113,7 +138,7 @@ fn ten_turns_each_evaluate_only_their_new_tokens() {
         previous_total = n(&s["total_n"]);
     }
     eprintln!("{table}");
-    let h = call(&socket, &json!({"cmd": "history", "session": "ten"}));
+    let h = call(socket, &json!({"cmd": "history", "session": "ten"}));
     assert_eq!(h["session"]["turns"], 10);
     assert_eq!(
         h["records"].as_array().unwrap().len(),
@@ -124,28 +149,21 @@ fn ten_turns_each_evaluate_only_their_new_tokens() {
 
 #[test]
 fn thirty_turns_on_the_4096_token_slot_keep_going_by_compaction() {
-    let server = LocalServer::start();
-    let proxy = Proxy::start(server.addr());
-    let dir = llama_harness::temp_dir("loopd-sessions-real-30");
-    let (config, socket) = write_config(
-        &dir,
-        &server,
-        &proxy,
-        "poll_ms = 500\nliveness_ms = 300000\nmax_tokens = 200",
-        "budget = 0\nstall_ms = 300000\n[sessions]\nsummary_max_tokens = 96",
+    let stack = Stack::start(
+        "loopd-sessions-real-30",
+        200,
+        "[sessions]\nsummary_max_tokens = 96",
     );
-    let folder = dir.join("folder");
-    std::fs::create_dir(&folder).unwrap();
-    let (_serve, log) = start_serve(&config, &folder, &dir);
+    let (socket, log) = (&stack.socket, &stack.log);
     call(
-        &socket,
+        socket,
         &json!({"cmd": "open", "session": "thirty", "tools": [], "system": "You are a storyteller."}),
     );
     let mut compactions = Vec::new();
     let mut lines = String::new();
     for i in 1..=30 {
         let r = turn(
-            &socket,
+            socket,
             "thirty",
             &format!("Tell part {i} of a long story about a lighthouse keeper, in detail."),
         );
@@ -153,7 +171,7 @@ fn thirty_turns_on_the_4096_token_slot_keep_going_by_compaction() {
             r["outcome"],
             "completed",
             "turn {i}: {r}\nloopd serve said:\n{}",
-            std::fs::read_to_string(&log).unwrap_or_default()
+            std::fs::read_to_string(log).unwrap_or_default()
         );
         let s = &r["session"];
         lines.push_str(&format!(
@@ -175,7 +193,7 @@ fn thirty_turns_on_the_4096_token_slot_keep_going_by_compaction() {
             .any(|(_, rules)| rules.contains(&json!("summary"))),
         "30 turns of up to 200 tokens outgrow 4,096 tokens: a summary was due\n{lines}"
     );
-    let h = call(&socket, &json!({"cmd": "history", "session": "thirty"}));
+    let h = call(socket, &json!({"cmd": "history", "session": "thirty"}));
     assert_eq!(h["session"]["turns"], 30);
     let summaries = h["records"]
         .as_array()

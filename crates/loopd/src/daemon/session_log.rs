@@ -23,7 +23,7 @@
 use std::collections::BTreeMap;
 
 use super::protocol::{Compaction, CompactionRule, Record, TurnRecord, WireCall};
-use loopd_client::llama::{AssistantMessage, ChatMessage, ToolCall};
+use loopd_client::llama::{AssistantMessage, ChatMessage};
 
 /// What the summary is preceded by where it goes in the conversation.
 pub const SUMMARY_PREFIX: &str =
@@ -106,6 +106,15 @@ impl Log {
             .chain(pending)
     }
 
+    /// The last turn a logged compaction by `rule` covers (0: none).
+    fn compacted_through(&self, rule: CompactionRule) -> u32 {
+        self.compactions(&[])
+            .filter(|c| c.rule == rule)
+            .map(|c| c.through_turn)
+            .max()
+            .unwrap_or(0)
+    }
+
     /// The conversation the log holds, as a turn is sent it (after the BIOS and the system
     /// message), with `pending` compactions applied as if logged. A pending summary with
     /// no text yet leaves its turns out and writes nothing before turn b + 1 (the runner
@@ -157,14 +166,7 @@ impl Log {
                 } => ChatMessage::Assistant(AssistantMessage {
                     content: content.clone(),
                     reasoning_content: reasoning_content.clone(),
-                    tool_calls: tool_calls
-                        .iter()
-                        .map(|c| ToolCall {
-                            id: c.id.clone(),
-                            name: c.name.clone(),
-                            arguments: c.arguments.clone(),
-                        })
-                        .collect(),
+                    tool_calls: tool_calls.iter().map(WireCall::to_call).collect(),
                 }),
                 Record::Tool {
                     tool_call_id,
@@ -277,12 +279,7 @@ pub fn plan(
     let target = n_ctx / 2;
     let mut compactions = Vec::new();
     // Rule 1: tool results older than the last turns.
-    let tools_through = log
-        .compactions(&[])
-        .filter(|c| c.rule == CompactionRule::ToolResults)
-        .map(|c| c.through_turn)
-        .max()
-        .unwrap_or(0);
+    let tools_through = log.compacted_through(CompactionRule::ToolResults);
     let upto = k.saturating_sub(KEEP_TOOL_TURNS);
     if upto > tools_through {
         let saved: u64 = log
@@ -326,12 +323,7 @@ pub fn plan(
         kept += tokens(*n);
         b = turn - 1;
     }
-    let summarized_before = log
-        .compactions(&[])
-        .filter(|c| c.rule == CompactionRule::Summary)
-        .map(|c| c.through_turn)
-        .max()
-        .unwrap_or(0);
+    let summarized_before = log.compacted_through(CompactionRule::Summary);
     // The summary input is the conversation through b and the instruction; it must leave
     // room for the summary itself.
     let instruction = tokens(SUMMARY_INSTRUCTION.len() as u64 + 16);
@@ -409,15 +401,7 @@ pub fn turn_records(
             ChatMessage::Assistant(a) => Record::Assistant {
                 content: a.content.clone(),
                 reasoning_content: a.reasoning_content.clone(),
-                tool_calls: a
-                    .tool_calls
-                    .iter()
-                    .map(|c| WireCall {
-                        id: c.id.clone(),
-                        name: c.name.clone(),
-                        arguments: c.arguments.clone(),
-                    })
-                    .collect(),
+                tool_calls: a.tool_calls.iter().map(WireCall::from).collect(),
             },
             ChatMessage::Tool {
                 tool_call_id,
@@ -439,6 +423,7 @@ pub fn turn_records(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use loopd_client::llama::ToolCall;
 
     fn turn_end(turn: u32, total_n: u64) -> Record {
         Record::Turn(TurnRecord {

@@ -106,6 +106,27 @@ pub struct WireCall {
     pub arguments: String,
 }
 
+impl WireCall {
+    /// The call as the client sends it.
+    pub fn to_call(&self) -> ToolCall {
+        ToolCall {
+            id: self.id.clone(),
+            name: self.name.clone(),
+            arguments: self.arguments.clone(),
+        }
+    }
+}
+
+impl From<&ToolCall> for WireCall {
+    fn from(c: &ToolCall) -> Self {
+        WireCall {
+            id: c.id.clone(),
+            name: c.name.clone(),
+            arguments: c.arguments.clone(),
+        }
+    }
+}
+
 /// `submit`: start an agent request; with `follow`, stream its events on this connection.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -178,15 +199,7 @@ impl SubmitCmd {
                 "assistant" => ChatMessage::Assistant(AssistantMessage {
                     content: Some(content),
                     reasoning_content: None,
-                    tool_calls: m
-                        .tool_calls
-                        .iter()
-                        .map(|c| ToolCall {
-                            id: c.id.clone(),
-                            name: c.name.clone(),
-                            arguments: c.arguments.clone(),
-                        })
-                        .collect(),
+                    tool_calls: m.tool_calls.iter().map(WireCall::to_call).collect(),
                 }),
                 "tool" => ChatMessage::Tool {
                     tool_call_id: m.tool_call_id.clone().ok_or_else(|| {
