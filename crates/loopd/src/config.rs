@@ -65,7 +65,8 @@ pub struct Sessions {
     /// Sessions kept at most; an `open` past it is refused `SESSION_FULL` (1000).
     pub max_sessions: usize,
     /// A session's log in bytes (its records' JSON): a turn is taken while the log holds
-    /// fewer, and refused `SESSION_FULL` once it holds this many (16 MiB).
+    /// fewer, and refused `SESSION_FULL` once it holds this many (8 MiB: with the last turn's
+    /// records, at most a few MiB more, `history` stays under a client's 16 MiB reply line).
     pub max_log_bytes: u64,
     /// The `max_tokens` of a compaction's summary (256).
     pub summary_max_tokens: u64,
@@ -75,7 +76,7 @@ impl Default for Sessions {
     fn default() -> Self {
         Sessions {
             max_sessions: 1000,
-            max_log_bytes: 16 << 20,
+            max_log_bytes: 8 << 20,
             summary_max_tokens: 256,
         }
     }
