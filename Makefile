@@ -10,7 +10,7 @@ NOSTD_CRATES := -p sse-nostd -p http-nostd -p llama-proto
 DEVICE_TARGET := thumbv7em-none-eabihf
 FUZZ_SECONDS ?= 60
 
-.PHONY: help check layers hermetic test units-check tunnel-check install-check up-check selftest ask run up fleet-up bench-fleet bench-fleet-loopd verify-device verify-local fuzz fuzz-cmin fuzz-tools bench bench-e2e bench-rpc socat tmux serve fixtures soak chaos llama fmt-check clippy unit no-std embedded
+.PHONY: help check layers hermetic test units-check tunnel-check install-check up-check selftest ask run up fleet-up bench-fleet bench-fleet-loopd verify-device verify-local fuzz fuzz-cmin fuzz-tools bench bench-e2e bench-rpc bench-slot-files socat tmux serve fixtures soak chaos llama fmt-check clippy unit no-std embedded
 
 ## help: this list of targets
 help:
@@ -212,6 +212,12 @@ bench-e2e: llama
 	  $(if $(ROUNDS),ROUNDS=$(ROUNDS)) $(if $(PAIR_ROUNDS),PAIR_ROUNDS=$(PAIR_ROUNDS)) $(RELEASE)/e2e-bench
 
 RELEASE = $(or $(CARGO_TARGET_DIR),target)/release
+
+## bench-slot-files: a slot's KV saved to a file and restored on the real server, for three
+## conversations (about 850, 1,700 and 3,500 tokens): MB/s of each, and a returning
+## conversation's request after a restore against its prompt evaluated again (docs/benchmarks.md)
+bench-slot-files: llama
+	SLOT_FILE_FACTS=30,60,120 $(CARGO) test -p loopd-client --features real-server --test slot_files_real -- --nocapture
 
 ## tmux: install tmux with apt when missing (loopd chat's terminal test drives it in tmux)
 tmux:

@@ -144,15 +144,16 @@ fn a_session_goes_back_to_its_last_host() {
         placed(A, 0, PlacedBy::MostFree)
     );
     p.release(ms(10), R(1));
-    // A keyless request takes A (tie, config order): now B has more free slots than A.
+    // A keyless request takes A (tie, config order), on its least recently used slot 1: now
+    // B has more free slots than A.
     assert_eq!(
         p.place(ms(11), R(2), None),
-        placed(A, 0, PlacedBy::MostFree)
+        placed(A, 1, PlacedBy::MostFree)
     );
     assert_eq!(p.session_host(ms(12), &key("k")), Some(A));
     assert_eq!(
         p.place(ms(12), R(3), Some(key("k"))),
-        placed(A, 1, PlacedBy::Session)
+        placed(A, 0, PlacedBy::Session)
     );
     // Another session has no history: the most free host.
     assert_eq!(
@@ -216,7 +217,7 @@ fn ttl_setup() -> Placement {
     assert_eq!(p.release(ms(1_000), R(1)), Some(at(A, 0)));
     assert_eq!(
         p.place(ms(1_000), R(2), None),
-        placed(A, 0, PlacedBy::MostFree)
+        placed(A, 1, PlacedBy::MostFree)
     );
     p
 }
@@ -230,7 +231,7 @@ fn affinity_holds_one_ms_before_the_ttl_and_not_at_it() {
     assert_eq!(p.session_host(expiry, &key("k")), None);
     assert_eq!(
         p.place(expiry - ms(1), R(3), Some(key("k"))),
-        placed(A, 1, PlacedBy::Session)
+        placed(A, 0, PlacedBy::Session)
     );
 
     let mut p = ttl_setup();
@@ -364,19 +365,20 @@ fn rehome_moves_a_request_to_another_host_or_leaves_it() {
     assert_eq!(p.seat(R(1)), Some(at(B, 0)));
     assert_eq!(p.free_slots(A), Some(2));
     assert_eq!(p.session_host(ms(1), &key("k")), Some(B));
-    // Away from B: A is its only other host, and the session's last host (B) is excluded.
+    // Away from B: A is its only other host, and the session's last host (B) is excluded;
+    // on A, slot 1 (never used) rather than slot 0 (freed at 1 ms).
     assert_eq!(
         p.rehome(ms(2), R(1)),
-        Some(placed(A, 0, PlacedBy::MostFree))
+        Some(placed(A, 1, PlacedBy::MostFree))
     );
     // B full: nowhere to go, and nothing changed.
-    assert_eq!(p.place(ms(3), R(2), None), placed(A, 1, PlacedBy::MostFree));
+    assert_eq!(p.place(ms(3), R(2), None), placed(A, 0, PlacedBy::MostFree));
     assert_eq!(p.place(ms(3), R(3), None), placed(B, 0, PlacedBy::MostFree));
     assert_eq!(
         p.rehome(ms(4), R(1)),
         Some(Err(SubmitError::NoSlotAvailable))
     );
-    assert_eq!(p.seat(R(1)), Some(at(A, 0)));
+    assert_eq!(p.seat(R(1)), Some(at(A, 1)));
     assert_eq!(p.rehome(ms(5), R(9)), None);
 
     let mut one = placement(&[&[0, 1]], PlacementConfig::default());
@@ -622,4 +624,50 @@ mod properties {
             check(PlacementPolicy::RoundRobin, ops)?;
         }
     }
+}
+
+/// A new session takes the least recently used free slot, so it overwrites the oldest prompt
+/// the server holds, not the one the last new session left on the first slot; a returning
+/// session still takes its own slot.
+#[test]
+fn a_new_session_takes_the_least_recently_used_free_slot() {
+    let mut p = placement(&[&[0, 1, 2]], PlacementConfig::default());
+    // All unused: ties go in slots order.
+    assert_eq!(
+        p.place(ms(1), R(1), Some(key("a"))),
+        placed(A, 0, PlacedBy::MostFree)
+    );
+    p.release(ms(2), R(1));
+    assert_eq!(
+        p.place(ms(3), R(2), Some(key("b"))),
+        placed(A, 1, PlacedBy::MostFree)
+    );
+    p.release(ms(4), R(2));
+    assert_eq!(
+        p.place(ms(5), R(3), Some(key("c"))),
+        placed(A, 2, PlacedBy::MostFree)
+    );
+    p.release(ms(6), R(3));
+    // "b" goes back to its own slot 1 (affinity), though slot 0 was used longest ago.
+    assert_eq!(
+        p.place(ms(7), R(4), Some(key("b"))),
+        placed(A, 1, PlacedBy::Session)
+    );
+    // Without a key: the least recently used free slot, slot 0 (freed at 2 ms).
+    assert_eq!(p.place(ms(8), R(5), None), placed(A, 0, PlacedBy::MostFree));
+    // A new session: the one free slot left, 2.
+    assert_eq!(
+        p.place(ms(9), R(6), Some(key("d"))),
+        placed(A, 2, PlacedBy::MostFree)
+    );
+    // At the same instant, ties again go in slots order.
+    let mut q = placement(&[&[4, 5]], PlacementConfig::default());
+    assert_eq!(q.place(ms(0), R(1), None), placed(A, 4, PlacedBy::MostFree));
+    assert_eq!(q.place(ms(0), R(2), None), placed(A, 5, PlacedBy::MostFree));
+    q.release(ms(10), R(2));
+    q.release(ms(10), R(1));
+    assert_eq!(
+        q.place(ms(11), R(3), None),
+        placed(A, 4, PlacedBy::MostFree)
+    );
 }

@@ -475,3 +475,64 @@ fn retry_gives_up_after_four_attempts_and_not_on_400() {
     assert!(events.is_empty());
     assert_eq!(server.requests_to(CHAT).len(), 1);
 }
+
+/// `POST /slots/N?action=save|restore`: the body names the model and the file, the answer's
+/// counts are read; the server's refusals keep their status; a name that could leave the save
+/// path is refused before any request.
+#[test]
+fn a_slot_is_saved_and_restored_by_file_name() {
+    use loopd_client::llama::{SlotAction, SlotFile};
+    let server = FakeServer::start(vec![(
+        "/slots/1",
+        vec![
+            Reply::json(
+                200,
+                r#"{"id_slot":1,"filename":"loopd-a.kv","n_saved":174,"n_written":4194304,"timings":{"save_ms":2.25}}"#,
+            ),
+            Reply::json(
+                200,
+                r#"{"id_slot":1,"filename":"loopd-a.kv","n_restored":174,"n_read":4194304,"timings":{"restore_ms":1.5}}"#,
+            ),
+            Reply::json(
+                400,
+                r#"{"error":{"code":400,"message":"Unable to restore slot, no available space in KV cache or invalid slot save file","type":"invalid_request_error"}}"#,
+            ),
+        ],
+    )]);
+    let client = Client::new(config(&server));
+    assert_eq!(
+        client.slot_file(1, SlotAction::Save, "loopd-a.kv"),
+        Ok(SlotFile {
+            tokens: 174,
+            bytes: 4_194_304,
+            micros: 2_250
+        })
+    );
+    assert_eq!(
+        client.slot_file(1, SlotAction::Restore, "loopd-a.kv"),
+        Ok(SlotFile {
+            tokens: 174,
+            bytes: 4_194_304,
+            micros: 1_500
+        })
+    );
+    let refused = client.slot_file(1, SlotAction::Restore, "loopd-a.kv");
+    assert!(
+        matches!(&refused, Err(InferError::Http { status: 400, body }) if body.contains("Unable to restore slot")),
+        "{refused:?}"
+    );
+    let sent = server.requests_to("/slots/1");
+    assert_eq!(sent.len(), 3);
+    assert_eq!(sent[0].target, "/slots/1?action=save");
+    assert_eq!(sent[1].target, "/slots/1?action=restore");
+    assert_eq!(
+        String::from_utf8_lossy(&sent[0].body),
+        r#"{"model":"smollm2","filename":"loopd-a.kv"}"#
+    );
+    let escaping = client.slot_file(1, SlotAction::Save, "../loopd.db");
+    assert!(
+        matches!(&escaping, Err(InferError::Http { status: 400, body }) if body == "not sent: a slot file's name may not hold '/'"),
+        "{escaping:?}"
+    );
+    assert_eq!(server.requests_to("/slots/1").len(), 3, "nothing was sent");
+}

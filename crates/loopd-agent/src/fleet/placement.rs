@@ -4,9 +4,12 @@
 //! - [`Placement::place`] of a running request answers its seat unchanged.
 //! - [`PlacementPolicy::Affinity`] (the default): a request with a [`SessionKey`] whose
 //!   session is remembered goes back to the host it last ran on when that host is ready with
-//!   a free owned slot (its last slot if free, else the first free one in `slots` order);
+//!   a free owned slot (its last slot if free, else the least recently used free one);
 //!   otherwise, or without a key, to the ready host with the most free owned slots (ties:
-//!   config order), first free slot. The session then points at the new seat.
+//!   config order), least recently used free slot. The session then points at the new seat.
+//! - Least recently used: the free slot whose last request was placed or ended longest ago
+//!   (ties: `slots` order), so a new session overwrites the oldest prompt a server holds,
+//!   not the one the last session left on the first slot.
 //! - [`PlacementPolicy::RoundRobin`] ignores sessions: the next ready host with a free slot
 //!   after the one chosen last, in config order. It exists to measure affinity against.
 //! - None placed: `NO_SLOT_AVAILABLE` when some host is ready (all its slots busy), else the
@@ -109,6 +112,8 @@ struct HostTable {
     state: HostState,
     slots: Vec<u32>,
     holders: Vec<Option<RequestId>>,
+    /// When each slot was last taken or freed.
+    used: Vec<Duration>,
 }
 
 impl HostTable {
@@ -121,14 +126,21 @@ impl HostTable {
             let i = self.slots.iter().position(|x| x == s);
             i.is_some_and(|i| self.holders[i].is_none())
         };
-        prefer
-            .filter(free)
-            .or_else(|| self.slots.iter().copied().find(free))
+        // min_by_key keeps the first minimum: ties go in `slots` order.
+        prefer.filter(free).or_else(|| {
+            self.slots
+                .iter()
+                .zip(&self.used)
+                .filter(|(s, _)| free(s))
+                .min_by_key(|(_, used)| **used)
+                .map(|(s, _)| *s)
+        })
     }
 
-    fn set(&mut self, slot: u32, holder: Option<RequestId>) {
+    fn set(&mut self, now: Duration, slot: u32, holder: Option<RequestId>) {
         if let Some(i) = self.slots.iter().position(|&x| x == slot) {
             self.holders[i] = holder;
+            self.used[i] = self.used[i].max(now);
         }
     }
 }
@@ -159,6 +171,7 @@ impl Placement {
                 state: HostState::Unknown,
                 slots: h.slots.clone(),
                 holders: vec![None; h.slots.len()],
+                used: vec![Duration::ZERO; h.slots.len()],
             })
             .collect();
         Placement {
@@ -219,7 +232,7 @@ impl Placement {
             Ok(p) => p,
             Err(e) => return Some(Err(e)),
         };
-        self.free(r.at);
+        self.free(now, r.at);
         self.take(now, id, r.key, placed.at);
         Some(Ok(placed))
     }
@@ -228,7 +241,7 @@ impl Placement {
     pub fn release(&mut self, now: Duration, id: RequestId) -> Option<HostSlot> {
         self.sessions.expire(now);
         let r = self.running.remove(&id)?;
-        self.free(r.at);
+        self.free(now, r.at);
         if let (Some(key), PlacementPolicy::Affinity) = (r.key, self.policy) {
             self.sessions.touch(now, key, r.at);
         }
@@ -246,7 +259,9 @@ impl Placement {
             return;
         };
         if let Some(h) = self.hosts.get_mut(r.at.host.0) {
-            h.set(r.at.slot, Some(to));
+            if let Some(i) = h.slots.iter().position(|&x| x == r.at.slot) {
+                h.holders[i] = Some(to);
+            }
         }
         self.running.insert(to, r);
     }
@@ -375,7 +390,7 @@ impl Placement {
 
     fn take(&mut self, now: Duration, id: RequestId, key: Option<SessionKey>, at: HostSlot) {
         if let Some(h) = self.hosts.get_mut(at.host.0) {
-            h.set(at.slot, Some(id));
+            h.set(now, at.slot, Some(id));
         }
         self.running.insert(id, Running { at, key });
         if let (Some(key), PlacementPolicy::Affinity) = (key, self.policy) {
@@ -383,9 +398,9 @@ impl Placement {
         }
     }
 
-    fn free(&mut self, at: HostSlot) {
+    fn free(&mut self, now: Duration, at: HostSlot) {
         if let Some(h) = self.hosts.get_mut(at.host.0) {
-            h.set(at.slot, None);
+            h.set(now, at.slot, None);
         }
     }
 }

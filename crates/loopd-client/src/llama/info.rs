@@ -87,9 +87,21 @@ pub fn call_json<T: for<'de> Deserialize<'de>>(
     } else {
         path.to_owned()
     };
+    call_json_at(config, method, path, &target, body, cancel)
+}
+
+/// [`call_json`] to `target` as given (a path with its own query), errors naming `path`.
+pub fn call_json_at<T: for<'de> Deserialize<'de>>(
+    config: &ClientConfig,
+    method: &str,
+    path: &'static str,
+    target: &str,
+    body: Option<&[u8]>,
+    cancel: &Cancel,
+) -> Result<T, InferError> {
     let call = Duration::from_millis(config.limits.call_ms);
     let connect = Duration::from_millis(config.limits.connect_ms).min(call);
-    let stream = http::request(&config.socket, method, &target, body, connect, cancel)
+    let stream = http::request(&config.socket, method, target, body, connect, cancel)
         .map_err(|e| InferError::from_send(&config.socket, e))?;
     let mut resp = Response::within(stream, call, cancel);
     let status = resp.head().map_err(read_error)?;

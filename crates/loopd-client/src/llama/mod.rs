@@ -29,6 +29,7 @@ mod info;
 mod pool;
 mod request;
 mod retry;
+mod slot_file;
 mod timers;
 
 pub use crate::cancel::Cancel;
@@ -47,6 +48,7 @@ pub use llama_proto::{
 };
 pub use pool::{BufferPool, PooledBuffers, SPARE_BUFFERS};
 pub use request::render as render_request;
+pub use slot_file::{check_slot_filename, SlotAction, SlotFile, SlotFilenameError};
 pub use timers::SlotSeen;
 
 /// How the model is to answer one request: the per-request settings of the chat body.
