@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use clock::SystemClock;
 use loopd_client::llama::{Buffers, SPARE_BUFFERS};
 use serde_json::json;
-use support::daemon::{error_of, slow_answer, submit, Running};
+use support::daemon::{error_of, slow_answer, Running};
 use support::{done, json_answer, json_chunk, FakeServer, Reply};
 
 const CHAT: &str = "/v1/chat/completions";
@@ -146,7 +146,13 @@ fn soak_of_a_thousand_requests_leaks_nothing() {
         // Both slots may still be finishing the last two: refused, counted, and tried again.
         let id = loop {
             let sent = Instant::now();
-            let r = d.call(submit(&format!("q{i}")));
+            // One conversation (the same first message), so the placement's session map, a
+            // bounded cache tested at its capacity in loopd-agent, holds one key and the heap
+            // check sees the requests alone.
+            let r = d.call(json!({"cmd": "submit", "messages": [
+                {"role": "user", "content": "soak"},
+                {"role": "user", "content": format!("q{i}")}
+            ]}));
             if let Some(id) = r["id"].as_u64() {
                 acks.push(sent.elapsed());
                 break id;

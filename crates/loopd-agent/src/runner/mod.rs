@@ -722,11 +722,10 @@ impl Shared {
         }
     }
 
-    /// The request's session key, when there is a choice of host to make with it.
+    /// The request's session key: with several hosts it picks the host, and on any host the
+    /// slot (the conversation's last slot, where the server's prompt cache holds it, when
+    /// it is free; else the least recently used one).
     fn session_key(&self, req: &Submission) -> Option<SessionKey> {
-        if self.hosts.len() < 2 {
-            return None;
-        }
         let first_user = req.messages.iter().find_map(|m| match m {
             ChatMessage::User { content } => Some(content.as_str()),
             _ => None,
