@@ -252,4 +252,17 @@ fn from_a_pipe_each_line_is_a_turn_and_each_answer_a_line() {
         &json!({"cmd": "history", "session": "piped"}),
     );
     assert_eq!(h["session"]["turns"], 2, "{h}");
+    let list = Command::new(env!("CARGO_BIN_EXE_loopd"))
+        .args(["chat", "--list", "--socket"])
+        .arg(&served.socket)
+        .output()
+        .unwrap();
+    let listed = String::from_utf8_lossy(&list.stdout);
+    assert!(list.status.success(), "{list:?}");
+    assert!(
+        listed.starts_with("piped\t2 turns\tupdated 20")
+            && listed.ends_with(" bytes\n")
+            && listed.lines().count() == 1,
+        "{listed:?}"
+    );
 }

@@ -93,8 +93,10 @@ pub fn parse_line(line: &str) -> Line {
 /// A session's log as a person reads it, one block per record.
 pub fn history_text(h: &HistoryReply) -> String {
     let mut out = format!(
-        "session {}: {} turns, {} bytes\n",
-        h.session.name, h.session.turns, h.session.bytes
+        "session {}: {}, {} bytes\n",
+        h.session.name,
+        turns_text(h.session.turns),
+        h.session.bytes
     );
     for r in &h.records {
         let line = match r {
@@ -143,23 +145,83 @@ pub fn history_text(h: &HistoryReply) -> String {
     out
 }
 
+/// `--list`: a line a session, tab-separated: name, turns, when its last turn completed (UTC),
+/// the log's bytes, and the running turn's request if one runs.
+pub fn list_text(l: &ListReply) -> String {
+    let mut out = String::new();
+    for s in &l.sessions {
+        out.push_str(&format!(
+            "{}\t{}\tupdated {}\t{} bytes{}\n",
+            s.name,
+            turns_text(s.turns),
+            utc_text(s.updated_ms),
+            s.bytes,
+            s.running
+                .map_or(String::new(), |id| format!("\trunning req-{id}"))
+        ));
+    }
+    out
+}
+
+/// `1 turn`, `2 turns`.
+fn turns_text(n: u32) -> String {
+    format!("{n} turn{}", if n == 1 { "" } else { "s" })
+}
+
+/// Unix milliseconds as an RFC 3339 UTC time to the second (`2026-12-05T03:15:43Z`).
+pub fn utc_text(unix_ms: u64) -> String {
+    let secs = unix_ms / 1000;
+    let (days, s) = (secs / 86_400, secs % 86_400);
+    // Howard Hinnant's civil_from_days, for days since 1970-01-01 (never negative here).
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let doe = z % 146_097;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + u64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        s / 3_600,
+        s % 3_600 / 60,
+        s % 60
+    )
+}
+
+/// What a turn read from a pipe writes.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Piped {
+    /// A completed turn: its answer's text and a newline, for stdout.
+    Answer(String),
+    /// A failed one: its status line, for stderr.
+    Failed(String),
+}
+
+/// A turn's result as the pipe mode writes it.
+pub fn piped(r: &WireResult) -> Piped {
+    if r.completed() {
+        Piped::Answer(format!(
+            "{}\n",
+            r.content.as_deref().unwrap_or("").trim_end()
+        ))
+    } else {
+        Piped::Failed(format!(
+            "loopd chat: req-{}: failed: {}: {}\n",
+            r.id,
+            r.fail_reason.as_deref().unwrap_or("?"),
+            r.detail.as_deref().unwrap_or("")
+        ))
+    }
+}
+
 /// `loopd chat`.
 pub fn chat(a: ChatArgs) -> Result<Exit, Fail> {
     let socket = addr(&a.addr)?;
     if a.list {
         let l: ListReply = call(&socket, ListCmd {}, REPLY_TIMEOUT)?;
-        let mut out = String::new();
-        for s in &l.sessions {
-            out.push_str(&format!(
-                "{}\t{} turns\t{} bytes{}\n",
-                s.name,
-                s.turns,
-                s.bytes,
-                s.running
-                    .map_or(String::new(), |id| format!("\trunning req-{id}"))
-            ));
-        }
-        stdout::print(&out)?;
+        stdout::print(&list_text(&l))?;
         return Ok(Exit::Completed);
     }
     let open = OpenCmd {
@@ -181,8 +243,8 @@ pub fn chat(a: ChatArgs) -> Result<Exit, Fail> {
         ) {
             Ok(h) => {
                 eprintln!(
-                    "loopd chat: session {name} resumed ({} turns; /history shows them)",
-                    h.session.turns
+                    "loopd chat: session {name} resumed ({}; /history shows them)",
+                    turns_text(h.session.turns)
                 );
                 name.clone()
             }
@@ -268,11 +330,13 @@ impl Chat<'_> {
             match parse_line(&line) {
                 Line::Empty => {}
                 Line::Message(m) => match self.turn(&m, false) {
-                    Ok(r) if r.completed() => {}
-                    Ok(r) => {
-                        eprintln!("loopd chat: {}", failed_line(&r));
-                        exit = exit_of(&r);
-                    }
+                    Ok(r) => match piped(&r) {
+                        Piped::Answer(a) => stdout::print(&a)?,
+                        Piped::Failed(f) => {
+                            eprint!("{f}");
+                            exit = exit_of(&r);
+                        }
+                    },
                     Err(f) => {
                         eprintln!("loopd chat: {}", f.why);
                         exit = f.exit;
@@ -284,7 +348,7 @@ impl Chat<'_> {
         Ok(exit)
     }
 
-    /// A turn, followed to its end: rendered on a terminal, else its answer on stdout.
+    /// A turn, followed to its end: rendered when `render` (a terminal), else only returned.
     fn turn(&mut self, content: &str, render: bool) -> Result<WireResult, Fail> {
         let cmd: Command = TurnCmd {
             session: self.session.clone(),
@@ -314,11 +378,6 @@ impl Chat<'_> {
         );
         if render {
             watcher.finish(&result);
-        } else if result.completed() {
-            stdout::print(&format!(
-                "{}\n",
-                result.content.as_deref().unwrap_or("").trim_end()
-            ))?;
         }
         Ok(result)
     }
@@ -395,16 +454,6 @@ impl Chat<'_> {
     }
 }
 
-/// The one line a failed turn is reported with.
-fn failed_line(r: &WireResult) -> String {
-    format!(
-        "req-{}: failed: {}: {}",
-        r.id,
-        r.fail_reason.as_deref().unwrap_or("?"),
-        r.detail.as_deref().unwrap_or("")
-    )
-}
-
 /// `OpenCmd` without its name, for `/new`.
 trait Unnamed {
     fn unnamed(self) -> Self;
@@ -420,7 +469,142 @@ impl Unnamed for OpenCmd {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use loopd::daemon::protocol::{Compaction, CompactionRule, OkTrue, SessionLine, WireCall};
+    use loopd::daemon::protocol::{
+        Compaction, CompactionRule, OkTrue, SessionLine, WireCall, WireOutcome,
+    };
+
+    fn result(id: u64, content: Option<&str>, failed: Option<(&str, &str)>) -> WireResult {
+        WireResult {
+            id,
+            outcome: match failed {
+                None => WireOutcome::Completed,
+                Some(_) => WireOutcome::Failed,
+            },
+            finish_reason: failed.is_none().then(|| "stop".into()),
+            fail_reason: failed.map(|(r, _)| r.into()),
+            detail: failed.map(|(_, d)| d.into()),
+            content: content.map(Into::into),
+            reasoning_content: None,
+            tool_calls: vec![],
+            not_run: vec![],
+            exits: vec![],
+            generations: vec![],
+            budget: 1,
+            budget_left: 1,
+            stalls: vec![],
+            retries: vec![],
+            host: None,
+            session: None,
+        }
+    }
+
+    #[test]
+    fn from_a_pipe_an_answer_is_its_text_and_a_newline_and_a_failure_a_status_line() {
+        assert_eq!(
+            piped(&result(2, Some("Blue.\n\n"), None)),
+            Piped::Answer("Blue.\n".into())
+        );
+        assert_eq!(
+            piped(&result(2, Some("One\ntwo."), None)),
+            Piped::Answer("One\ntwo.\n".into()),
+            "an answer of several lines keeps them"
+        );
+        assert_eq!(
+            piped(&result(2, None, None)),
+            Piped::Answer("\n".into()),
+            "no text: an empty line, so answers stay one to a message"
+        );
+        assert_eq!(
+            piped(&result(
+                3,
+                Some("partial"),
+                Some(("http_error", "server said 500: boom"))
+            )),
+            Piped::Failed("loopd chat: req-3: failed: http_error: server said 500: boom\n".into())
+        );
+        assert_eq!(
+            piped(&result(
+                4,
+                None,
+                Some(("cancelled", "cancelled by a client"))
+            )),
+            Piped::Failed("loopd chat: req-4: failed: cancelled: cancelled by a client\n".into())
+        );
+    }
+
+    #[test]
+    fn the_list_is_a_line_a_session_with_its_updated_time() {
+        let line = |name: &str, updated_ms, running| SessionLine {
+            name: name.into(),
+            turns: 3,
+            bytes: 1_200,
+            created_ms: 0,
+            updated_ms,
+            running,
+        };
+        let l = ListReply {
+            ok: OkTrue,
+            sessions: vec![
+                line("story", 1_796_440_543_999, Some(9)),
+                SessionLine {
+                    turns: 1,
+                    ..line("s-1", 951_782_400_000, None)
+                },
+            ],
+        };
+        assert_eq!(
+            list_text(&l),
+            "story\t3 turns\tupdated 2026-12-05T03:15:43Z\t1200 bytes\trunning req-9\n\
+             s-1\t1 turn\tupdated 2000-02-29T00:00:00Z\t1200 bytes\n"
+        );
+        assert_eq!(
+            list_text(&ListReply {
+                ok: OkTrue,
+                sessions: vec![]
+            }),
+            ""
+        );
+    }
+
+    #[test]
+    fn utc_text_matches_the_calendar() {
+        // The expected values are `date -u -d @SECS +%FT%TZ`.
+        assert_eq!(utc_text(0), "1970-01-01T00:00:00Z");
+        assert_eq!(utc_text(951_782_399_000), "2000-02-28T23:59:59Z");
+        assert_eq!(utc_text(951_782_400_000), "2000-02-29T00:00:00Z");
+        assert_eq!(utc_text(1_796_440_543_000), "2026-12-05T03:15:43Z");
+        assert_eq!(utc_text(4_102_444_799_000), "2099-12-31T23:59:59Z");
+        // Every day to 2199 against a calendar walked a day at a time.
+        let (mut y, mut m, mut d) = (1970u64, 1u64, 1u64);
+        for day in 0..84_000u64 {
+            assert_eq!(
+                utc_text(day * 86_400_000 + 86_399_999),
+                format!("{y:04}-{m:02}-{d:02}T23:59:59Z")
+            );
+            let leap = y % 4 == 0 && (y % 100 != 0 || y % 400 == 0);
+            let days_in = [
+                31,
+                if leap { 29 } else { 28 },
+                31,
+                30,
+                31,
+                30,
+                31,
+                31,
+                30,
+                31,
+                30,
+                31,
+            ];
+            d += 1;
+            if d > days_in[(m - 1) as usize] {
+                (d, m) = (1, m + 1);
+                if m > 12 {
+                    (m, y) = (1, y + 1);
+                }
+            }
+        }
+    }
 
     #[test]
     fn each_line_is_a_message_or_a_command() {

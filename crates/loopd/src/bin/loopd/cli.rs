@@ -179,7 +179,8 @@ pub struct ChatArgs {
     /// session the daemon names.
     #[arg(long)]
     pub session: Option<String>,
-    /// Print the sessions (name, turns, bytes, a running turn) and exit.
+    /// Print the sessions, a line each (name, turns, when its last turn completed in UTC, the
+    /// log's bytes, a running turn), most recently used first, and exit.
     #[arg(long, conflicts_with = "session")]
     pub list: bool,
     /// A new session's system message.
