@@ -259,7 +259,7 @@ pub fn chat(a: ChatArgs) -> Result<Exit, Fail> {
         socket: &socket,
         session,
         budget: None,
-        running: Arc::new(Mutex::new(None)),
+        running: Arc::new(Mutex::new(TurnState::Idle)),
         open,
     };
     if std::io::stdin().is_terminal() {
@@ -284,8 +284,8 @@ struct Chat<'a> {
     session: String,
     /// A `/budget` to send with the next turn (the daemon keeps it from then on).
     budget: Option<u32>,
-    /// The running turn's request, for Ctrl-C.
-    running: Arc<Mutex<Option<u64>>>,
+    /// The running turn, for Ctrl-C.
+    running: Arc<Mutex<TurnState>>,
     /// What `/new` opens (the command line's settings, without its name).
     open: OpenCmd,
 }
@@ -357,9 +357,13 @@ impl Chat<'_> {
             budget: self.budget,
         }
         .into();
-        let running = self.running.clone();
+        let (running, socket) = (self.running.clone(), self.socket);
+        *lock(&running) = TurnState::Sent;
         let mut on_reply = |v: &loopd::daemon::protocol::SubmitReply| {
-            *running.lock().unwrap_or_else(|e| e.into_inner()) = Some(v.id);
+            let wanted = lock(&running).accepted(v.id);
+            if let Some(id) = wanted {
+                cancel(socket, id);
+            }
         };
         let mut watcher = RequestWatcher::for_stdout();
         let followed = client::follow(self.socket, &cmd, TURN_SILENCE, &mut on_reply, &mut |e| {
@@ -367,7 +371,7 @@ impl Chat<'_> {
                 watcher.event(e);
             }
         });
-        *self.running.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        *lock(&self.running) = TurnState::Idle;
         let result = followed.map_err(fail_of)?.result;
         self.budget = None;
         // Followed to the end: fetched, so the daemon need not keep it.
@@ -441,17 +445,57 @@ impl Chat<'_> {
         let (running, socket) = (self.running.clone(), self.socket.to_owned());
         std::thread::spawn(move || {
             for _ in signals.forever() {
-                let id = *running.lock().unwrap_or_else(|e| e.into_inner());
-                if let Some(id) = id {
-                    let _ = client::call::<serde_json::Value>(
-                        &socket,
-                        &CancelCmd { id }.into(),
-                        REPLY_TIMEOUT,
-                    );
+                let now = lock(&running).interrupt();
+                if let Some(id) = now {
+                    cancel(&socket, id);
                 }
             }
         });
     }
+}
+
+/// Where the turn Ctrl-C would cancel is: Ctrl-C can come before the daemon has named the
+/// turn's request, and is then kept until it has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TurnState {
+    /// No turn runs (at the prompt, or a command).
+    Idle,
+    /// The turn was sent; its request has no id yet.
+    Sent,
+    /// Ctrl-C came while [`TurnState::Sent`].
+    CancelWanted,
+    /// The turn runs as this request.
+    Running(u64),
+}
+
+impl TurnState {
+    /// Ctrl-C: the request to cancel now, if its id is known (else it is cancelled when it is).
+    fn interrupt(&mut self) -> Option<u64> {
+        match *self {
+            TurnState::Running(id) => Some(id),
+            TurnState::Sent => {
+                *self = TurnState::CancelWanted;
+                None
+            }
+            TurnState::Idle | TurnState::CancelWanted => None,
+        }
+    }
+
+    /// The daemon named the sent turn's request: the request to cancel now if Ctrl-C came first.
+    fn accepted(&mut self, id: u64) -> Option<u64> {
+        let wanted = *self == TurnState::CancelWanted;
+        *self = TurnState::Running(id);
+        wanted.then_some(id)
+    }
+}
+
+fn lock(m: &Mutex<TurnState>) -> std::sync::MutexGuard<'_, TurnState> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// `cancel` on a connection of its own; its stream, not this reply, says how the turn ended.
+fn cancel(socket: &Path, id: u64) {
+    let _ = client::call::<serde_json::Value>(socket, &CancelCmd { id }.into(), REPLY_TIMEOUT);
 }
 
 /// `OpenCmd` without its name, for `/new`.
@@ -564,6 +608,22 @@ mod tests {
             }),
             ""
         );
+    }
+
+    #[test]
+    fn ctrl_c_cancels_the_running_turn_even_before_its_id_is_known() {
+        let mut t = TurnState::Idle;
+        assert_eq!(t.interrupt(), None, "at the prompt: nothing to cancel");
+        assert_eq!(t, TurnState::Idle);
+        t = TurnState::Sent;
+        assert_eq!(t.accepted(7), None, "no Ctrl-C: runs on");
+        assert_eq!(t.interrupt(), Some(7));
+        assert_eq!(t.interrupt(), Some(7), "again: cancel again");
+        t = TurnState::Sent;
+        assert_eq!(t.interrupt(), None, "no id yet");
+        assert_eq!(t.interrupt(), None);
+        assert_eq!(t.accepted(8), Some(8), "cancelled once named");
+        assert_eq!(t, TurnState::Running(8));
     }
 
     #[test]
