@@ -2,9 +2,10 @@
 //! the fake server), keys are sent with `send-keys` and the screen read with `capture-pane`,
 //! each check waiting for what it needs with a deadline and showing the last screen when it
 //! fails. A streamed answer, a turn cancelled with Ctrl-C (the session keeps its other turns
-//! and the next turn works), and the session resumed by a new `loopd chat --session` after
-//! `loopd serve` was killed with SIGKILL and started again on the same store. `make tmux`
-//! installs tmux; without it the test fails and says so.
+//! and the next turn works), a daemon lost under the open chat (said, the prompt kept, the
+//! next line served by the daemon started again), and the session resumed by a new
+//! `loopd chat --session` after `loopd serve` was killed with SIGKILL and started again on the
+//! same store. `make tmux` installs tmux; without it the test fails and says so.
 
 mod support;
 
@@ -165,6 +166,21 @@ fn a_streamed_answer_a_cancelled_turn_and_a_session_resumed_after_a_kill_9() {
     tmux.keys("one", &["And the grass?", "Enter"]);
     tmux.wait_text("one", "Green.");
     tmux.wait("one", "the prompt after the third turn", prompt_back);
+
+    // The daemon killed under the open chat: a line says so and the prompt stays.
+    first.signal("KILL");
+    let (status, _) = first.exit_within(Duration::from_secs(10));
+    assert_eq!(status.code(), None, "killed by SIGKILL");
+    tmux.keys("one", &["Anyone there?", "Enter"]);
+    tmux.wait("one", "the lost daemon said and the prompt", |s| {
+        s.contains("cannot reach the daemon") && prompt_back(s)
+    });
+    // A new daemon on the same store: the same chat goes on with its next line.
+    let mut second = Served::start(&server, 200, "");
+    second.expect_ready(Duration::from_secs(60));
+    tmux.keys("one", &["/history", "Enter"]);
+    tmux.wait_text("one", "model: Green.");
+    tmux.wait("one", "the prompt after /history", prompt_back);
     // Ctrl-D leaves.
     tmux.keys("one", &["C-d"]);
     tmux.wait("one", "the chat to end", |_| {
@@ -172,12 +188,7 @@ fn a_streamed_answer_a_cancelled_turn_and_a_session_resumed_after_a_kill_9() {
         String::from_utf8_lossy(&out.stdout).trim() == "1"
     });
 
-    // The daemon killed, a new one on the same store: the session is resumed by name.
-    first.signal("KILL");
-    let (status, _) = first.exit_within(Duration::from_secs(10));
-    assert_eq!(status.code(), None, "killed by SIGKILL");
-    let mut second = Served::start(&server, 200, "");
-    second.expect_ready(Duration::from_secs(60));
+    // The session resumed by name in a new chat.
     tmux.chat("two", &["--socket", &s, "--session", "story"]);
     tmux.wait_text("two", "session story resumed (2 turns");
     tmux.wait("two", "the prompt", prompt_back);
