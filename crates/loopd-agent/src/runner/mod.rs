@@ -64,7 +64,7 @@ use loopd_client::llama::{Cancel, ChatMessage, ChatOptions, Client};
 pub use crate::fleet::{RequestId, SubmitError};
 pub use agent::{Action, AgentRequest, Setup, PROGRESS_EVERY};
 pub use bios::{BiosContext, BiosProvider, StandardBios};
-pub use builtin::{builtin_tools, Arithmetic, CurrentTime, Finish, ReadFile, READ_FILE_CAP};
+pub use builtin::{builtin_tools, utc, Arithmetic, CurrentTime, Finish, ReadFile, READ_FILE_CAP};
 pub use config::{LoopThresholds, RunnerConfig};
 pub use hosts::HostSpec;
 pub use result::{

@@ -170,24 +170,8 @@ fn turns_text(n: u32) -> String {
 
 /// Unix milliseconds as an RFC 3339 UTC time to the second (`2026-12-05T03:15:43Z`).
 pub fn utc_text(unix_ms: u64) -> String {
-    let secs = unix_ms / 1000;
-    let (days, s) = (secs / 86_400, secs % 86_400);
-    // Howard Hinnant's civil_from_days, for days since 1970-01-01 (never negative here).
-    let z = days + 719_468;
-    let era = z / 146_097;
-    let doe = z % 146_097;
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + u64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
-        s / 3_600,
-        s % 3_600 / 60,
-        s % 60
-    )
+    // The `current_time` tool's calendar, one copy of it.
+    loopd_agent::runner::utc(unix_ms / 1000)
 }
 
 /// What a turn read from a pipe writes.
@@ -399,7 +383,11 @@ impl Chat<'_> {
                 stdout::print(&history_text(&h))?;
             }
             Line::New => {
-                self.session = opened(self.socket, &self.open.clone().unnamed())?;
+                let unnamed = OpenCmd {
+                    session: None,
+                    ..self.open.clone()
+                };
+                self.session = opened(self.socket, &unnamed)?;
             }
             Line::Budget(n) => {
                 self.budget = Some(n);
@@ -496,18 +484,6 @@ fn lock(m: &Mutex<TurnState>) -> std::sync::MutexGuard<'_, TurnState> {
 /// `cancel` on a connection of its own; its stream, not this reply, says how the turn ended.
 fn cancel(socket: &Path, id: u64) {
     let _ = client::call::<serde_json::Value>(socket, &CancelCmd { id }.into(), REPLY_TIMEOUT);
-}
-
-/// `OpenCmd` without its name, for `/new`.
-trait Unnamed {
-    fn unnamed(self) -> Self;
-}
-
-impl Unnamed for OpenCmd {
-    fn unnamed(mut self) -> Self {
-        self.session = None;
-        self
-    }
 }
 
 #[cfg(test)]

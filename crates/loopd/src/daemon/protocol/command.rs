@@ -223,12 +223,7 @@ impl SubmitCmd {
             ));
         }
         if let Some(session) = &self.session {
-            if session.is_empty() || session.len() > MAX_SESSION_BYTES {
-                return Err(ProtoError::BadRequest(format!(
-                    "session: {} bytes; it must be 1 to {MAX_SESSION_BYTES}",
-                    session.len()
-                )));
-            }
+            super::session::check_name_length(session)?;
         }
         Ok(Submission {
             session: self.session.clone(),

@@ -282,14 +282,21 @@ pub struct TurnRecord {
     pub compacted: Vec<CompactionRule>,
 }
 
-/// Checks a session name: 1 to [`MAX_SESSION_NAME_BYTES`] bytes, no control characters.
-pub fn check_name(name: &str) -> Result<(), ProtoError> {
+/// Checks a session name's length: 1 to [`MAX_SESSION_NAME_BYTES`] bytes (a submit's
+/// `session` is held to this alone).
+pub(super) fn check_name_length(name: &str) -> Result<(), ProtoError> {
     if name.is_empty() || name.len() > MAX_SESSION_NAME_BYTES {
         return Err(ProtoError::BadRequest(format!(
             "session: {} bytes; it must be 1 to {MAX_SESSION_NAME_BYTES}",
             name.len()
         )));
     }
+    Ok(())
+}
+
+/// Checks a session name: 1 to [`MAX_SESSION_NAME_BYTES`] bytes, no control characters.
+pub fn check_name(name: &str) -> Result<(), ProtoError> {
+    check_name_length(name)?;
     if let Some(c) = name.chars().find(|c| c.is_control()) {
         return Err(ProtoError::BadRequest(format!(
             "session: the control character {c:?} is not allowed in a name"
