@@ -61,6 +61,7 @@ impl Host {
             infer_socket: self.server.socket().to_owned(),
             worker_socket: Some(self.worker.socket().to_owned()),
             slots: vec![0],
+            kv_dir: None,
         }
     }
 }

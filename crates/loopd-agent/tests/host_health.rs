@@ -27,6 +27,7 @@ fn fleet() -> Fleet {
             infer_socket: format!("/run/loopd-tunnel/{n}/infer.sock").into(),
             worker_socket: format!("/run/loopd-tunnel/{n}/status.sock").into(),
             slots: vec![0, 1],
+            kv_dir: None,
         })
         .collect();
     Fleet::new(hosts, 2).unwrap()

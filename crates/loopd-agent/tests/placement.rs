@@ -28,6 +28,7 @@ fn fleet(slots: &[&[u32]]) -> Fleet {
             infer_socket: format!("/run/loopd-tunnel/h{i}/infer.sock").into(),
             worker_socket: format!("/run/loopd-tunnel/h{i}/status.sock").into(),
             slots: s.to_vec(),
+            kv_dir: None,
         })
         .collect();
     Fleet::new(hosts, 8).unwrap()
@@ -670,4 +671,39 @@ fn a_new_session_takes_the_least_recently_used_free_slot() {
         q.place(ms(11), R(3), None),
         placed(A, 4, PlacedBy::MostFree)
     );
+}
+
+#[test]
+fn a_slot_remembers_the_session_its_kv_holds_until_its_host_leaves_ready() {
+    let mut p = placement(&[&[0]], PlacementConfig::default());
+    // The slot has held nothing yet.
+    p.place(ms(1), R(1), Some(key("a"))).unwrap();
+    assert!(!p.resident(R(1)));
+    p.release(ms(2), R(1));
+    // "a" again, with nothing between: its KV is still there.
+    p.place(ms(3), R(2), Some(key("a"))).unwrap();
+    assert!(p.resident(R(2)));
+    p.release(ms(4), R(2));
+    // "b" takes the slot, then "a" comes back to what "b" left.
+    p.place(ms(5), R(3), Some(key("b"))).unwrap();
+    assert!(!p.resident(R(3)));
+    p.release(ms(6), R(3));
+    p.place(ms(7), R(4), Some(key("a"))).unwrap();
+    assert!(!p.resident(R(4)));
+    p.release(ms(8), R(4));
+    // A request without a key holds no session, and leaves none behind.
+    p.place(ms(9), R(5), None).unwrap();
+    assert!(!p.resident(R(5)));
+    p.release(ms(10), R(5));
+    p.place(ms(11), R(6), Some(key("a"))).unwrap();
+    assert!(!p.resident(R(6)));
+    p.release(ms(12), R(6));
+    // The server restarting empties its slots; ready again, "a" is not resident.
+    let restarting = HostState::Worker(WorkerState::Restarting);
+    p.handle_host_state(ms(13), A, restarting);
+    p.handle_host_state(ms(14), A, READY);
+    p.place(ms(15), R(7), Some(key("a"))).unwrap();
+    assert!(!p.resident(R(7)));
+    // Not running: false.
+    assert!(!p.resident(R(99)));
 }

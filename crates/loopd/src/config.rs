@@ -342,6 +342,16 @@ impl Config {
         self.runner
             .validate()
             .map_err(|(table, key, message)| (table, key, message.to_owned()))?;
+        // With [[host]] the one plain host is not used: its KV directory would be ignored.
+        if !self.host.is_empty() && self.runner.kv.dir.is_some() {
+            return Err((
+                "runner.kv",
+                "dir",
+                "names the KV directory of the one server of a config without [[host]]; \
+                 with [[host]], set each host's `kv_dir` instead"
+                    .to_owned(),
+            ));
+        }
         // One timeline (docs/runner.md): a silent generation is reported to the worker no
         // later than the client gives up on it. Left out, stall_ms is liveness_ms, so only a
         // stall_ms the file wrote can be past it.
@@ -514,6 +524,17 @@ mod tests {
         assert_eq!(parse(&twice).unwrap_err().key, "host[1].name");
         let unknown = format!("{MINIMAL}{HOSTS}weight = 2\n");
         assert!(parse(&unknown).is_err());
+        // A host's KV directory is its own; the plain one is refused beside [[host]].
+        let kv = format!("{MINIMAL}{HOSTS}kv_dir = \"/var/lib/llama/kv\"\n");
+        let fleet = parse(&kv).unwrap();
+        let hosts = fleet.fleet().unwrap();
+        assert_eq!(hosts.hosts()[0].kv_dir, None);
+        assert_eq!(
+            hosts.hosts()[1].kv_dir.as_deref(),
+            Some(Path::new("/var/lib/llama/kv"))
+        );
+        let plain = format!("{MINIMAL}{HOSTS}[runner.kv]\ndir = \"/kv\"\n");
+        assert_eq!(parse(&plain).unwrap_err().key, "runner.kv.dir");
     }
 
     #[test]

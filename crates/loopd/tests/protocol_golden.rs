@@ -227,6 +227,14 @@ fn follow_its_reply_and_every_event() {
             slot: 0,
             by: "rehomed".into(),
         },
+        WireEvent::Kv {
+            action: "restore".into(),
+            outcome: "restored".into(),
+            tokens: 174,
+            bytes: 4_063_232,
+            evicted: 0,
+            detail: None,
+        },
     ];
     let lines: Vec<&str> = blocks()
         .into_iter()
@@ -251,6 +259,7 @@ fn follow_its_reply_and_every_event() {
         "iteration",
         "stall",
         "placed",
+        "kv",
     ] {
         assert!(
             DOC.contains(&format!("| `{name}`")) || DOC.contains(&format!(", `{name}` |")),

@@ -30,6 +30,10 @@ pub struct HostConfig {
     pub worker_socket: PathBuf,
     /// The server slots (`id_slot`) this daemon owns on the host.
     pub slots: Vec<u32>,
+    /// The host's server's `--slot-save-path`, as this daemon sees it: sessions' KV files
+    /// are saved and restored there (`[runner.kv]`); without it, not on this host.
+    #[serde(default)]
+    pub kv_dir: Option<PathBuf>,
 }
 
 /// A host's index in `[[host]]` order (0-based); config order breaks placement ties.
@@ -237,6 +241,7 @@ mod tests {
             infer_socket: format!("/run/loopd-tunnel/{name}/infer.sock").into(),
             worker_socket: format!("/run/loopd-tunnel/{name}/status.sock").into(),
             slots: slots.to_vec(),
+            kv_dir: None,
         }
     }
 

@@ -21,6 +21,10 @@
 //!   generation was never sent to another host (same rules, its own host excluded).
 //! - A session is used when its request is placed, rehomed or released; the session map's
 //!   expiry is [`Placement::poll_timeout`]. Ids and hosts it does not know are ignored.
+//! - Each slot remembers the key of the last request placed on it: the conversation its
+//!   server's KV holds. [`Placement::resident`] says a request's slot held its own key already
+//!   (so its KV file need not be restored); a host that leaves ready (its server restarting,
+//!   lost) forgets what its slots held.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -114,6 +118,8 @@ struct HostTable {
     holders: Vec<Option<RequestId>>,
     /// When each slot was last taken or freed.
     used: Vec<Duration>,
+    /// The session key of each slot's last request, while the host stayed ready.
+    resident: Vec<Option<SessionKey>>,
 }
 
 impl HostTable {
@@ -149,6 +155,8 @@ impl HostTable {
 struct Running {
     at: HostSlot,
     key: Option<SessionKey>,
+    /// The slot's last request before this one had the same key.
+    resident: bool,
 }
 
 /// The placement machine over one [`Fleet`]'s owned slots.
@@ -172,6 +180,7 @@ impl Placement {
                 slots: h.slots.clone(),
                 holders: vec![None; h.slots.len()],
                 used: vec![Duration::ZERO; h.slots.len()],
+                resident: vec![None; h.slots.len()],
             })
             .collect();
         Placement {
@@ -189,6 +198,10 @@ impl Placement {
         self.sessions.expire(now);
         if let Some(h) = self.hosts.get_mut(host.0) {
             h.state = state;
+            // A server that is not ready may be restarting: what its slots held is gone.
+            if !state.is_ready() {
+                h.resident.fill(None);
+            }
         }
     }
 
@@ -279,6 +292,14 @@ impl Placement {
     /// When the next session expires.
     pub fn poll_timeout(&self) -> Option<Duration> {
         self.sessions.next_expiry()
+    }
+
+    /// Whether running request `id` has a key and its slot's last request before it had
+    /// the same one, with the host ready since: its server's KV holds the conversation
+    /// (unless the server lost it without placement hearing of it). `false` when `id` is
+    /// not running.
+    pub fn resident(&self, id: RequestId) -> bool {
+        self.running.get(&id).is_some_and(|r| r.resident)
     }
 
     /// Request `id`'s seat, if it is running.
@@ -389,10 +410,15 @@ impl Placement {
     }
 
     fn take(&mut self, now: Duration, id: RequestId, key: Option<SessionKey>, at: HostSlot) {
+        let mut resident = false;
         if let Some(h) = self.hosts.get_mut(at.host.0) {
             h.set(now, at.slot, Some(id));
+            if let Some(i) = h.slots.iter().position(|&x| x == at.slot) {
+                resident = key.is_some() && h.resident[i] == key;
+                h.resident[i] = key;
+            }
         }
-        self.running.insert(id, Running { at, key });
+        self.running.insert(id, Running { at, key, resident });
         if let (Some(key), PlacementPolicy::Affinity) = (key, self.policy) {
             self.sessions.touch(now, key, at);
         }

@@ -39,6 +39,8 @@ pub struct RunnerConfig {
     pub result_ttl_s: u64,
     /// `loopd serve`: results kept at most (1,024); past it the oldest is dropped.
     pub max_results: usize,
+    /// `[runner.kv]`: each session's KV saved to a file and restored.
+    pub kv: super::KvSettings,
 }
 
 impl Default for RunnerConfig {
@@ -56,6 +58,7 @@ impl Default for RunnerConfig {
             loop_detector: LoopThresholds::default(),
             result_ttl_s: 3_600,
             max_results: 1_024,
+            kv: super::KvSettings::default(),
         }
     }
 }
@@ -82,6 +85,9 @@ impl RunnerConfig {
                 _ => "must be at least 1 ms",
             };
             return Err(("runner", key, unit));
+        }
+        if self.kv.max_bytes == 0 {
+            return Err(("runner.kv", "max_bytes", "must be at least 1"));
         }
         let table = "runner.loop_detector";
         match self.loop_detector.check() {

@@ -22,7 +22,9 @@ use super::agent::{Action, AgentRequest, Setup};
 use super::hosts::Host;
 use super::watch::Notice;
 use super::worker::{self, RegisterAnswer, WorkerError};
-use super::{Observer, RequestEvent, RequestId, RequestResult, Shared, Submission, ToolError};
+use super::{
+    Observer, Outcome, RequestEvent, RequestId, RequestResult, Shared, Submission, ToolError,
+};
 use crate::fleet::PlacedBy;
 
 /// Where a request runs: its host (index), the server slot there, and why there.
@@ -31,6 +33,8 @@ pub(super) struct Place {
     pub host: usize,
     pub slot: u32,
     pub by: PlacedBy,
+    /// The slot's last request was this one's session: its KV is there already.
+    pub resident: bool,
 }
 
 /// While a generation is registered, the longest wait before a failure the watch pushed for
@@ -117,6 +121,8 @@ pub(super) fn drive(
         bios: shared.bios.clone(),
         spawns,
     };
+    // The session whose KV this request restores first and saves when it completes.
+    let kv_session = req.session.clone().filter(|_| host.kv.is_some());
     let mut m = AgentRequest::new(clock.now(), setup, req, buffers.storage());
     let mut emit = |e: &RequestEvent| {
         if let Some(o) = observer.as_mut() {
@@ -130,7 +136,25 @@ pub(super) fn drive(
             by: seat.by.as_str(),
         });
     }
+    if let (Some(kv), Some(session)) = (&host.kv, &kv_session) {
+        // Placement's word, checked against the server's: a slot that has run no task since
+        // its server started holds nothing, whatever placement last put there (a model
+        // instance respawned by the router is no restart the worker sees).
+        let ran = || {
+            super::kv::with_room(|| client.slots())
+                .is_ok_and(|s| s.iter().any(|s| s.id == slot && s.has_run()))
+        };
+        let report = if seat.resident && ran() {
+            super::KvReport::resident()
+        } else {
+            let _files = super::lock(&shared.kv_files);
+            kv.restore(client, slot, session)
+        };
+        emit(&RequestEvent::Kv(report));
+    }
     let mut io = ChatIo::new(client, slot);
+    // The slot the request is on (another, on another host, once rehomed).
+    let mut seat_slot = slot;
     let mut tool: Option<ToolRun> = None;
     let mut cancelled = false;
     // The generation registered with the worker, and where the watch sends its failure.
@@ -191,6 +215,7 @@ pub(super) fn drive(
                                 host_index = to;
                                 socket = host.settings.worker_socket.as_deref();
                                 io = ChatIo::new(&host.client, slot);
+                                seat_slot = slot;
                                 emit(&RequestEvent::Placed {
                                     host: host.name.clone(),
                                     slot,
@@ -281,6 +306,22 @@ pub(super) fn drive(
                 Action::Done(result) => {
                     unroute(host, &mut registered);
                     io.close(false);
+                    // The slot holds the conversation and its answer: the file the
+                    // session's next turn restores, wherever its slot is by then.
+                    if let (Some(kv), Some(session), Outcome::Completed { .. }) =
+                        (&host.kv, &kv_session, &result.outcome)
+                    {
+                        let held = result
+                            .generations
+                            .last()
+                            .and_then(|g| g.timings)
+                            .map_or(0, |t| t.total());
+                        let report = {
+                            let _files = super::lock(&shared.kv_files);
+                            kv.save(&host.client, seat_slot, session, held)
+                        };
+                        emit(&RequestEvent::Kv(report));
+                    }
                     return Driven {
                         result: *result,
                         done: owed,

@@ -16,6 +16,7 @@ use std::time::Duration;
 use clock::Clock;
 
 use super::health_queue::Input;
+use super::kv::KvStore;
 use super::watch::{Notice, Watch};
 use super::{lock, RequestId, RunnerConfig, Shared};
 use crate::fleet::{EndReason, Fleet, Health, HealthEvent, HostConfig, HostState};
@@ -33,6 +34,9 @@ pub struct HostSpec {
     pub worker_socket: Option<PathBuf>,
     /// The server slots (`id_slot`) the runner owns there.
     pub slots: Vec<u32>,
+    /// Its server's `--slot-save-path` as this process sees it: sessions' KV files are
+    /// saved and restored there (`runner/kv.rs`); `None`: not on this host.
+    pub kv_dir: Option<PathBuf>,
 }
 
 impl HostSpec {
@@ -52,6 +56,7 @@ impl From<&HostConfig> for HostSpec {
             infer_socket: h.infer_socket.clone(),
             worker_socket: Some(h.worker_socket.clone()),
             slots: h.slots.clone(),
+            kv_dir: h.kv_dir.clone(),
         }
     }
 }
@@ -64,6 +69,8 @@ pub(super) struct Host {
     /// The runner's settings with this host's worker socket.
     pub settings: RunnerConfig,
     pub watch: Option<Arc<Watch>>,
+    /// Where its sessions' KV files are, when its server saves them.
+    pub kv: Option<KvStore>,
 }
 
 impl Host {
@@ -82,11 +89,16 @@ impl Host {
         } else {
             Arc::new(spec.client(base))
         };
+        let kv = spec
+            .kv_dir
+            .clone()
+            .map(|dir| KvStore::new(dir, &settings.kv, &client));
         Host {
             name: spec.name.clone(),
             client,
             settings,
             watch: None,
+            kv,
         }
     }
 }

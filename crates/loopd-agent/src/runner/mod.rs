@@ -46,6 +46,7 @@ mod config;
 mod drive;
 mod health_queue;
 mod hosts;
+mod kv;
 mod result;
 mod tools;
 mod watch;
@@ -67,6 +68,7 @@ pub use bios::{BiosContext, BiosProvider, StandardBios};
 pub use builtin::{builtin_tools, utc, Arithmetic, CurrentTime, Finish, ReadFile, READ_FILE_CAP};
 pub use config::{LoopThresholds, RunnerConfig};
 pub use hosts::HostSpec;
+pub use kv::{evictions, KvAction, KvFile, KvOutcome, KvReport, KvSettings};
 pub use result::{
     CallSource, ExitSignal, FailReason, GenerationStats, Outcome, RequestEvent, RequestResult,
     RetryRecord, ToolRecord,
@@ -240,6 +242,8 @@ struct Shared {
     next_provisional: AtomicU64,
     /// Where results go; unset: into `table.records`.
     completion: OnceLock<Completion>,
+    /// Held while KV files are saved, restored or deleted: one at a time.
+    kv_files: Mutex<()>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -277,6 +281,7 @@ impl Runner {
             infer_socket: client.config().socket.clone(),
             worker_socket: settings.worker_socket.clone(),
             slots: (0..slots.max(1)).collect(),
+            kv_dir: settings.kv.dir.clone(),
         };
         Runner::build(
             client,
@@ -322,6 +327,7 @@ impl Runner {
                     infer_socket: h.infer_socket.clone(),
                     worker_socket: h.worker_socket.clone().unwrap_or_default(),
                     slots: h.slots.clone(),
+                    kv_dir: h.kv_dir.clone(),
                 })
                 .collect(),
             u32::MAX,
@@ -369,6 +375,7 @@ impl Runner {
             next_id: AtomicU64::new(1),
             next_provisional: AtomicU64::new(0),
             completion: OnceLock::new(),
+            kv_files: Mutex::new(()),
         });
         if hosts::start_health(
             Arc::downgrade(&shared),
@@ -552,6 +559,7 @@ impl Runner {
             host: placed.at.host.0,
             slot: placed.at.slot,
             by: placed.by,
+            resident: t.placement.resident(id),
         };
         let thread = std::thread::Builder::new()
             .name(format!("loopd-{id}"))
@@ -650,6 +658,15 @@ impl Runner {
                 .wait_timeout(t, clock.wait_slice(left))
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
+        }
+    }
+
+    /// Deletes session `session`'s KV files on every host with a KV directory (the session
+    /// is deleted). A request of it still running saves its file again when it ends.
+    pub fn forget_kv(&self, session: &str) {
+        let _files = lock(&self.shared.kv_files);
+        for kv in self.shared.hosts.iter().filter_map(|h| h.kv.as_ref()) {
+            kv.forget(session);
         }
     }
 

@@ -269,4 +269,7 @@ pub enum RequestEvent {
         /// Why there: `session`, `most_free`, `round_robin` or `rehomed`.
         by: &'static str,
     },
+    /// The session's KV was restored before generation 1, or saved after the last one
+    /// (requests with a `session` on a host with a KV directory; `runner/kv.rs`).
+    Kv(super::KvReport),
 }

@@ -38,6 +38,17 @@ pub struct SlotState {
     pub n_ctx: u64,
     /// Whether the slot is running a task.
     pub is_processing: bool,
+    /// The id of the last task it ran (`id_task`); absent (or -1 on some builds) until it
+    /// has run one, as on a server just started (a restored file does not count).
+    #[serde(default)]
+    pub id_task: Option<i64>,
+}
+
+impl SlotState {
+    /// Whether the slot has run a task since its server started.
+    pub fn has_run(&self) -> bool {
+        self.id_task.is_some_and(|t| t >= 0)
+    }
 }
 
 #[derive(Deserialize)]
@@ -195,7 +206,7 @@ mod tests {
             (2, 4096)
         );
         let s: Vec<SlotState> = serde_json::from_str(
-            r#"[{"id":0,"id_task":3,"n_ctx":4096,"is_processing":true,"params":{}},{"id":1,"is_processing":false}]"#,
+            r#"[{"id":0,"id_task":3,"n_ctx":4096,"is_processing":true,"params":{}},{"id":1,"is_processing":false},{"id":2,"id_task":-1,"is_processing":false}]"#,
         )
         .unwrap();
         assert_eq!(
@@ -204,14 +215,24 @@ mod tests {
                 SlotState {
                     id: 0,
                     n_ctx: 4096,
-                    is_processing: true
+                    is_processing: true,
+                    id_task: Some(3),
                 },
                 SlotState {
                     id: 1,
                     n_ctx: 0,
-                    is_processing: false
+                    is_processing: false,
+                    id_task: None,
+                },
+                SlotState {
+                    id: 2,
+                    n_ctx: 0,
+                    is_processing: false,
+                    id_task: Some(-1),
                 }
             ]
         );
+        let ran: Vec<bool> = s.iter().map(SlotState::has_run).collect();
+        assert_eq!(ran, [true, false, false]);
     }
 }

@@ -53,6 +53,22 @@ mod tests {
     }
 
     #[test]
+    fn the_kv_table_and_its_defaults() {
+        let kv = parse("").unwrap().runner.kv;
+        assert_eq!((kv.dir, kv.max_bytes, kv.min_tokens), (None, 4 << 30, 256));
+        let kv = parse("[runner.kv]\ndir = \"/var/lib/llama/kv\"\nmax_bytes = 1\nmin_tokens = 0\n")
+            .unwrap()
+            .runner
+            .kv;
+        assert_eq!(kv.dir.as_deref(), Some(Path::new("/var/lib/llama/kv")));
+        assert_eq!((kv.max_bytes, kv.min_tokens), (1, 0));
+        let e = parse("[runner.kv]\nmax_bytes = 0\n").unwrap_err();
+        assert_eq!((e.line, e.key.as_str()), (4, "runner.kv.max_bytes"));
+        assert_eq!(e.message, "must be at least 1");
+        assert!(parse("[runner.kv]\nsize = 1\n").is_err());
+    }
+
+    #[test]
     fn bad_runner_values_name_their_key_and_line() {
         let e = parse("[runner]\nbudget = 1\nstall_ms = 0\n").unwrap_err();
         assert_eq!((e.line, e.key.as_str()), (5, "runner.stall_ms"));

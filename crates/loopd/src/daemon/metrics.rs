@@ -60,6 +60,14 @@ struct CompactionLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KvLabels {
+    /// `save` or `restore`.
+    action: String,
+    /// The save's or restore's outcome (`restored`, `missing`, `saved`, ...).
+    outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct EvictLabels {
     reason: String,
 }
@@ -84,6 +92,9 @@ pub struct Metrics {
     host_requests: Family<HostRequestLabels, Counter>,
     session_turns: Family<TurnLabels, Counter>,
     compactions: Family<CompactionLabels, Counter>,
+    kv: Family<KvLabels, Counter>,
+    kv_bytes: Family<KvLabels, Counter>,
+    kv_evicted: Counter,
 }
 
 impl Metrics {
@@ -104,6 +115,25 @@ impl Metrics {
         let host_requests = Family::<HostRequestLabels, Counter>::default();
         let session_turns = Family::<TurnLabels, Counter>::default();
         let compactions = Family::<CompactionLabels, Counter>::default();
+        let kv = Family::<KvLabels, Counter>::default();
+        let kv_bytes = Family::<KvLabels, Counter>::default();
+        let kv_evicted = Counter::default();
+        registry.register(
+            "kv",
+            "Sessions' KV files saved after a completed run and restored before a first \
+             generation, by outcome",
+            kv.clone(),
+        );
+        registry.register(
+            "kv_bytes",
+            "Bytes of sessions' KV files the servers wrote and read, by action and outcome",
+            kv_bytes.clone(),
+        );
+        registry.register(
+            "kv_evicted",
+            "KV files deleted, least recently used first, to keep a directory under max_bytes",
+            kv_evicted.clone(),
+        );
         registry.register(
             "session_turns",
             "Sessions' turns ended, by the prompt cache's outcome for their first generation \
@@ -196,7 +226,21 @@ impl Metrics {
             host_requests,
             session_turns,
             compactions,
+            kv,
+            kv_bytes,
+            kv_evicted,
         }
+    }
+
+    /// A session's KV was saved or restored (or not) as `k` says.
+    pub fn kv(&self, k: &loopd_agent::runner::KvReport) {
+        let labels = KvLabels {
+            action: k.action.as_str().into(),
+            outcome: k.outcome.as_str().into(),
+        };
+        self.kv.get_or_create(&labels).inc();
+        self.kv_bytes.get_or_create(&labels).inc_by(k.bytes);
+        self.kv_evicted.inc_by(u64::from(k.evicted));
     }
 
     /// A session's turn ended (completed or not) as `t` says.

@@ -160,6 +160,9 @@ impl Daemon {
             Ok(Ok(())) => {
                 inner.freed = true;
                 inner.force_compact.remove(name);
+                // No turn of it runs (busy was checked under this lock), so none saves
+                // its file again.
+                self.runner.forget_kv(name);
                 to_line(&DeleteReply {
                     ok: OkTrue,
                     deleted: name.to_owned(),

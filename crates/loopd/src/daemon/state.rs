@@ -196,6 +196,9 @@ impl State {
                     *t = Some(now.saturating_sub(submitted));
                 }
             }
+            if let RequestEvent::Kv(k) = e {
+                me.metrics.kv(k);
+            }
             if let RequestEvent::Summarized { summary, .. } = e {
                 me.summarized(id, summary);
             }

@@ -147,6 +147,16 @@ impl<W: Write> RequestWatcher<W> {
                 format!("host refused the connect: placed again on host {host}, slot {slot}")
             }
             WireEvent::Placed { host, slot, .. } => format!("on host {host}, slot {slot}"),
+            WireEvent::Kv {
+                action,
+                outcome,
+                tokens,
+                detail,
+                ..
+            } => {
+                let why = detail.as_ref().map_or(String::new(), |d| format!(" ({d})"));
+                format!("kv {action}: {outcome}, {tokens} tokens{why}")
+            }
             // The chat events, shown above.
             _ => return,
         };

@@ -398,6 +398,24 @@ pub enum WireEvent {
         /// `session`, `most_free`, `round_robin` or `rehomed`.
         by: String,
     },
+    /// The session's KV restored before generation 1, or saved after the last generation
+    /// (docs/sessions.md, "Sessions' KV in files").
+    Kv {
+        /// `restore` or `save`.
+        action: String,
+        /// `restored`, `resident`, `missing`, `corrupt`, `mismatch`, `refused`; `saved`,
+        /// `small`, `failed`, `too_big`.
+        outcome: String,
+        /// Tokens restored or saved.
+        tokens: u64,
+        /// Bytes read or written.
+        bytes: u64,
+        /// Other files deleted to keep the directory under its cap.
+        evicted: u32,
+        /// What went wrong, when something did.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        detail: Option<String>,
+    },
 }
 
 impl WireEvent {
@@ -473,6 +491,14 @@ impl WireEvent {
             RequestEvent::Stall(a) => WireEvent::Stall(a.into()),
             RequestEvent::Summarized { summary, .. } => WireEvent::Summarized {
                 summary: summary.clone(),
+            },
+            RequestEvent::Kv(k) => WireEvent::Kv {
+                action: k.action.as_str().to_owned(),
+                outcome: k.outcome.as_str().to_owned(),
+                tokens: k.tokens,
+                bytes: k.bytes,
+                evicted: k.evicted,
+                detail: k.detail.clone(),
             },
             RequestEvent::Placed { host, slot, by } => WireEvent::Placed {
                 host: host.clone(),
