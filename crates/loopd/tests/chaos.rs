@@ -475,6 +475,10 @@ struct Record {
     across_restart: bool,
     /// A turn's session.
     session: Option<String>,
+    /// Its `kv` events' action and outcome, in order.
+    kv: Vec<(String, String)>,
+    /// A turn's `session` record's `cache_n` and `total_n`.
+    turn_tokens: Option<(u64, u64)>,
 }
 
 enum Attempt {
@@ -584,6 +588,7 @@ fn run_one(
     let mut streamed = String::new();
     let mut hang_started = None;
     let mut tools = Vec::new();
+    let mut kv = Vec::new();
     let mut last_generation = None;
     let killed_since_ack = || shared.epoch() != acked_at;
     let mut across_restart = false;
@@ -611,6 +616,10 @@ fn run_one(
                 last_generation = line["number"].as_u64().map(|n| (n, Instant::now()));
             }
             Some("retrying") => streamed.clear(),
+            Some("kv") => {
+                let s = |k: &str| line[k].as_str().unwrap_or("").to_owned();
+                kv.push((s("action"), s("outcome")));
+            }
             Some("content") => {
                 streamed.push_str(line["text"].as_str().unwrap_or(""));
                 shared.running.lock().unwrap().insert(id, true);
@@ -684,6 +693,10 @@ fn run_one(
         last_generation,
         across_restart,
         session,
+        kv,
+        turn_tokens: result["session"]["cache_n"]
+            .as_u64()
+            .zip(result["session"]["total_n"].as_u64()),
     })))
 }
 
@@ -1319,6 +1332,14 @@ fn print_summary(s: &Summary<'_>) {
     for ((k, o), c) in &by_kind {
         eprintln!("  {c:>4}  {:<18} {o}", k.name());
     }
+    let mut kv: BTreeMap<String, u32> = BTreeMap::new();
+    for (action, outcome) in s.records.iter().flat_map(|r| &r.kv) {
+        *kv.entry(format!("{action} {outcome}")).or_default() += 1;
+    }
+    eprintln!("sessions' KV files (kv events of the turns):");
+    for (what, c) in &kv {
+        eprintln!("  {c:>4}  {what}");
+    }
     eprintln!("refused and tried again:");
     for (code, c) in s.refused {
         eprintln!("  {c:>4}  {code}");
@@ -1378,10 +1399,16 @@ fn chaos_every_request_ends_named_and_the_stack_heals() {
     // starved each other past the scaled stall timeout (3 restarts of a healthy host a in one
     // run of seed 424242).
     let hosts = env_u64("CHAOS_HOSTS", 1).clamp(1, 2) as usize;
+    // Each server saves sessions' KV files into a directory of its own (docs/sessions.md).
+    let kv_dirs = [
+        llama_harness::temp_dir("chaos-kv-a"),
+        llama_harness::temp_dir("chaos-kv-b"),
+    ];
+    let save_path = |h: usize| format!("slot-save-path = {}\n", kv_dirs[h].display());
     let one_core = |cpu: usize| {
         let s = LocalServer::start_with_configs(
             &timers.worker_config(),
-            "threads = 1\nthreads-batch = 1\n",
+            &format!("threads = 1\nthreads-batch = 1\n{}", save_path(cpu)),
         );
         llama_harness::pin_to_cpu(s.pgid(), cpu);
         s
@@ -1389,7 +1416,7 @@ fn chaos_every_request_ends_named_and_the_stack_heals() {
     let server = if hosts == 2 {
         one_core(0)
     } else {
-        LocalServer::start_with_worker_config(&timers.worker_config())
+        LocalServer::start_with_configs(&timers.worker_config(), &save_path(0))
     };
     let proxy = Mutex::new(Proxy::start(server.addr()));
     let proxy_socket = proxy.lock().unwrap().socket().to_owned();
@@ -1425,14 +1452,25 @@ fn chaos_every_request_ends_named_and_the_stack_heals() {
             let l = links.lock().unwrap();
             format!(
                 "[[host]]\nname = \"a\"\ninfer_socket = {:?}\nworker_socket = {:?}\nslots = [0, 1]\n\
-                 [[host]]\nname = \"b\"\ninfer_socket = {:?}\nworker_socket = {:?}\nslots = [0, 1]\n",
+                 kv_dir = {:?}\n\
+                 [[host]]\nname = \"b\"\ninfer_socket = {:?}\nworker_socket = {:?}\nslots = [0, 1]\n\
+                 kv_dir = {:?}\n",
                 proxy_socket.display().to_string(),
                 server.status_socket().display().to_string(),
+                kv_dirs[0].display().to_string(),
                 l.0.socket().display().to_string(),
                 l.1.socket().display().to_string(),
+                kv_dirs[1].display().to_string(),
             )
         }
         None => String::new(),
+    };
+    let kv_table = match hosts {
+        2 => "[runner.kv]\nmin_tokens = 0\n".to_owned(),
+        _ => format!(
+            "[runner.kv]\nmin_tokens = 0\ndir = {:?}\n",
+            kv_dirs[0].display().to_string()
+        ),
     };
     write_loopd_config(
         &timers,
@@ -1440,7 +1478,7 @@ fn chaos_every_request_ends_named_and_the_stack_heals() {
         &proxy_socket,
         &socket,
         &config,
-        &host_tables,
+        &format!("{kv_table}{host_tables}"),
     );
     let (serve, serve_log) = start_serve(&config, &folder, &dir);
     let serve = Mutex::new(serve);
@@ -1890,6 +1928,7 @@ fn chaos_every_request_ends_named_and_the_stack_heals() {
     // Every session's log holds exactly its turns that completed (through daemon kills: a
     // turn running at a kill comes back daemon_restarted and is not in it), and it goes on: a
     // last turn completes.
+    let mut lasts = Vec::new();
     for k in 0..SESSIONS {
         let name = format!("chaos-{k}");
         let mut completed: Vec<u64> = records
@@ -1936,6 +1975,61 @@ fn chaos_every_request_ends_named_and_the_stack_heals() {
             "session {name}: {} turns logged, all {} seen completed; a last turn completed",
             logged.len(),
             completed.len()
+        );
+        lasts.push((name, last.turn_tokens));
+    }
+
+    // The server killed between turns, with no request running: llama-worker starts a new
+    // one (its slots empty), and every session resumes from its KV file: its next turn
+    // reuses the whole of its last turn's conversation instead of evaluating it again.
+    let before_kill = server.worker_status().expect("host a's worker status");
+    let (router, spawns) = (
+        before_kill["pid"].as_u64().expect("the router's pid") as u32,
+        before_kill["spawns"].as_u64().expect("spawns"),
+    );
+    assert!(kill("-KILL", router), "kill -KILL {router}");
+    say!("SIGKILL host a's server (router {router}) between turns");
+    server.wait_worker(
+        "a new server after the kill between turns",
+        deadline,
+        |s| s["state"] == "ready" && s["spawns"].as_u64().is_some_and(|n| n > spawns),
+    );
+    wait_for("every host ready in the daemon's status", deadline, || {
+        let s = daemon_call(&socket, &json!({"cmd": "status"}), Duration::from_secs(10))?;
+        let hosts = s["status"]["hosts"].as_array().cloned().unwrap_or_default();
+        match hosts.iter().all(|h| h["state"] == "ready") {
+            true => Ok(()),
+            false => Err(format!("{hosts:?}")),
+        }
+    });
+    for (name, before) in &lasts {
+        let (_, total) = before.expect("the last turn's session record");
+        let cmd = json!({"cmd": "turn", "session": name, "content": "Go on.", "follow": true});
+        let r = wait_for(&format!("{name}'s turn after the kill"), deadline, || {
+            match run_one(&socket, Kind::Turn, &cmd, deadline, &shared) {
+                Ok(Attempt::Done(r)) if r.outcome == "completed" => Ok(r),
+                // The daemon heard of the restart after it admitted the turn.
+                Ok(Attempt::Done(r))
+                    if matches!(r.reason.as_deref(), Some("worker_restarted" | "server_died")) =>
+                {
+                    Err(format!("{r:?}"))
+                }
+                Ok(Attempt::Done(r)) => panic!("{name}'s turn after the kill: {r:?}"),
+                Ok(Attempt::Refused(code)) => Err(code),
+                Err(e) => panic!("{name}'s turn after the kill: {e}"),
+            }
+        });
+        let restore = r.kv.iter().find(|(a, _)| a == "restore").map(|(_, o)| o.clone());
+        let (cache_n, _) = r.turn_tokens.expect("the turn's session record");
+        assert!(
+            matches!(restore.as_deref(), Some("restored" | "resident")) && cache_n + 1 >= total,
+            "{name} did not resume from its file: restore {restore:?}, cache_n {cache_n} of \
+             its last turn's {total} tokens: {r:?}"
+        );
+        say!(
+            "session {name}: after the server's kill, restore {}, cache_n {cache_n} of its \
+             last turn's {total} tokens",
+            restore.unwrap_or_default()
         );
     }
     let released = release_hung_readers(&fifo);
