@@ -30,6 +30,7 @@ suites=(
   "loopd-runner-real-server|cargo test -q --features real-server -p loopd-agent --test runner_real_server"
   "loopd-daemon-real-server|cargo test -q --features real-server -p loopd --test daemon_real_server"
   "loopd-sessions-real-server|cargo test -q --features real-server -p loopd --test sessions_real_server"
+  "loopd-kv-real-server|cargo test -q --features real-server -p loopd --test kv_real_server"
   "loopd-sessions|cargo test -q -p loopd --test sessions --test serve_signals --test chat_tmux"
   "loopd-broken-model|cargo test -q --features real-server -p loopd --test broken_model"
   "loopd-retry-real-server|cargo test -q --features real-server -p loopd --test retry_real_server"
