@@ -1989,11 +1989,9 @@ fn chaos_every_request_ends_named_and_the_stack_heals() {
     );
     assert!(kill("-KILL", router), "kill -KILL {router}");
     say!("SIGKILL host a's server (router {router}) between turns");
-    server.wait_worker(
-        "a new server after the kill between turns",
-        deadline,
-        |s| s["state"] == "ready" && s["spawns"].as_u64().is_some_and(|n| n > spawns),
-    );
+    server.wait_worker("a new server after the kill between turns", deadline, |s| {
+        s["state"] == "ready" && s["spawns"].as_u64().is_some_and(|n| n > spawns)
+    });
     wait_for("every host ready in the daemon's status", deadline, || {
         let s = daemon_call(&socket, &json!({"cmd": "status"}), Duration::from_secs(10))?;
         let hosts = s["status"]["hosts"].as_array().cloned().unwrap_or_default();
@@ -2010,7 +2008,10 @@ fn chaos_every_request_ends_named_and_the_stack_heals() {
                 Ok(Attempt::Done(r)) if r.outcome == "completed" => Ok(r),
                 // The daemon heard of the restart after it admitted the turn.
                 Ok(Attempt::Done(r))
-                    if matches!(r.reason.as_deref(), Some("worker_restarted" | "server_died")) =>
+                    if matches!(
+                        r.reason.as_deref(),
+                        Some("worker_restarted" | "server_died")
+                    ) =>
                 {
                     Err(format!("{r:?}"))
                 }
@@ -2019,7 +2020,10 @@ fn chaos_every_request_ends_named_and_the_stack_heals() {
                 Err(e) => panic!("{name}'s turn after the kill: {e}"),
             }
         });
-        let restore = r.kv.iter().find(|(a, _)| a == "restore").map(|(_, o)| o.clone());
+        let restore =
+            r.kv.iter()
+                .find(|(a, _)| a == "restore")
+                .map(|(_, o)| o.clone());
         let (cache_n, _) = r.turn_tokens.expect("the turn's session record");
         assert!(
             matches!(restore.as_deref(), Some("restored" | "resident")) && cache_n + 1 >= total,
