@@ -4,7 +4,8 @@
 //! slot held it still does nothing; a server killed between turns resumes from the file;
 //! a corrupt, missing or mismatched file, another session's file in its place, and a save
 //! that cannot be written are each a cold prefill with the outcome that names it and a
-//! completed turn; a file over the cap is deleted; a deleted session's files go with it.
+//! completed turn; past the cap the least recently used file goes, and one over it alone at
+//! once; a slot under `min_tokens` is not saved; a deleted session's files go with it.
 //! Greedy sampling with the self-test's seed and a small `max_tokens`.
 
 mod real_serve;
@@ -105,15 +106,17 @@ impl Stack {
         deadline: std::time::Instant,
     ) -> (Vec<Value>, Value) {
         let cmd = json!({"cmd": "turn", "session": session, "content": content, "follow": true});
-        let s = loop {
+        // One reader for the whole stream: the reply and the first events may come in one read.
+        let reader = loop {
             let s = UnixStream::connect(&self.socket).unwrap();
             s.set_read_timeout(Some(Duration::from_secs(600))).unwrap();
             (&s).write_all(format!("{cmd}\n").as_bytes()).unwrap();
+            let mut reader = BufReader::new(s);
             let mut first = String::new();
-            BufReader::new(&s).read_line(&mut first).unwrap();
+            reader.read_line(&mut first).unwrap();
             let v: Value = serde_json::from_str(&first).unwrap_or_else(|e| panic!("{e}: {first}"));
             if v["ok"] == true {
-                break s;
+                break reader;
             }
             assert!(
                 v["code"] == "WORKER_NOT_READY" && std::time::Instant::now() < deadline,
@@ -122,7 +125,7 @@ impl Stack {
             std::thread::sleep(Duration::from_millis(500));
         };
         let mut kv = Vec::new();
-        for line in BufReader::new(&s).lines() {
+        for line in reader.lines() {
             let line = line.unwrap();
             let v: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"));
             if v["event"] == "kv" {
@@ -360,15 +363,40 @@ fn sessions_on_one_slot_restore_their_files_and_every_fault_is_a_cold_prefill() 
 }
 
 #[test]
-fn a_file_over_the_cap_is_deleted_and_a_small_conversation_is_not_saved() {
-    // One byte: every file is over the cap alone.
+fn the_least_recently_used_file_goes_first_and_one_over_the_cap_alone_goes_at_once() {
+    // 5 MB: one file of this conversation (about 3.2 MB) fits, two do not.
+    let stack = Stack::start("loopd-kv-lru", "min_tokens = 0\nmax_bytes = 5000000");
+    stack.open("a");
+    stack.open("b");
+    let (ev, _) = stack.turn("a", "What colour is the sea on a clear day?");
+    assert_eq!(outcome(&ev, "save"), "saved", "{ev:?}");
+    let a_bytes = n(&kv(&ev, "save")["bytes"]);
+    assert!(a_bytes <= 5_000_000, "{ev:?}");
+    let (ev, _) = stack.turn("b", "Why do lighthouses flash?");
+    let save = kv(&ev, "save");
+    assert_eq!(save["outcome"], "saved", "{ev:?}");
+    assert!(a_bytes + n(&save["bytes"]) > 5_000_000, "{ev:?}");
+    assert_eq!(n(&save["evicted"]), 1, "a's file made room for b's: {ev:?}");
+    assert_eq!(stack.files("a"), Vec::<PathBuf>::new());
+    assert_eq!(stack.files("b").len(), 2);
+    let (ev, _) = stack.turn("a", "And on a stormy day?");
+    assert_eq!(outcome(&ev, "restore"), "missing", "{ev:?}");
+    let m = call(&stack.socket, &json!({"cmd": "metrics"}));
+    let text = m["metrics"].as_str().unwrap_or_default();
+    // a's second save evicted b's in turn.
+    assert!(text.contains("loopd_kv_evicted_total 2"), "{text}");
+    drop(stack);
+
+    // One byte: every file is over the cap alone, and is deleted as soon as it is written.
     let stack = Stack::start("loopd-kv-cap", "min_tokens = 0\nmax_bytes = 1");
     stack.open("a");
     let (ev, _) = stack.turn("a", "What colour is the sea?");
     assert_eq!(outcome(&ev, "save"), "too_big", "{ev:?}");
     assert_eq!(stack.files("a"), Vec::<PathBuf>::new());
-    // Under min_tokens nothing is saved at all.
-    drop(stack);
+}
+
+#[test]
+fn a_conversation_under_min_tokens_is_not_saved() {
     let stack = Stack::start("loopd-kv-small", "min_tokens = 100000");
     stack.open("a");
     let (ev, _) = stack.turn("a", "What colour is the sea?");
