@@ -10,7 +10,7 @@ NOSTD_CRATES := -p sse-nostd -p http-nostd -p llama-proto
 DEVICE_TARGET := thumbv7em-none-eabihf
 FUZZ_SECONDS ?= 60
 
-.PHONY: help check layers hermetic test units-check tunnel-check install-check up-check selftest ask run up fleet-up bench-fleet bench-fleet-loopd verify-device verify-local fuzz fuzz-cmin fuzz-tools bench bench-e2e bench-rpc bench-slot-files socat tmux serve fixtures soak chaos llama fmt-check clippy unit no-std embedded
+.PHONY: help check layers hermetic test units-check tunnel-check install-check up-check selftest ask run up fleet-up bench-fleet bench-fleet-loopd verify-device verify-local fuzz fuzz-cmin fuzz-tools bench bench-e2e bench-rpc bench-slot-files bench-sessions socat tmux serve fixtures soak chaos llama fmt-check clippy unit no-std embedded
 
 ## help: this list of targets
 help:
@@ -218,6 +218,13 @@ RELEASE = $(or $(CARGO_TARGET_DIR),target)/release
 ## conversation's request after a restore against its prompt evaluated again (docs/benchmarks.md)
 bench-slot-files: llama
 	SLOT_FILE_FACTS=30,60,120 $(CARGO) test -p loopd-client --features real-server --test slot_files_real -- --nocapture
+
+## bench-sessions: 8 sessions x 5 turns (a 1,000-token document each) through `loopd serve` on
+## 1 host of 2 slots, then 2 hosts: no cache, --cache-ram, sessions' KV saved and restored;
+## hit ratio, tokens evaluated, a returning turn's first token (scripts/sessions-bench.py,
+## docs/benchmarks.md; SESSIONS TURNS DOC_WORDS MODES TOPOLOGIES override)
+bench-sessions: llama socat
+	scripts/sessions-bench.py
 
 ## tmux: install tmux with apt when missing (loopd chat's terminal test drives it in tmux)
 tmux:

@@ -233,6 +233,7 @@ fn follow_its_reply_and_every_event() {
             tokens: 174,
             bytes: 4_063_232,
             evicted: 0,
+            us: 9_120,
             detail: None,
         },
     ];

@@ -144,12 +144,14 @@ pub(super) fn drive(
             super::kv::with_room(|| client.slots())
                 .is_ok_and(|s| s.iter().any(|s| s.id == slot && s.has_run()))
         };
-        let report = if seat.resident && ran() {
+        let began = clock.now();
+        let mut report = if seat.resident && ran() {
             super::KvReport::resident()
         } else {
             let _files = super::lock(&shared.kv_files);
             kv.restore(client, slot, session)
         };
+        report.micros = clock.now().saturating_sub(began).as_micros() as u64;
         emit(&RequestEvent::Kv(report));
     }
     let mut io = ChatIo::new(client, slot);
@@ -316,10 +318,12 @@ pub(super) fn drive(
                             .last()
                             .and_then(|g| g.timings)
                             .map_or(0, |t| t.total());
-                        let report = {
+                        let began = clock.now();
+                        let mut report = {
                             let _files = super::lock(&shared.kv_files);
                             kv.save(&host.client, seat_slot, session, held)
                         };
+                        report.micros = clock.now().saturating_sub(began).as_micros() as u64;
                         emit(&RequestEvent::Kv(report));
                     }
                     return Driven {

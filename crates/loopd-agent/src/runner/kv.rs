@@ -145,6 +145,9 @@ pub struct KvReport {
     pub bytes: u64,
     /// Files deleted to keep the directory under `max_bytes` (saves only).
     pub evicted: u32,
+    /// How long it took, the file's hashing and the server's call together (the request's
+    /// driver times it: its clock).
+    pub micros: u64,
     /// What went wrong, in words, when something did.
     pub detail: Option<String>,
 }
@@ -157,6 +160,7 @@ impl KvReport {
             tokens: 0,
             bytes: 0,
             evicted: 0,
+            micros: 0,
             detail: None,
         }
     }

@@ -412,6 +412,8 @@ pub enum WireEvent {
         bytes: u64,
         /// Other files deleted to keep the directory under its cap.
         evicted: u32,
+        /// How long it took, in microseconds (the file's hash and the server's call).
+        us: u64,
         /// What went wrong, when something did.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         detail: Option<String>,
@@ -498,6 +500,7 @@ impl WireEvent {
                 tokens: k.tokens,
                 bytes: k.bytes,
                 evicted: k.evicted,
+                us: k.micros,
                 detail: k.detail.clone(),
             },
             RequestEvent::Placed { host, slot, by } => WireEvent::Placed {
