@@ -12,12 +12,12 @@ mod real_serve;
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
 use llama_harness::{LocalServer, Proxy};
-use real_serve::{start_serve, write_config};
+use real_serve::{call, start_serve_in, write_config};
 use serde_json::{json, Value};
 
 struct Stack {
@@ -48,9 +48,7 @@ impl Stack {
                 save.display().to_string()
             ),
         );
-        let folder = dir.join("folder");
-        std::fs::create_dir(&folder).unwrap();
-        let (serve, log) = start_serve(&config, &folder, &dir);
+        let (serve, log) = start_serve_in(&config, &dir);
         Stack {
             socket,
             log,
@@ -163,15 +161,6 @@ fn prefix(session: &str) -> String {
         .map(|b| format!("{b:02x}"))
         .collect();
     format!("loopd-{hex}-")
-}
-
-fn call(socket: &Path, cmd: &Value) -> Value {
-    let s = UnixStream::connect(socket).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(600))).unwrap();
-    (&s).write_all(format!("{cmd}\n").as_bytes()).unwrap();
-    let mut line = String::new();
-    BufReader::new(&s).read_line(&mut line).unwrap();
-    serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"))
 }
 
 fn n(v: &Value) -> u64 {

@@ -8,13 +8,10 @@
 
 mod real_serve;
 
-use std::io::{BufRead, BufReader, Write};
-use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use llama_harness::{LocalServer, Proxy};
-use real_serve::{start_serve, write_config};
+use real_serve::{call, start_serve_in, write_config};
 use serde_json::{json, Value};
 
 /// The real stack and `loopd serve` on it: greedy sampling, `max_tokens` as given, no tool
@@ -40,9 +37,7 @@ impl Stack {
             &format!("poll_ms = 500\nliveness_ms = 300000\nmax_tokens = {max_tokens}"),
             &format!("budget = 0\nstall_ms = 300000\n{extra}"),
         );
-        let folder = dir.join("folder");
-        std::fs::create_dir(&folder).unwrap();
-        let (serve, log) = start_serve(&config, &folder, &dir);
+        let (serve, log) = start_serve_in(&config, &dir);
         Stack {
             socket,
             log,
@@ -51,15 +46,6 @@ impl Stack {
             _server: server,
         }
     }
-}
-
-fn call(socket: &Path, cmd: &Value) -> Value {
-    let s = UnixStream::connect(socket).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(900))).unwrap();
-    (&s).write_all(format!("{cmd}\n").as_bytes()).unwrap();
-    let mut line = String::new();
-    BufReader::new(&s).read_line(&mut line).unwrap();
-    serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"))
 }
 
 /// A turn, waited for: its result (the turn's content and its `session` record).

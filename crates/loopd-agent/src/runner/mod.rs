@@ -76,6 +76,10 @@ pub use result::{
 pub use tools::{RegistryError, Tool, ToolError, ToolRegistry};
 pub use worker::{StallAnswer, WorkerState, WorkerStatus};
 
+/// How many times one submit asks the workers again when placement's word refuses it
+/// (`submit_named`).
+const RELEARNS: u32 = 3;
+
 /// Where a request was placed, as [`Runner::submit_named`] hands it to the caller to record
 /// with the request: a result recovered after the daemon's death names it as a finished one does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -485,7 +489,10 @@ impl Runner {
         // Hosts whose worker refused or did not answer just now, and the last such answer.
         let mut avoid: Vec<HostId> = Vec::new();
         let mut refused: Option<SubmitError> = None;
-        let mut relearned = false;
+        // Each worker is asked again at most this many times: the health thread may apply a
+        // watch line older than the worker's answer just after it (a `stopped` it was still
+        // behind on when `status` said ready); that line cannot come back a second time.
+        let mut relearns = 0;
         let (placed, spawns) = loop {
             let placed =
                 lock(&s.table)
@@ -494,9 +501,9 @@ impl Runner {
             let placed = match placed {
                 Ok(p) => p,
                 // A worker state seen on the watch may be older than the worker's own word
-                // (a state that changed without a line yet): ask each worker once.
-                Err(e) if e != SubmitError::NoSlotAvailable && !relearned => {
-                    relearned = true;
+                // (a state that changed without a line yet): ask each worker.
+                Err(e) if e != SubmitError::NoSlotAvailable && relearns < RELEARNS => {
+                    relearns += 1;
                     s.learn_hosts(false);
                     continue;
                 }

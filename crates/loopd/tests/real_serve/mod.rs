@@ -1,7 +1,8 @@
 //! The real `loopd serve` binary started for a real-stack test, and waited for as systemd
 //! would: until it says `READY=1` on a `NOTIFY_SOCKET` (after its self-test).
 
-use std::os::unix::net::UnixDatagram;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::{UnixDatagram, UnixStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -120,4 +121,23 @@ pub fn start_serve(config: &Path, folder: &Path, dir: &Path) -> (Serve, PathBuf)
         panic!("loopd serve never said READY=1 ({ready:?}); it said:\n{said}");
     }
     (serve, log)
+}
+
+/// [`start_serve`] with its folder `dir/folder`, made here: the tests whose tools read nothing.
+#[allow(dead_code)]
+pub fn start_serve_in(config: &Path, dir: &Path) -> (Serve, PathBuf) {
+    let folder = dir.join("folder");
+    std::fs::create_dir(&folder).unwrap();
+    start_serve(config, &folder, dir)
+}
+
+/// One command to the daemon on `socket` and its one-line reply, waited for up to 15 minutes.
+#[allow(dead_code)]
+pub fn call(socket: &Path, cmd: &serde_json::Value) -> serde_json::Value {
+    let s = UnixStream::connect(socket).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(900))).unwrap();
+    (&s).write_all(format!("{cmd}\n").as_bytes()).unwrap();
+    let mut line = String::new();
+    BufReader::new(&s).read_line(&mut line).unwrap();
+    serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"))
 }
