@@ -224,7 +224,8 @@ bench-slot-files: llama
 ## hit ratio, tokens evaluated, a returning turn's first token (scripts/sessions-bench.py,
 ## docs/benchmarks.md; SESSIONS TURNS DOC_WORDS MODES TOPOLOGIES override)
 bench-sessions: llama socat
-	scripts/sessions-bench.py
+	$(CARGO) build --release -p loopd
+	LOOPD_BIN=$(RELEASE)/loopd scripts/sessions-bench.py
 
 ## tmux: install tmux with apt when missing (loopd chat's terminal test drives it in tmux)
 tmux:

@@ -21,7 +21,7 @@ first `content` event; median and max), and with save-restore the `kv` events: c
 outcome, and the saves' and restores' MB/s (their bytes over their `us`, the file's hash and
 the server's call together).
 
-  scripts/sessions-bench.py            (make bench-sessions)
+  scripts/sessions-bench.py            (make bench-sessions: a release loopd, LOOPD_BIN)
 
 Environment: SESSIONS (8), TURNS (5), DOC_WORDS (700), MODES (none,cache-ram,save-restore),
 TOPOLOGIES (1,2).
@@ -63,9 +63,11 @@ def say(*a):
     print("sessions-bench:", *a, file=sys.stderr, flush=True)
 
 
-def document(k):
-    """Session k's own notes: DOC_WORDS words in sentences, the same on every run."""
-    rng = random.Random(4100 + k)
+def document(k, hosts):
+    """Session k's own notes for the topology of `hosts`: DOC_WORDS words in sentences, the
+    same on every run, and another text in each topology (the servers run on from one
+    topology to the next: a document seen before would be in their caches already)."""
+    rng = random.Random(4100 + 100 * hosts + k)
     sentences = []
     words = 0
     while words < DOC_WORDS:
@@ -140,7 +142,8 @@ def run(stack, mode, hosts, kv_dir):
                 raise SystemExit(f"open s{k}: {r}")
         for t in range(TURNS):
             for k in range(SESSIONS):
-                content = (f"{document(k)}\n\nSay in one line what these notes are about."
+                content = (f"{document(k, len(hosts))}\n\nSay in one line what these notes "
+                           "are about."
                            if t == 0 else FOLLOW_UPS[(t + k) % len(FOLLOW_UPS)])
                 r, ttft, kv = turn(sock, f"s{k}", content)
                 s = r["session"]
@@ -180,8 +183,10 @@ def mb_s(acc):
 def main():
     if not shutil.which("socat"):
         raise SystemExit("socat is needed (make socat)")
-    subprocess.run(["cargo", "build", "-q", "-p", "loopd", "-p", "inferproxy", "-p",
-                    "llama-worker"], check=True, cwd=ROOT)
+    if not os.environ.get("LOOPD_BIN"):
+        subprocess.run(["cargo", "build", "-q", "-p", "loopd", "-p", "inferproxy", "-p",
+                        "llama-worker"], check=True, cwd=ROOT)
+    say(f"loopd: {ff.LOOPD}")
     results = []
     for mode in MODES:
         kv_dir = None
