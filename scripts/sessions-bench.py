@@ -19,7 +19,8 @@ cache_n + prompt_n, from each turn's `session` record), the prompt tokens evalua
 turns (sum of prompt_n), the time to first token of turns 2 to 5 (from sending `turn` to its
 first `content` event; median and max), and with save-restore the `kv` events: counts by
 outcome, and the saves' and restores' MB/s (their bytes over their `us`, the file's hash and
-the server's call together).
+the server's call together); and the turns whose chat request was tried again (a connection
+inferproxy refused past its accept rate, 2 a second after a burst of 10, waits its retry).
 
   scripts/sessions-bench.py            (make bench-sessions: a release loopd, LOOPD_BIN)
 
@@ -149,7 +150,7 @@ def run(stack, mode, hosts, kv_dir):
                 s = r["session"]
                 rows.append({"turn": t + 1, "session": k, "cache_n": s["cache_n"],
                              "prompt_n": s["prompt_n"], "ttft": ttft, "kv": kv,
-                             "host": r.get("host")})
+                             "host": r.get("host"), "retries": len(r.get("retries") or [])})
             say(f"{name}: turn {t + 1} of every session done; load {ff.loadavg()}")
     finally:
         d.stop()
@@ -164,6 +165,7 @@ def run(stack, mode, hosts, kv_dir):
         "history": statistics.median(r["cache_n"] + r["prompt_n"] for r in back),
         "ttft_med": statistics.median(ttfts), "ttft_max": max(ttfts),
         "kv": {}, "save": [0, 0], "restore": [0, 0],
+        "retried": sum(1 for r in rows if r["retries"]),
     }
     for r in rows:
         for e in r["kv"]:
@@ -212,14 +214,15 @@ def main():
     print(f"{SESSIONS} sessions x {TURNS} turns, one at a time, a {DOC_WORDS}-word document "
           f"each, max_tokens {MAX_TOKENS}; turns 2-{TURNS} are the returning ones\n")
     print("| hosts (slots) | mode | hit ratio, turns 2-5 | tokens evaluated | history at a "
-          "return (median) | first token of a return, median / max | kv events | save | "
-          "restore |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+          "return (median) | first token of a return, median / max | turns retried | kv events "
+          "| save | restore |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in sorted(results, key=lambda r: (r["hosts"], MODES.index(r["mode"]))):
         kv = ", ".join(f"{k} {v}" for k, v in sorted(r["kv"].items())) or "-"
         print(f"| {r['hosts']} ({2 * r['hosts']}) | {r['mode']} | {r['ratio']:.3f} | "
               f"{r['evaluated']:,} | {r['history']:,.0f} tokens | {r['ttft_med']:.2f} s / "
-              f"{r['ttft_max']:.2f} s | {kv} | {mb_s(r['save'])} | {mb_s(r['restore'])} |")
+              f"{r['ttft_max']:.2f} s | {r['retried']} | {kv} | {mb_s(r['save'])} | "
+              f"{mb_s(r['restore'])} |")
     for n in TOPOLOGIES:
         by = {r["mode"]: r for r in results if r["hosts"] == n}
         if "save-restore" in by:
