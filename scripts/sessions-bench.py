@@ -163,6 +163,7 @@ def run(stack, mode, hosts, kv_dir):
         "ratio": cached / total if total else 0.0,
         "evaluated": sum(r["prompt_n"] for r in rows),
         "history": statistics.median(r["cache_n"] + r["prompt_n"] for r in back),
+        "history_min": min(r["cache_n"] + r["prompt_n"] for r in back),
         "ttft_med": statistics.median(ttfts), "ttft_max": max(ttfts),
         "kv": {}, "save": [0, 0], "restore": [0, 0],
         "retried": sum(1 for r in rows if r["retries"]),
@@ -214,15 +215,15 @@ def main():
     print(f"{SESSIONS} sessions x {TURNS} turns, one at a time, a {DOC_WORDS}-word document "
           f"each, max_tokens {MAX_TOKENS}; turns 2-{TURNS} are the returning ones\n")
     print("| hosts (slots) | mode | hit ratio, turns 2-5 | tokens evaluated | history at a "
-          "return (median) | first token of a return, median / max | turns retried | kv events "
-          "| save | restore |")
+          "return, min / median | first token of a return, median / max | turns retried "
+          "| kv events | save | restore |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in sorted(results, key=lambda r: (r["hosts"], MODES.index(r["mode"]))):
         kv = ", ".join(f"{k} {v}" for k, v in sorted(r["kv"].items())) or "-"
         print(f"| {r['hosts']} ({2 * r['hosts']}) | {r['mode']} | {r['ratio']:.3f} | "
-              f"{r['evaluated']:,} | {r['history']:,.0f} tokens | {r['ttft_med']:.2f} s / "
-              f"{r['ttft_max']:.2f} s | {r['retried']} | {kv} | {mb_s(r['save'])} | "
-              f"{mb_s(r['restore'])} |")
+              f"{r['evaluated']:,} | {r['history_min']:,} / {r['history']:,.0f} tokens | "
+              f"{r['ttft_med']:.2f} s / {r['ttft_max']:.2f} s | {r['retried']} | {kv} | "
+              f"{mb_s(r['save'])} | {mb_s(r['restore'])} |")
     for n in TOPOLOGIES:
         by = {r["mode"]: r for r in results if r["hosts"] == n}
         if "save-restore" in by:
