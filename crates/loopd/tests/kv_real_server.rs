@@ -2,8 +2,8 @@
 //! `slot-save-path`, inferproxy, `loopd serve` owning one slot): a session that comes back
 //! to a slot another used restores its file and evaluates only its new tokens; one whose
 //! slot held it still does nothing; a server killed between turns resumes from the file;
-//! a corrupt, missing or mismatched file, another session's file in its place, and a save
-//! that cannot be written are each a cold prefill with the outcome that names it and a
+//! a corrupt, missing or mismatched file, another session's file in its place, a file the
+//! server refuses, and a save that cannot be written are each a cold prefill with the outcome that names it and a
 //! completed turn; past the cap the least recently used file goes, and one over it alone at
 //! once; a slot under `min_tokens` is not saved; a deleted session's files go with it.
 //! Greedy sampling with the self-test's seed and a small `max_tokens`.
@@ -331,6 +331,22 @@ fn sessions_on_one_slot_restore_their_files_and_every_fault_is_a_cold_prefill() 
     assert!(left.is_empty(), "the partial file deleted: {left:?}");
     assert!(b4["content"].is_string(), "{b4}");
 
+    // a's file (b holds the slot) replaced by bytes that are no slot file, its sidecar made to
+    // check: the server refuses the restore (and empties the slot), a cold prefill, the turn
+    // completes and saves anew.
+    let a = stack.files("a");
+    let junk = vec![0x5au8; 4096];
+    std::fs::write(&a[0], &junk).unwrap();
+    let mut meta: Value = serde_json::from_slice(&std::fs::read(&a[1]).unwrap()).unwrap();
+    meta["bytes"] = json!(junk.len());
+    meta["xxh3"] = json!(format!("{:016x}", xxhash_rust::xxh3::xxh3_64(&junk)));
+    std::fs::write(&a[1], meta.to_string()).unwrap();
+    let (ev, a7) = stack.turn("a", "Do they sleep in the day?");
+    assert_eq!(outcome(&ev, "restore"), "refused", "{ev:?}");
+    assert!(kv(&ev, "restore")["detail"].is_string(), "{ev:?}");
+    assert!(a7["content"].is_string(), "{a7}");
+    assert_eq!(outcome(&ev, "save"), "saved", "{ev:?}");
+
     // The metrics count each outcome.
     let m = call(&stack.socket, &json!({"cmd": "metrics"}));
     let text = m["metrics"].as_str().unwrap_or_default().to_owned();
@@ -340,6 +356,7 @@ fn sessions_on_one_slot_restore_their_files_and_every_fault_is_a_cold_prefill() 
         r#"loopd_kv_total{action="restore",outcome="mismatch"} 1"#,
         r#"loopd_kv_total{action="save",outcome="failed"} 1"#,
         r#"loopd_kv_total{action="restore",outcome="resident"} 1"#,
+        r#"loopd_kv_total{action="restore",outcome="refused"} 1"#,
     ] {
         assert!(text.contains(line), "{line} not in\n{text}");
     }
