@@ -174,11 +174,17 @@ fn a_refused_or_cut_generation_is_retried_and_completes() {
     let ack = follow.line();
     assert_eq!(ack["ok"], true, "{ack}");
     let deadline = Instant::now() + Duration::from_secs(600);
+    // Attempts refused before any content (part 1 left inferproxy's accept bucket nearly
+    // empty, and a refused accept reads as a stream closed early) are retried first.
+    let mut refused_first = 0;
     loop {
         let e = follow.line();
         assert!(e.get("result").is_none(), "ended before streaming: {e}");
         if e["event"] == "content" {
             break;
+        }
+        if e["event"] == "retrying" {
+            refused_first += 1;
         }
         assert!(Instant::now() < deadline, "no content within 10 min");
     }
@@ -201,7 +207,8 @@ fn a_refused_or_cut_generation_is_retried_and_completes() {
     assert!(!retries(&result).is_empty(), "{result:#}");
     let retrying: Vec<&Value> = events.iter().filter(|e| e["event"] == "retrying").collect();
     assert!(!retrying.is_empty(), "no retrying event: {events:?}");
-    assert_eq!(retrying[0]["attempt"], 2, "{retrying:?}");
+    // The attempt after the one the kill cut.
+    assert_eq!(retrying[0]["attempt"], refused_first + 2, "{retrying:?}");
     let generations = result["generations"].as_array().unwrap();
     assert_eq!(
         generations.len(),
