@@ -144,14 +144,14 @@ pub(super) fn drive(
             super::kv::with_room(|| client.slots())
                 .is_ok_and(|s| s.iter().any(|s| s.id == slot && s.has_run()))
         };
-        let began = clock.now();
-        let mut report = if seat.resident && ran() {
-            super::KvReport::resident()
-        } else {
-            let _files = super::lock(&shared.kv_files);
-            kv.restore(client, slot, session)
-        };
-        report.micros = clock.now().saturating_sub(began).as_micros() as u64;
+        let report = timed_kv(clock, || {
+            if seat.resident && ran() {
+                super::KvReport::resident()
+            } else {
+                let _files = super::lock(&shared.kv_files);
+                kv.restore(client, slot, session)
+            }
+        });
         emit(&RequestEvent::Kv(report));
     }
     let mut io = ChatIo::new(client, slot);
@@ -318,12 +318,10 @@ pub(super) fn drive(
                             .last()
                             .and_then(|g| g.timings)
                             .map_or(0, |t| t.total());
-                        let began = clock.now();
-                        let mut report = {
+                        let report = timed_kv(clock, || {
                             let _files = super::lock(&shared.kv_files);
                             kv.save(&host.client, seat_slot, session, held)
-                        };
-                        report.micros = clock.now().saturating_sub(began).as_micros() as u64;
+                        });
                         emit(&RequestEvent::Kv(report));
                     }
                     return Driven {
@@ -407,6 +405,14 @@ impl ByteSink for AgentRequest<'_> {
     fn handle_timeout(&mut self, now: Duration) {
         AgentRequest::handle_timeout(self, now)
     }
+}
+
+/// A KV save or restore, with the time it took on `clock`.
+fn timed_kv(clock: &dyn clock::Clock, work: impl FnOnce() -> super::KvReport) -> super::KvReport {
+    let began = clock.now();
+    let mut report = work();
+    report.micros = clock.now().saturating_sub(began).as_micros() as u64;
+    report
 }
 
 /// Stops routing pushed failures to this request: its generation ended.
